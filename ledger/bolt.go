@@ -1,0 +1,901 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	bolt "go.etcd.io/bbolt"
+)
+
+// BoltStore is the embedded ledger: one bbolt file, shared safely by every
+// process that opens it (see handle). Write transactions from concurrent
+// goroutines are committed together (group commit: one fsync for many
+// claims); reads never write, so a replay costs no fsync.
+type BoltStore struct {
+	opts  Options
+	h     *handle
+	owner string // lease owner id of this process's claims
+
+	gcMu      sync.Mutex
+	gcQueue   []*gcJob
+	gcRunning bool
+
+	auditMu  sync.Mutex
+	auditBuf []AuditEntry
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ Store = (*BoltStore)(nil)
+
+// auditFlushInterval bounds how long buffered replay and refusal audit
+// entries wait for a write transaction to carry them.
+const auditFlushInterval = 200 * time.Millisecond
+
+// maxBatch bounds the claims committed in one transaction.
+const maxBatch = 256
+
+// OpenBolt opens (creating if needed) the ledger file at path. The parent
+// directory must exist. The file may be opened by several processes at
+// once; each sees every other's committed writes.
+func OpenBolt(path string, opts Options) (*BoltStore, error) {
+	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{})}
+	h, err := newHandle(path, initSchema)
+	if err != nil {
+		return nil, err
+	}
+	s.h = h
+	// Open once now so a bad path or a newer schema fails here, not at the
+	// first tool call.
+	db, err := h.acquire()
+	if err != nil {
+		h.close()
+		return nil, err
+	}
+	_ = db
+	h.release()
+	go s.flushLoop()
+	return s, nil
+}
+
+// initSchema creates the buckets of a new file and refuses a file of an
+// unknown schema version. It runs at every open; on an initialised file it
+// is one read transaction.
+func initSchema(db *bolt.DB) error {
+	var version []byte
+	if err := db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketMeta); b != nil {
+			version = bytes.Clone(b.Get(keySchemaVersion))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if version != nil {
+		v, err := strconv.Atoi(string(version))
+		if err != nil || v > boltSchemaVersion {
+			return fmt.Errorf("%w: file has %q, this build reads up to %d", ErrSchemaVersion, version, boltSchemaVersion)
+		}
+		return nil
+	}
+	return db.Update(func(tx *bolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
+	})
+}
+
+// Close flushes buffered audit entries and closes the file.
+func (s *BoltStore) Close() error {
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	close(s.stop)
+	<-s.done
+	err := s.flushAudit()
+	return errors.Join(err, s.h.close())
+}
+
+// flushLoop writes buffered audit entries every auditFlushInterval. It
+// exits when Close is called.
+func (s *BoltStore) flushLoop() {
+	defer close(s.done)
+	t := time.NewTicker(auditFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.flushAudit()
+		}
+	}
+}
+
+func (s *BoltStore) flushAudit() error {
+	s.auditMu.Lock()
+	empty := len(s.auditBuf) == 0
+	s.auditMu.Unlock()
+	if empty {
+		return nil
+	}
+	return s.update(func(*bolt.Tx) error { return nil }) // commit carries the buffer
+}
+
+// Audit buffers e; it is written with the next write transaction, within
+// auditFlushInterval. Used for calls that change nothing (replays,
+// refusals, reads).
+func (s *BoltStore) Audit(e AuditEntry) {
+	if e.At.IsZero() {
+		e.At = s.opts.Now()
+	}
+	s.auditMu.Lock()
+	s.auditBuf = append(s.auditBuf, e)
+	s.auditMu.Unlock()
+}
+
+func (s *BoltStore) takeAudit() []AuditEntry {
+	s.auditMu.Lock()
+	defer s.auditMu.Unlock()
+	b := s.auditBuf
+	s.auditBuf = nil
+	return b
+}
+
+func (s *BoltStore) restoreAudit(b []AuditEntry) {
+	if len(b) == 0 {
+		return
+	}
+	s.auditMu.Lock()
+	s.auditBuf = append(b, s.auditBuf...)
+	s.auditMu.Unlock()
+}
+
+// view runs fn in a read-only transaction.
+func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
+	db, err := s.h.acquire()
+	if err != nil {
+		return err
+	}
+	defer s.h.release()
+	return db.View(fn)
+}
+
+type gcJob struct {
+	fn   func(*bolt.Tx) error
+	err  error
+	wake chan bool // false: done; true: lead the next batch
+}
+
+// errBatchRetry marks a batch that failed because one of its functions did;
+// each function is then run in a transaction of its own.
+var errBatchRetry = errors.New("ledger: batch member failed")
+
+// update runs fn in a read-write transaction, committed together with the
+// functions of concurrent callers (one fsync for all). fn may be run twice:
+// if another member of its batch fails, every member is re-run alone, so fn
+// must reset whatever it reports at its start. The first caller to find no
+// commit running leads; when its batch is committed it hands the lead to the
+// next waiter, so no caller waits for more than one commit beyond its own.
+func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
+	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
+	s.gcMu.Lock()
+	s.gcQueue = append(s.gcQueue, j)
+	if s.gcRunning {
+		s.gcMu.Unlock()
+		if lead := <-j.wake; !lead {
+			return j.err
+		}
+		s.gcMu.Lock()
+	} else {
+		s.gcRunning = true
+	}
+	n := min(len(s.gcQueue), maxBatch)
+	batch := s.gcQueue[:n:n]
+	s.gcQueue = append([]*gcJob(nil), s.gcQueue[n:]...)
+	s.gcMu.Unlock()
+
+	s.commit(batch)
+
+	for _, b := range batch[1:] { // batch[0] is j
+		b.wake <- false
+	}
+	s.gcMu.Lock()
+	if len(s.gcQueue) > 0 {
+		s.gcQueue[0].wake <- true
+	} else {
+		s.gcRunning = false
+	}
+	s.gcMu.Unlock()
+	return j.err
+}
+
+func (s *BoltStore) commit(batch []*gcJob) {
+	db, err := s.h.acquire()
+	if err != nil {
+		for _, b := range batch {
+			b.err = err
+		}
+		return
+	}
+	defer s.h.release()
+	audits := s.takeAudit()
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := appendAudit(tx, audits...); err != nil {
+			return err
+		}
+		for _, b := range batch {
+			if b.err = b.fn(tx); b.err != nil {
+				return errBatchRetry
+			}
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return
+	case !errors.Is(err, errBatchRetry):
+		for _, b := range batch {
+			b.err = err
+		}
+		s.restoreAudit(audits)
+		return
+	case len(batch) == 1:
+		s.restoreAudit(audits)
+		return // b.err holds fn's own error
+	}
+	for _, b := range batch {
+		var carried []AuditEntry
+		carried, audits = audits, nil
+		b.err = db.Update(func(tx *bolt.Tx) error {
+			if err := appendAudit(tx, carried...); err != nil {
+				return err
+			}
+			return b.fn(tx)
+		})
+		if b.err != nil {
+			audits = carried
+		}
+	}
+	s.restoreAudit(audits)
+}
+
+// appendAudit adds entries to the hash chain; the caller holds tx.
+func appendAudit(tx *bolt.Tx, entries ...AuditEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	b := tx.Bucket(bucketAudit)
+	var seq uint64
+	prev := ""
+	if k, v := b.Cursor().Last(); k != nil {
+		var last AuditEntry
+		if err := json.Unmarshal(v, &last); err != nil {
+			return fmt.Errorf("ledger: audit tail: %w", err)
+		}
+		seq, prev = last.Seq, last.Hash
+	}
+	for _, e := range entries {
+		seq++
+		e.Seq = seq
+		if err := e.chain(prev); err != nil {
+			return err
+		}
+		v, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if err := b.Put(be64(seq), v); err != nil {
+			return err
+		}
+		prev = e.Hash
+	}
+	return nil
+}
+
+func be64(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
+
+func recordKey(tenant, key string) []byte { return []byte(tenant + "\x00" + key) }
+
+func timeKey(t time.Time, tenant, key string) []byte {
+	return append(be64(uint64(t.UnixNano())), recordKey(tenant, key)...)
+}
+
+func getRecord(tx *bolt.Tx, tenant, key string) (*Record, error) {
+	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
+	if v == nil {
+		return nil, nil
+	}
+	var r Record
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+	}
+	return &r, nil
+}
+
+func putRecord(tx *bolt.Tx, r *Record) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRecords).Put(recordKey(r.Tenant, r.Key), v)
+}
+
+// Expiry index values say which sweep action is due.
+const (
+	dueCompact      = 'r' // full record → tombstone
+	dueDeleteTomb   = 't' // tombstone → deleted
+	dueDeleteIssued = 'i' // issued key → forgotten
+)
+
+type fpEntry struct {
+	Key string    `json:"key"`
+	At  time.Time `json:"at"`
+}
+
+func fpKey(tenant, fp string) []byte { return []byte(tenant + "\x00" + fp) }
+
+// Execute implements Store.
+func (s *BoltStore) Execute(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+	return s.claim(ctx, c, apply)
+}
+
+// Claim implements Store.
+func (s *BoltStore) Claim(ctx context.Context, c Claim) (Decision, error) {
+	return s.claim(ctx, c, nil)
+}
+
+func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	// Fast path: an existing record that only needs an answer is read with
+	// a read-only transaction (no fsync); its audit entry is buffered.
+	var d Decision
+	var answered bool
+	err := s.view(func(tx *bolt.Tx) error {
+		rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
+		if err != nil || rec == nil {
+			return err
+		}
+		now := s.opts.Now()
+		if st, kind := s.opts.decide(rec, c, now); st == stepAnswer {
+			d, answered = s.answer(rec, kind), true
+		}
+		return nil
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	if answered {
+		s.Audit(s.callEntry(c, d))
+		return d, nil
+	}
+	err = s.update(func(tx *bolt.Tx) error {
+		var err error
+		d, err = s.claimLocked(tx, c, apply)
+		return err
+	})
+	return d, err
+}
+
+func (s *BoltStore) answer(rec *Record, kind DecisionKind) Decision {
+	if kind == DecisionExpired {
+		rec = tombstone(rec)
+	}
+	return Decision{Kind: kind, Record: rec}
+}
+
+func (s *BoltStore) callEntry(c Claim, d Decision) AuditEntry {
+	e := AuditEntry{At: s.opts.Now(), Event: "call", Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: string(d.Kind)}
+	if d.Record != nil {
+		e.StateBefore, e.StateAfter, e.Attempt = d.Record.State, d.Record.State, d.Record.Attempts
+	}
+	if d.Kind == DecisionMismatch {
+		e.ErrorCode = "key_reused_with_different_request"
+	}
+	return e
+}
+
+// claimLocked is the atomic claim; the caller holds the write tx.
+func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision, error) {
+	now := s.opts.Now()
+	rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
+	if err != nil {
+		return Decision{}, err
+	}
+	before := State("")
+	if rec != nil {
+		st, kind := s.opts.decide(rec, c, now)
+		if st == stepWrite {
+			prev, why := s.opts.expireTransition(rec, now)
+			if err := s.saveTransition(tx, c.Actor, rec, prev, why, now); err != nil {
+				return Decision{}, err
+			}
+			st, kind = s.opts.decide(rec, c, now)
+		}
+		if st == stepAnswer {
+			d := s.answer(rec, kind)
+			return d, appendAudit(tx, s.callEntry(c, d))
+		}
+		before = rec.State // retryable: run again
+		rec.Attempts++
+		rec.Generation++
+		rec.Error, rec.Result = nil, nil
+	} else {
+		if s.opts.RequireIssuedKeys && tx.Bucket(bucketIssued).Get(recordKey(c.Actor.Tenant, c.Key)) == nil {
+			return Decision{}, ErrKeyNotIssued
+		}
+		if c.SuspectDuplicates {
+			d, held, err := s.holdSuspect(tx, c, now)
+			if err != nil || held {
+				return d, err
+			}
+		}
+		rec = &Record{
+			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
+			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
+		}
+		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
+			return Decision{}, err
+		}
+	}
+	rec.State = StateInProgress
+	rec.LeaseOwner, rec.LeaseExpires = s.owner, now.Add(s.opts.Lease)
+	rec.OnLeaseExpiry = c.OnLeaseExpiry
+	rec.UpdatedAt = now
+	fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
+	if err := tx.Bucket(bucketFPIndex).Put(fpKey(c.Actor.Tenant, c.Fingerprint), fp); err != nil {
+		return Decision{}, err
+	}
+	if apply == nil {
+		if err := s.saveTransition(tx, c.Actor, rec, before, "claimed", now); err != nil {
+			return Decision{}, err
+		}
+		return Decision{Kind: DecisionClaimed, Record: rec}, nil
+	}
+	out, err := apply(&boltTx{tx: tx, now: now}, rec)
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := appendAudit(tx, transitionEntry(now, c.Actor, rec, before, "claimed")); err != nil {
+		return Decision{}, err
+	}
+	s.finish(rec, out, now)
+	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, "executed", now); err != nil {
+		return Decision{}, err
+	}
+	return Decision{Kind: DecisionExecuted, Record: rec}, nil
+}
+
+// holdSuspect creates an awaiting_approval record when c's fingerprint
+// matches a recent operation of the tenant under another key.
+func (s *BoltStore) holdSuspect(tx *bolt.Tx, c Claim, now time.Time) (Decision, bool, error) {
+	v := tx.Bucket(bucketFPIndex).Get(fpKey(c.Actor.Tenant, c.Fingerprint))
+	if v == nil {
+		return Decision{}, false, nil
+	}
+	var fe fpEntry
+	if err := json.Unmarshal(v, &fe); err != nil {
+		return Decision{}, false, err
+	}
+	if fe.Key == c.Key || !now.Before(fe.At.Add(s.opts.SuspectWindow)) {
+		return Decision{}, false, nil
+	}
+	earlier, err := getRecord(tx, c.Actor.Tenant, fe.Key)
+	if err != nil || earlier == nil {
+		return Decision{}, false, err
+	}
+	if s.opts.expired(earlier, now) {
+		earlier = tombstone(earlier)
+	}
+	rec := &Record{
+		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
+		Principal: c.Actor.Principal, State: StateAwaitingApproval, FirstSeenAt: now, UpdatedAt: now,
+		Approval: &Approval{
+			ID: "apr_" + uuid.NewString(), Status: "pending", Reason: "suspected_duplicate",
+			EarlierKey: fe.Key, CreatedAt: now, ExpiresAt: now.Add(s.opts.ApprovalTTL),
+		},
+	}
+	if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
+		return Decision{}, false, err
+	}
+	if err := s.saveTransition(tx, c.Actor, rec, "", "suspected_duplicate of "+fe.Key, now); err != nil {
+		return Decision{}, false, err
+	}
+	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
+}
+
+// finish applies out to an in_progress rec.
+func (s *BoltStore) finish(rec *Record, out Outcome, now time.Time) {
+	rec.State = out.State
+	rec.Result, rec.Error = out.Result, out.Error
+	if out.Result != nil {
+		rec.ResultFormat = ResultFormat
+	}
+	rec.Summary, rec.DownstreamRef = out.Summary, out.DownstreamRef
+	rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
+	rec.UpdatedAt = now
+	if rec.State.Final() {
+		rec.CompletedAt = now
+	}
+}
+
+// saveTransition writes rec, its audit entry and, for a final state, its
+// retention schedule; the caller holds tx.
+func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before State, why string, now time.Time) error {
+	if err := putRecord(tx, rec); err != nil {
+		return err
+	}
+	if rec.State.Final() && before != rec.State {
+		due := timeKey(rec.CompletedAt.Add(s.opts.Retention), rec.Tenant, rec.Key)
+		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
+			return err
+		}
+	}
+	return appendAudit(tx, transitionEntry(now, a, rec, before, why))
+}
+
+// Complete implements Store.
+func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint64, out Outcome) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.update(func(tx *bolt.Tx) error {
+		var err error
+		rec, err = getRecord(tx, a.Tenant, key)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		if rec.State != StateInProgress || rec.Generation != gen {
+			return ErrStaleGeneration
+		}
+		now := s.opts.Now()
+		s.finish(rec, out, now)
+		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// RenewLease implements Store.
+func (s *BoltStore) RenewLease(ctx context.Context, tenant, key string, gen uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		rec, err := getRecord(tx, tenant, key)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		now := s.opts.Now()
+		if rec.State != StateInProgress || rec.Generation != gen || !now.Before(rec.LeaseExpires) {
+			return ErrStaleGeneration
+		}
+		rec.LeaseExpires = now.Add(s.opts.Lease)
+		rec.UpdatedAt = now
+		return putRecord(tx, rec)
+	})
+}
+
+// Get implements Store. Due expiries (lease, approval, retention) are shown
+// as they will be recorded, without writing.
+func (s *BoltStore) Get(ctx context.Context, tenant, key string) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.view(func(tx *bolt.Tx) error {
+		var err error
+		rec, err = getRecord(tx, tenant, key)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, ErrNotFound
+	}
+	return s.present(rec), nil
+}
+
+func (s *BoltStore) present(rec *Record) *Record {
+	now := s.opts.Now()
+	if s.opts.expired(rec, now) {
+		return tombstone(rec)
+	}
+	s.opts.expireTransition(rec, now)
+	return rec
+}
+
+// List implements Store.
+func (s *BoltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	var out []*Record
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketByTime).Cursor()
+		for k, _ := c.Last(); k != nil && len(out) < f.Limit; k, _ = c.Prev() {
+			tenant, key, ok := bytes.Cut(k[8:], []byte{0})
+			if !ok || (f.Tenant != "" && string(tenant) != f.Tenant) {
+				continue
+			}
+			rec, err := getRecord(tx, string(tenant), string(key))
+			if err != nil {
+				return err
+			}
+			if rec == nil {
+				continue
+			}
+			rec = s.present(rec)
+			if f.State != "" && rec.State != f.State {
+				continue
+			}
+			out = append(out, rec)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// IssueKey implements Store.
+func (s *BoltStore) IssueKey(ctx context.Context, tenant, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		now := s.opts.Now()
+		if err := tx.Bucket(bucketIssued).Put(recordKey(tenant, key), be64(uint64(now.UnixNano()))); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketExpiry).Put(timeKey(now.Add(s.opts.Retention), tenant, key), []byte{dueDeleteIssued})
+	})
+}
+
+// View implements Store.
+func (s *BoltStore) View(ctx context.Context, fn func(Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.view(func(tx *bolt.Tx) error { return fn(&boltTx{tx: tx, now: s.opts.Now()}) })
+}
+
+// Update implements Store.
+func (s *BoltStore) Update(ctx context.Context, fn func(Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error { return fn(&boltTx{tx: tx, now: s.opts.Now()}) })
+}
+
+// sweepChunk bounds the work of one sweep transaction.
+const sweepChunk = 1000
+
+// Sweep implements Store.
+func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return compacted, deleted, err
+		}
+		var c, d, n int
+		err := s.update(func(tx *bolt.Tx) error {
+			c, d, n = 0, 0, 0
+			now := s.opts.Now()
+			exp := tx.Bucket(bucketExpiry)
+			cur := exp.Cursor()
+			for k, v := cur.First(); k != nil && n < sweepChunk; k, v = cur.First() {
+				if time.Unix(0, int64(binary.BigEndian.Uint64(k[:8]))).After(now) {
+					break
+				}
+				n++
+				tenant, key, _ := bytes.Cut(k[8:], []byte{0})
+				if err := cur.Delete(); err != nil {
+					return err
+				}
+				switch v[0] {
+				case dueDeleteIssued:
+					if err := tx.Bucket(bucketIssued).Delete(k[8:]); err != nil {
+						return err
+					}
+				case dueCompact, dueDeleteTomb:
+					rec, err := getRecord(tx, string(tenant), string(key))
+					if err != nil {
+						return err
+					}
+					if rec == nil {
+						continue
+					}
+					if v[0] == dueCompact {
+						if err := putRecord(tx, tombstone(rec)); err != nil {
+							return err
+						}
+						due := timeKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), rec.Tenant, rec.Key)
+						if err := exp.Put(due, []byte{dueDeleteTomb}); err != nil {
+							return err
+						}
+						c++
+						continue
+					}
+					if err := s.deleteRecordLocked(tx, rec); err != nil {
+						return err
+					}
+					d++
+				}
+			}
+			return nil
+		})
+		compacted, deleted = compacted+c, deleted+d
+		if err != nil || n < sweepChunk {
+			return compacted, deleted, err
+		}
+	}
+}
+
+func (s *BoltStore) deleteRecordLocked(tx *bolt.Tx, rec *Record) error {
+	if err := tx.Bucket(bucketRecords).Delete(recordKey(rec.Tenant, rec.Key)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketByTime).Delete(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key)); err != nil {
+		return err
+	}
+	fpb := tx.Bucket(bucketFPIndex)
+	if v := fpb.Get(fpKey(rec.Tenant, rec.Fingerprint)); v != nil {
+		var fe fpEntry
+		if json.Unmarshal(v, &fe) == nil && fe.Key == rec.Key {
+			return fpb.Delete(fpKey(rec.Tenant, rec.Fingerprint))
+		}
+	}
+	return nil
+}
+
+// AuditLog returns up to limit entries with Seq > after, oldest first.
+func (s *BoltStore) AuditLog(ctx context.Context, after uint64, limit int) ([]AuditEntry, error) {
+	if err := s.flushAudit(); err != nil {
+		return nil, err
+	}
+	var out []AuditEntry
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketAudit).Cursor()
+		for k, v := c.Seek(be64(after + 1)); k != nil && (limit <= 0 || len(out) < limit); k, v = c.Next() {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("ledger: audit entry %x: %w", k, err)
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// VerifyAudit checks the whole hash chain and returns the number of
+// entries, or an error naming the first entry that does not verify.
+func (s *BoltStore) VerifyAudit(ctx context.Context) (int, error) {
+	n := 0
+	prev := ""
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketAudit).ForEach(func(k, v []byte) error {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
+			}
+			if e.Seq != binary.BigEndian.Uint64(k) {
+				return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
+			}
+			if err := e.verifyChain(prev); err != nil {
+				return err
+			}
+			prev = e.Hash
+			n++
+			return nil
+		})
+	})
+	return n, err
+}
+
+// boltTx adapts a bbolt transaction to Tx.
+type boltTx struct {
+	tx  *bolt.Tx
+	now time.Time
+}
+
+func (t *boltTx) Now() time.Time { return t.now }
+
+func (t *boltTx) bucket(collection string, create bool) (*bolt.Bucket, error) {
+	data := t.tx.Bucket(bucketData)
+	if b := data.Bucket([]byte(collection)); b != nil || !create {
+		return b, nil
+	}
+	return data.CreateBucket([]byte(collection))
+}
+
+func (t *boltTx) Get(collection, key string) ([]byte, error) {
+	b, err := t.bucket(collection, false)
+	if b == nil || err != nil {
+		return nil, err
+	}
+	return b.Get([]byte(key)), nil
+}
+
+func (t *boltTx) Put(collection, key string, value []byte) error {
+	b, err := t.bucket(collection, true)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), value)
+}
+
+func (t *boltTx) Delete(collection, key string) error {
+	b, err := t.bucket(collection, false)
+	if b == nil || err != nil {
+		return err
+	}
+	return b.Delete([]byte(key))
+}
+
+func (t *boltTx) Scan(collection, prefix string, reverse bool, fn func(key string, value []byte) (bool, error)) error {
+	b, err := t.bucket(collection, false)
+	if b == nil || err != nil {
+		return err
+	}
+	c := b.Cursor()
+	p := []byte(prefix)
+	var k, v []byte
+	if !reverse {
+		k, v = c.Seek(p)
+	} else {
+		k, v = seekLast(c, p)
+	}
+	for k != nil && bytes.HasPrefix(k, p) {
+		more, err := fn(string(k), v)
+		if err != nil || !more {
+			return err
+		}
+		if reverse {
+			k, v = c.Prev()
+		} else {
+			k, v = c.Next()
+		}
+	}
+	return nil
+}
+
+// seekLast positions c at the last key with prefix p.
+func seekLast(c *bolt.Cursor, p []byte) ([]byte, []byte) {
+	end := append(bytes.Clone(p), 0xff, 0xff, 0xff, 0xff)
+	if k, _ := c.Seek(end); k == nil {
+		return c.Last()
+	}
+	return c.Prev()
+}

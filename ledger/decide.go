@@ -1,0 +1,133 @@
+package ledger
+
+import (
+	"time"
+)
+
+// Options configure a store. Zero values take the defaults.
+type Options struct {
+	// Retention is how long a finished record keeps its full result.
+	Retention time.Duration // default 24h
+	// TombstoneRetention is how long a tombstone is kept after Retention.
+	TombstoneRetention time.Duration // default 30 days
+	// Lease is how long a claim owns an in_progress record before another
+	// caller may take it over.
+	Lease time.Duration // default 30s
+	// SuspectWindow is how far back a new key's fingerprint is compared with
+	// the tenant's earlier operations.
+	SuspectWindow time.Duration // default 10 min
+	// ApprovalTTL is how long a pending approval waits before the operation
+	// is rejected with approval_expired.
+	ApprovalTTL time.Duration // default 24h
+	// RequireIssuedKeys refuses keys that IssueKey did not hand out.
+	RequireIssuedKeys bool
+	// Now is the clock; tests swap it. Default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.Retention <= 0 {
+		o.Retention = 24 * time.Hour
+	}
+	if o.TombstoneRetention <= 0 {
+		o.TombstoneRetention = 30 * 24 * time.Hour
+	}
+	if o.Lease <= 0 {
+		o.Lease = 30 * time.Second
+	}
+	if o.SuspectWindow <= 0 {
+		o.SuspectWindow = 10 * time.Minute
+	}
+	if o.ApprovalTTL <= 0 {
+		o.ApprovalTTL = 24 * time.Hour
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// step is what decide says to do with an existing record.
+type step int
+
+const (
+	stepAnswer step = iota // answer with the record as it is (kind in decision)
+	stepRun                // (re)claim and run: retryable, or a lease expired into retryable
+	stepWrite              // a transition is due first (lease or approval expired): needs a write tx
+)
+
+// decide maps an existing record and a claim to what happens, without
+// writing. It is shared by every backend so they answer alike.
+func (o Options) decide(rec *Record, c Claim, now time.Time) (step, DecisionKind) {
+	if rec.Tool != c.Tool || rec.Fingerprint != c.Fingerprint {
+		return stepAnswer, DecisionMismatch
+	}
+	if o.expired(rec, now) {
+		return stepAnswer, DecisionExpired
+	}
+	switch rec.State {
+	case StateSucceeded, StateFailed, StateRejected:
+		return stepAnswer, DecisionReplay
+	case StateRetryable:
+		return stepRun, ""
+	case StateInProgress:
+		if now.Before(rec.LeaseExpires) {
+			return stepAnswer, DecisionBusy
+		}
+		return stepWrite, ""
+	case StateAwaitingApproval:
+		if rec.Approval != nil && !now.Before(rec.Approval.ExpiresAt) {
+			return stepWrite, ""
+		}
+		return stepAnswer, DecisionHeld
+	default: // unknown
+		return stepAnswer, DecisionHeld
+	}
+}
+
+// expired reports whether rec is past its retention: a tombstone.
+func (o Options) expired(rec *Record, now time.Time) bool {
+	if rec.Tombstone {
+		return true
+	}
+	return rec.State.Final() && !rec.CompletedAt.IsZero() && !now.Before(rec.CompletedAt.Add(o.Retention))
+}
+
+// tombstone reduces rec to what is kept after retention.
+func tombstone(rec *Record) *Record {
+	t := *rec
+	t.Result = nil
+	t.Error = nil
+	t.Approval = nil
+	t.Tombstone = true
+	if rec.Error != nil {
+		t.Error = &OpError{Code: rec.Error.Code}
+	}
+	return &t
+}
+
+// expireTransition applies a due lease or approval expiry to rec in place
+// and returns the state it left, or "" when nothing was due.
+func (o Options) expireTransition(rec *Record, now time.Time) (State, string) {
+	before := rec.State
+	switch {
+	case rec.State == StateInProgress && !now.Before(rec.LeaseExpires):
+		rec.State = rec.OnLeaseExpiry
+		if rec.State == "" {
+			rec.State = StateUnknown
+		}
+		rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
+		rec.UpdatedAt = now
+		return before, "lease_expired"
+	case rec.State == StateAwaitingApproval && rec.Approval != nil && !now.Before(rec.Approval.ExpiresAt):
+		rec.State = StateRejected
+		a := *rec.Approval
+		a.Status = "expired"
+		rec.Approval = &a
+		rec.Error = &OpError{Code: "approval_required", Message: "the approval request expired before anyone decided it (approval_expired); nothing was executed"}
+		rec.Summary = "approval_expired"
+		rec.UpdatedAt, rec.CompletedAt = now, now
+		return before, "approval_expired"
+	}
+	return "", ""
+}

@@ -1,0 +1,25 @@
+package ledger
+
+import "errors"
+
+var (
+	// ErrNotFound is returned when no record exists for a (tenant, key), or
+	// the record belongs to another tenant.
+	ErrNotFound = errors.New("ledger: not found")
+
+	// ErrStaleGeneration is returned by Complete and RenewLease when the
+	// caller's generation is no longer the record's: its lease was taken over
+	// or the record was already completed.
+	ErrStaleGeneration = errors.New("ledger: stale generation")
+
+	// ErrKeyNotIssued is returned by a claim when Options.RequireIssuedKeys is
+	// set and the key was not handed out by IssueKey in the same tenant.
+	ErrKeyNotIssued = errors.New("ledger: operation key was not issued by this ledger")
+
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("ledger: closed")
+
+	// ErrSchemaVersion is returned by Open when the file was written by a
+	// newer, incompatible version of idemgate.
+	ErrSchemaVersion = errors.New("ledger: unsupported on-disk schema version")
+)

@@ -1,0 +1,205 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// State is the execution state of an operation (DESIGN §3).
+type State string
+
+// The states of a record.
+const (
+	StateInProgress       State = "in_progress"
+	StateSucceeded        State = "succeeded"
+	StateFailed           State = "failed"
+	StateAwaitingApproval State = "awaiting_approval"
+	StateUnknown          State = "unknown"
+	StateRejected         State = "rejected"
+	StateRetryable        State = "retryable"
+)
+
+// Final reports whether s is a final state, whose result is replayed.
+func (s State) Final() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateRejected
+}
+
+// ResultFormat is the version of the saved result encoding written by this
+// build. Records carry the format they were written with, so a newer build
+// can still replay results saved by an older one.
+const ResultFormat = 1
+
+// OpError is a saved, model-facing error of an operation.
+type OpError struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Details json.RawMessage `json:"details,omitempty"`
+}
+
+// Approval is the pending approval that holds an awaiting_approval record.
+type Approval struct {
+	ID         string    `json:"approval_id"`
+	Status     string    `json:"status"` // pending, approved, rejected, expired
+	Reason     string    `json:"reason"`
+	EarlierKey string    `json:"earlier_operation_key,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+}
+
+// Record is the ledger row of one (tenant, key).
+type Record struct {
+	Tenant        string          `json:"tenant"`
+	Key           string          `json:"key"`
+	Tool          string          `json:"tool"`
+	Fingerprint   string          `json:"fingerprint"`
+	State         State           `json:"state"`
+	Attempts      int             `json:"attempts"`
+	Generation    uint64          `json:"generation"`
+	LeaseOwner    string          `json:"lease_owner,omitempty"`
+	LeaseExpires  time.Time       `json:"lease_expires_at,omitzero"`
+	OnLeaseExpiry State           `json:"on_lease_expiry,omitempty"`
+	Principal     string          `json:"principal"`
+	ResultFormat  int             `json:"result_format,omitempty"`
+	Result        json.RawMessage `json:"result,omitempty"`
+	Error         *OpError        `json:"error,omitempty"`
+	Summary       string          `json:"summary,omitempty"`
+	DownstreamRef string          `json:"downstream_ref,omitempty"`
+	Approval      *Approval       `json:"approval,omitempty"`
+	Tombstone     bool            `json:"tombstone,omitempty"`
+	FirstSeenAt   time.Time       `json:"first_seen_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	CompletedAt   time.Time       `json:"completed_at,omitzero"`
+}
+
+// Actor is who made a call, for records and audit entries. Client names are
+// self-reported by the client: recorded, never trusted for identity.
+type Actor struct {
+	Tenant        string `json:"tenant"`
+	Principal     string `json:"principal"`
+	Role          string `json:"role,omitempty"`
+	ClientName    string `json:"client_name,omitempty"`
+	ClientVersion string `json:"client_version,omitempty"`
+	RequestID     string `json:"request_id,omitempty"`
+	Trace         string `json:"trace,omitempty"`
+}
+
+// Claim asks the ledger to run one operation.
+type Claim struct {
+	Actor       Actor
+	Key         string
+	Tool        string
+	Fingerprint string
+	// OnLeaseExpiry is the state an in_progress record takes when its lease
+	// expires: StateRetryable when the side effect cannot have happened
+	// without the ledger knowing (embedded store), StateUnknown otherwise.
+	OnLeaseExpiry State
+	// SuspectDuplicates, when true, holds a new key whose fingerprint equals
+	// a recent operation of the same tenant (within Options.SuspectWindow)
+	// as awaiting_approval instead of running it.
+	SuspectDuplicates bool
+}
+
+// Outcome is what a side effect produced.
+type Outcome struct {
+	State         State // StateSucceeded or StateFailed (StateUnknown, StateRetryable for Complete)
+	Result        json.RawMessage
+	Error         *OpError
+	Summary       string // kept in the tombstone after retention, e.g. "order ord_…"
+	DownstreamRef string
+}
+
+// DecisionKind says what a claim decided.
+type DecisionKind string
+
+// The decisions of a claim.
+const (
+	// DecisionExecuted: the operation ran now (Execute) and Record holds its outcome.
+	DecisionExecuted DecisionKind = "executed"
+	// DecisionClaimed: the caller owns the in_progress record (Claim) and must Complete it.
+	DecisionClaimed DecisionKind = "claimed"
+	// DecisionReplay: the record is final; its saved result is the answer.
+	DecisionReplay DecisionKind = "replay"
+	// DecisionMismatch: the key is in use with another tool or fingerprint.
+	DecisionMismatch DecisionKind = "mismatch"
+	// DecisionBusy: another executor holds a live lease.
+	DecisionBusy DecisionKind = "busy"
+	// DecisionHeld: the record awaits approval or reconciliation; nothing ran.
+	DecisionHeld DecisionKind = "held"
+	// DecisionSuspectedDuplicate: a new record was created awaiting approval
+	// because Earlier has the same fingerprint under another key.
+	DecisionSuspectedDuplicate DecisionKind = "suspected_duplicate"
+	// DecisionExpired: only a tombstone is left; the result is gone.
+	DecisionExpired DecisionKind = "expired"
+)
+
+// Decision is the answer of a claim.
+type Decision struct {
+	Kind    DecisionKind
+	Record  *Record
+	Earlier *Record // for DecisionSuspectedDuplicate
+}
+
+// Tx is a transaction on the ledger's store, given to downstreams that keep
+// their data beside the ledger (the embedded order store, the outbox) so
+// their writes commit or roll back with the ledger's transition. Keys and
+// collection names are opaque strings. Values returned by Get and Scan are
+// only valid inside the transaction.
+type Tx interface {
+	Get(collection, key string) ([]byte, error)
+	Put(collection, key string, value []byte) error
+	Delete(collection, key string) error
+	// Scan calls fn for each key with the prefix, in key order (or reverse
+	// order), until fn returns false or an error.
+	Scan(collection, prefix string, reverse bool, fn func(key string, value []byte) (bool, error)) error
+	// Now is the ledger clock's time for this transaction.
+	Now() time.Time
+}
+
+// ApplyFunc performs an operation's side effect inside the claim's
+// transaction. A returned error rolls back everything, claim included, so
+// the operation leaves no record; an Outcome with StateFailed is a
+// definitive failure that is saved and replayed.
+type ApplyFunc func(tx Tx, rec *Record) (Outcome, error)
+
+// Filter selects records for List.
+type Filter struct {
+	Tenant string // "" lists every tenant (operator use)
+	State  State  // "" lists every state
+	Limit  int    // <= 0 means 100
+}
+
+// Store is the ledger's storage. Every method is safe for concurrent use by
+// many goroutines, and — for the bbolt store — by many processes sharing one
+// file, with the same guarantees.
+type Store interface {
+	// Execute claims c and, when the claim is new or a retryable re-run,
+	// runs apply in the same transaction. Returns the decision; errors are
+	// ErrKeyNotIssued, ErrClosed, context errors, or internal errors.
+	Execute(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error)
+	// Claim is Execute without a side effect: a new claim leaves an
+	// in_progress record with a lease, and DecisionClaimed.
+	Claim(ctx context.Context, c Claim) (Decision, error)
+	// Complete records the outcome of a claimed operation. It returns
+	// ErrStaleGeneration when gen is not the record's current generation or
+	// the record is no longer in_progress.
+	Complete(ctx context.Context, actor Actor, key string, gen uint64, out Outcome) (*Record, error)
+	// RenewLease extends a live lease; ErrStaleGeneration as for Complete.
+	RenewLease(ctx context.Context, tenant, key string, gen uint64) error
+	// Get returns the record of (tenant, key), as a tombstone when its
+	// retention has passed, or ErrNotFound. It never writes.
+	Get(ctx context.Context, tenant, key string) (*Record, error)
+	// List returns records, newest first.
+	List(ctx context.Context, f Filter) ([]*Record, error)
+	// IssueKey remembers that key was handed out to tenant.
+	IssueKey(ctx context.Context, tenant, key string) error
+	// View and Update run fn in a read-only or read-write transaction on
+	// the downstream collections.
+	View(ctx context.Context, fn func(Tx) error) error
+	Update(ctx context.Context, fn func(Tx) error) error
+	// Sweep turns records past retention into tombstones and deletes
+	// tombstones past their own retention, returning how many of each.
+	Sweep(ctx context.Context) (compacted, deleted int, err error)
+	// Close flushes buffered audit entries and releases the store.
+	Close() error
+}

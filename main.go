@@ -1,0 +1,295 @@
+// Command idemgate is an MCP server whose side-effecting tools are safe to
+// call twice. See README.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"idemgate/demo"
+	"idemgate/ledger"
+	"idemgate/schemas"
+	"idemgate/server"
+	"idemgate/tools"
+)
+
+const usage = `idemgate — an MCP server whose side-effecting tools are safe to call twice
+
+Usage:
+  idemgate serve [flags]          serve MCP over stdio (embedded ledger)
+  idemgate ops list [flags]       list recent operations
+  idemgate ops show KEY [flags]   show one operation's record
+  idemgate demo                   walk through the guarantees with a real server
+  idemgate version
+
+Run "idemgate COMMAND -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(args[1:], stdin, stdout, stderr)
+	case "ops":
+		err = ops(args[1:], stdout, stderr)
+	case "demo":
+		err = runDemo(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "idemgate", server.Version)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "idemgate: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "idemgate:", err)
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+type usageError struct{ error }
+
+// ledgerFlags are the flags shared by every command that opens the ledger.
+type ledgerFlags struct {
+	db                 string
+	retention          time.Duration
+	tombstoneRetention time.Duration
+	suspectWindow      time.Duration
+	requireIssued      bool
+}
+
+func (l *ledgerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger file (bbolt); shared safely by several processes (env IDEMGATE_DB)")
+	fs.DurationVar(&l.retention, "retention", 24*time.Hour, "how long a finished operation's full result is kept and replayed")
+	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
+	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")
+	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
+}
+
+func (l *ledgerFlags) open() (*ledger.BoltStore, error) {
+	for name, d := range map[string]time.Duration{"retention": l.retention, "tombstone-retention": l.tombstoneRetention, "suspect-window": l.suspectWindow} {
+		if d <= 0 {
+			return nil, usageError{fmt.Errorf("--%s must be positive, got %s", name, d)}
+		}
+	}
+	if l.db == "" {
+		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
+		return nil, fmt.Errorf("ledger directory: %w", err)
+	}
+	return ledger.OpenBolt(l.db, ledger.Options{
+		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
+		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
+	})
+}
+
+// defaultDB is the ledger file in the user's data directory.
+func defaultDB() string {
+	dir := os.Getenv("XDG_DATA_HOME")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return ""
+		}
+		dir = filepath.Join(home, ".local", "share")
+		if runtime.GOOS == "darwin" {
+			dir = filepath.Join(home, "Library", "Application Support")
+		}
+	}
+	return filepath.Join(dir, "idemgate", "ledger.db")
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf ledgerFlags
+	lf.register(fs)
+	var id server.Identity
+	fs.StringVar(&id.Principal, "principal", env("IDEMGATE_PRINCIPAL", "local-agent"), "who this server acts for (env IDEMGATE_PRINCIPAL)")
+	fs.StringVar(&id.Tenant, "tenant", env("IDEMGATE_TENANT", "default"), "tenant whose operations this server sees (env IDEMGATE_TENANT)")
+	fs.StringVar(&id.Role, "role", env("IDEMGATE_ROLE", "agent"), "agent or approver (env IDEMGATE_ROLE)")
+	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes one file per message into (default: 'outbox' beside --db)")
+	wait := fs.Duration("wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
+	workers := fs.Int("workers", 32, "concurrent tool calls (1-100)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)}
+	}
+	if err := id.Validate(); err != nil {
+		return usageError{err}
+	}
+	if *workers < 1 || *workers > 100 {
+		return usageError{fmt.Errorf("--workers must be 1-100, got %d", *workers)}
+	}
+	if *wait <= 0 || *wait > 5*time.Minute {
+		return usageError{fmt.Errorf("--wait must be between 0 and 5m, got %s", *wait)}
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	store, err := lf.open()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if *outbox == "" {
+		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
+	}
+	v, err := schemas.New()
+	if err != nil {
+		return err
+	}
+	svc, err := tools.New(store, v, tools.Options{WaitInProgress: *wait, OutboxDir: *outbox, Logger: logger})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	bg, cancelBg := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Deliverer().Run(bg) }()
+	go sweepLoop(bg, store, logger)
+	logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
+	err = server.ServeStdio(ctx, server.New(svc, id, logger), stdin, stdout, *workers, logger)
+	cancelBg()
+	<-done
+	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return err
+}
+
+// sweepLoop turns expired records into tombstones every ten minutes until
+// ctx is done.
+func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		if c, d, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
+			logger.Warn("retention sweep", "err", err)
+		} else if c+d > 0 {
+			logger.Info("retention sweep", "tombstoned", c, "deleted", d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func ops(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
+		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] | idemgate ops show KEY [--tenant T]")}
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("ops "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf ledgerFlags
+	lf.register(fs)
+	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (\"\" with list: every tenant)")
+	state := fs.String("state", "", "list only this state")
+	limit := fs.Int("limit", 50, "list at most this many (1-10000)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	rest := args[1:]
+	var key string
+	if sub == "show" {
+		if len(rest) == 0 || len(rest[0]) == 0 || rest[0][0] == '-' {
+			return usageError{errors.New("usage: idemgate ops show KEY [--tenant T]")}
+		}
+		key, rest = rest[0], rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if *limit < 1 || *limit > 10000 {
+		return usageError{fmt.Errorf("--limit must be 1-10000, got %d", *limit)}
+	}
+	store, err := lf.open()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if sub == "show" {
+		rec, err := store.Get(ctx, *tenant, key)
+		if errors.Is(err, ledger.ErrNotFound) {
+			return fmt.Errorf("no operation %q in tenant %q", key, *tenant)
+		}
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rec)
+	}
+	recs, err := store.List(ctx, ledger.Filter{Tenant: *tenant, State: ledger.State(*state), Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(recs)
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "FIRST SEEN\tTENANT\tKEY\tTOOL\tSTATE\tATTEMPTS\tSUMMARY")
+	for _, r := range recs {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.FirstSeenAt.UTC().Format(time.RFC3339), r.Tenant, r.Key, r.Tool, r.State, r.Attempts, r.Summary)
+	}
+	return w.Flush()
+}
+
+func runDemo(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	keep := fs.Bool("keep", false, "keep the demo's temporary ledger and print its path")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return demo.Run(context.Background(), self, stdout, *keep)
+}

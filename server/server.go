@@ -1,0 +1,151 @@
+// Package server puts idemgate's tools on MCP: it registers every tool with
+// its JSON Schemas and behaviour hints, attaches the caller's identity to
+// each call, turns progress into MCP notifications and every answer into a
+// tool result (isError for anything the model must act on, never a
+// JSON-RPC error), and serves the stdio transport.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"regexp"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"idemgate/ledger"
+	"idemgate/schemas"
+	"idemgate/tools"
+)
+
+// Version is the server version reported to clients.
+const Version = "0.1.0"
+
+// Identity is who a stdio server acts for: one process, one principal.
+type Identity struct {
+	Principal string
+	Tenant    string
+	Role      string // agent, approver
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$`)
+
+// Validate refuses identities that cannot be stored or audited safely.
+func (id Identity) Validate() error {
+	if !namePattern.MatchString(id.Principal) {
+		return fmt.Errorf("principal %q: must be 1-64 characters of letters, digits and _.@:- starting with a letter or digit", id.Principal)
+	}
+	if !namePattern.MatchString(id.Tenant) {
+		return fmt.Errorf("tenant %q: must be 1-64 characters of letters, digits and _.@:- starting with a letter or digit", id.Tenant)
+	}
+	switch id.Role {
+	case "agent", "approver":
+	default:
+		return fmt.Errorf("role %q: must be agent or approver", id.Role)
+	}
+	return nil
+}
+
+// New returns the MCP server for svc, acting for id.
+func New(svc *tools.Service, id Identity, logger *slog.Logger) *mcpserver.MCPServer {
+	s := mcpserver.NewMCPServer("idemgate", Version,
+		mcpserver.WithToolCapabilities(false),
+		mcpserver.WithRecovery(),
+		mcpserver.WithInstructions("idemgate runs side effects (orders, notifications) at most once per operation_key. "+
+			"For each business intent get ONE key (new_operation_key) before the first attempt and reuse it on every retry; "+
+			"a timeout is not a failure — retry with the same key, or check get_operation_status. Never mint a new key to retry."),
+	)
+	out := json.RawMessage(schemas.OutputSchema())
+	for _, spec := range svc.Specs() {
+		in, _ := schemas.InputSchema(spec.Name)
+		t := mcp.NewToolWithRawSchema(spec.Name, spec.Description, in)
+		t.RawOutputSchema = out
+		t.Annotations = mcp.ToolAnnotation{
+			Title:           spec.Title,
+			ReadOnlyHint:    mcp.ToBoolPtr(spec.ReadOnly),
+			DestructiveHint: mcp.ToBoolPtr(spec.Destructive),
+			IdempotentHint:  mcp.ToBoolPtr(spec.Idempotent),
+			OpenWorldHint:   mcp.ToBoolPtr(spec.OpenWorld),
+		}
+		s.AddTool(t, handler(s, svc, id, spec.Name))
+	}
+	return s
+}
+
+// handler adapts one tool of svc to mcp-go.
+func handler(s *mcpserver.MCPServer, svc *tools.Service, id Identity, name string) mcpserver.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role}
+		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
+		var progress tools.Progress
+		if meta := req.Params.Meta; meta != nil {
+			if tp, ok := meta.AdditionalFields["traceparent"].(string); ok && len(tp) <= 128 {
+				actor.Trace = tp
+			}
+			if token := meta.ProgressToken; token != nil {
+				progress = func(done, total float64, msg string) {
+					_ = s.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+						"progressToken": token, "progress": done, "total": total, "message": msg,
+					})
+				}
+			}
+		}
+		resp := svc.Call(ctx, actor, name, req.Params.Arguments, progress)
+		return toResult(resp), nil
+	}
+}
+
+// clientInfo is the client's self-reported name and version: recorded for
+// audit, never used for identity.
+func clientInfo(ctx context.Context) (string, string) {
+	if info := mcpserver.RequestProtocolInfoFromContext(ctx); info != nil && info.ClientInfo != nil {
+		return clip(info.ClientInfo.Name), clip(info.ClientInfo.Version)
+	}
+	if cs, ok := mcpserver.ClientSessionFromContext(ctx).(mcpserver.SessionWithClientInfo); ok {
+		ci := cs.GetClientInfo()
+		return clip(ci.Name), clip(ci.Version)
+	}
+	return "", ""
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64]
+	}
+	return s
+}
+
+// toResult renders a response as structuredContent plus the same JSON as
+// text, for clients that only read text.
+func toResult(resp *tools.Response) *mcp.CallToolResult {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b = []byte(`{"status":"unknown","replayed":false,"next_action":"wait_and_poll_status","error":{"code":"internal","message":"idemgate could not encode its answer"}}`)
+		return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(string(b))}, StructuredContent: json.RawMessage(b), IsError: true}
+	}
+	r := mcp.NewToolResultStructured(json.RawMessage(b), string(b))
+	r.IsError = resp.IsError
+	return r
+}
+
+// ServeStdio serves s on in/out until in is closed or ctx is done.
+// workers bounds concurrent tool calls (mcp-go's default is 5).
+func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, in io.Reader, out io.Writer, workers int, logger *slog.Logger) error {
+	std := mcpserver.NewStdioServer(s)
+	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
+	mcpserver.WithWorkerPoolSize(workers)(std)
+	mcpserver.WithQueueSize(1000)(std)
+	return std.Listen(ctx, in, out)
+}
+
+// slogWriter sends mcp-go's log lines to slog (stderr).
+type slogWriter struct{ l *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	w.l.Warn("mcp", "msg", string(p))
+	return len(p), nil
+}

@@ -1,0 +1,73 @@
+package tools
+
+import (
+	"context"
+	"fmt"
+
+	"idemgate/ledger"
+)
+
+var specCreateOrder = Spec{
+	Name:  "create_order",
+	Title: "Place an order (idempotent by operation_key)",
+	Description: "Places one order for a customer. Safe to call again: the operation_key names this one business intent. " +
+		"Get the key ONCE per intent from new_operation_key (or make a random UUID yourself before the first attempt), and reuse the SAME key on every retry of that intent — after a timeout, an error, or when unsure whether the first call went through. " +
+		"A retry with the same key and arguments returns the same order (replayed: true) and never creates a second one. Never mint a new key because a call failed or timed out: a timeout is not a failure, the order may already exist. " +
+		"The same key with different arguments is refused. A new key with the same arguments as an order placed minutes ago is held for human approval as a suspected duplicate. " +
+		"With notify_customer (default true) a confirmation message is queued in the same step.",
+	Idempotent: true, Destructive: false, OpenWorld: false,
+}
+
+type createOrderArgs struct {
+	CustomerID            string   `json:"customer_id"`
+	Items                 []Item   `json:"items"`
+	Currency              string   `json:"currency"`
+	ShipTo                *Address `json:"ship_to"`
+	RequestedDeliveryDate string   `json:"requested_delivery_date"`
+	Note                  string   `json:"note"`
+	NotifyCustomer        bool     `json:"notify_customer"`
+}
+
+func (s *Service) createOrder(ctx context.Context, c *call) *Response {
+	var a createOrderArgs
+	if err := c.req.Decode(&a); err != nil {
+		return s.ledgerError(c, err)
+	}
+	sum, err := total(a.Items)
+	if err != nil {
+		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments",
+			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", nextFixRetry)
+	}
+	tenant := c.actor.Tenant
+	return s.execute(ctx, c, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		now := tx.Now()
+		o := &Order{
+			OrderID: orderID(tenant, rec.Key), Version: 1, Status: "placed",
+			CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, TotalMinor: sum,
+			ShipTo: a.ShipTo, RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note,
+			OperationKey: rec.Key, CreatedAt: now, UpdatedAt: now,
+		}
+		if err := putOrder(tx, tenant, o); err != nil {
+			return ledger.Outcome{}, err
+		}
+		result := map[string]any{"order": o}
+		if a.NotifyCustomer {
+			m := &Message{
+				Tenant: tenant, OperationKey: rec.Key, Step: "confirmation", Channel: "email",
+				To:      []string{"customer:" + a.CustomerID},
+				Subject: "Order " + o.OrderID + " confirmed",
+				Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), o.Currency),
+			}
+			if err := enqueue(tx, m); err != nil {
+				return ledger.Outcome{}, err
+			}
+			result["confirmation"] = map[string]any{"message_id": m.MessageID, "state": m.State}
+		}
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "order " + o.OrderID, DownstreamRef: o.OrderID}, nil
+	})
+}
+
+// formatMinor renders minor units with two decimals (display only).
+func formatMinor(v int64) string {
+	return fmt.Sprintf("%d.%02d", v/100, v%100)
+}

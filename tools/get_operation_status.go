@@ -1,0 +1,64 @@
+package tools
+
+import (
+	"context"
+	"errors"
+
+	"idemgate/ledger"
+)
+
+var specGetOperationStatus = Spec{
+	Name:  "get_operation_status",
+	Title: "Get an operation's status",
+	Description: "Returns what the ledger knows about an operation_key in your tenant: its state, saved result or error, attempts, pending approval, delivery state of its messages, timestamps, and next_action (what to do now). Read only. " +
+		"Use it after a timeout or an in_progress answer instead of minting a new key.",
+	ReadOnly: true, Idempotent: true,
+}
+
+func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
+	key := c.req.Args["operation_key"].(string)
+	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return errorResponse(key, ledger.StateRejected, "not_found",
+			"No operation with this operation_key exists in your tenant: nothing was ever recorded for it (or its record is past retention). If you never sent it, send the intended call with this key.",
+			nextFixRetry)
+	}
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	var msgs []*Message
+	if err := s.ledger.View(ctx, func(tx ledger.Tx) error {
+		msgs, err = messagesOf(tx, c.actor.Tenant, key)
+		return err
+	}); err != nil {
+		return s.ledgerError(c, err)
+	}
+	r := fromRecord(rec)
+	// The status call itself succeeded; the operation's own state is in status.
+	r.IsError = false
+	status := map[string]any{
+		"tool": rec.Tool, "state": rec.State, "attempts": rec.Attempts,
+		"fingerprint": rec.Fingerprint, "updated_at": rec.UpdatedAt,
+	}
+	if rec.Result != nil {
+		status["result"] = rec.Result
+	}
+	if rec.DownstreamRef != "" {
+		status["downstream_ref"] = rec.DownstreamRef
+	}
+	if rec.Summary != "" {
+		status["summary"] = rec.Summary
+	}
+	if rec.Tombstone {
+		status["expired"] = true
+	}
+	if len(msgs) > 0 {
+		steps := make([]map[string]any, 0, len(msgs))
+		for _, m := range msgs {
+			steps = append(steps, map[string]any{"step": m.Step, "message_id": m.MessageID, "state": m.State, "attempts": m.Attempts, "last_error": m.LastError})
+		}
+		status["deliveries"] = steps
+	}
+	r.Result = mustJSON(status)
+	return r
+}

@@ -1,0 +1,123 @@
+package tools
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"idemgate/ledger"
+)
+
+// The embedded order store keeps orders in the ledger's own store, so an
+// order and its operation's outcome commit in one transaction.
+const (
+	collOrders     = "orders"             // tenant \x00 order_id → Order
+	collByCustomer = "orders_by_customer" // tenant \x00 customer \x00 inverted created (16 hex) order_id → ""
+)
+
+// Item is one order line.
+type Item struct {
+	SKU            string `json:"sku"`
+	Quantity       int64  `json:"quantity"`
+	UnitPriceMinor int64  `json:"unit_price_minor"`
+}
+
+// Address is a shipping address.
+type Address struct {
+	Name       string `json:"name"`
+	Line1      string `json:"line1"`
+	Line2      string `json:"line2,omitempty"`
+	City       string `json:"city"`
+	Region     string `json:"region,omitempty"`
+	PostalCode string `json:"postal_code"`
+	Country    string `json:"country"`
+}
+
+// Order is an order of the embedded store.
+type Order struct {
+	OrderID               string    `json:"order_id"`
+	Version               int       `json:"version"`
+	Status                string    `json:"status"` // placed, cancelled
+	CustomerID            string    `json:"customer_id"`
+	Items                 []Item    `json:"items"`
+	Currency              string    `json:"currency"`
+	TotalMinor            int64     `json:"total_minor"`
+	ShipTo                *Address  `json:"ship_to,omitempty"`
+	RequestedDeliveryDate string    `json:"requested_delivery_date,omitempty"`
+	Note                  string    `json:"note,omitempty"`
+	OperationKey          string    `json:"operation_key"`
+	CreatedAt             time.Time `json:"created_at"`
+	UpdatedAt             time.Time `json:"updated_at"`
+}
+
+// orderID derives an order's id from its operation: the same operation
+// always names the same order, even when re-run after a retryable stop.
+func orderID(tenant, key string) string {
+	sum := sha256.Sum256([]byte("order\x00" + tenant + "\x00" + key))
+	return "ord_" + hex.EncodeToString(sum[:12])
+}
+
+// total sums the items, refusing an overflow.
+func total(items []Item) (int64, error) {
+	var t int64
+	for _, it := range items {
+		if it.Quantity != 0 && it.UnitPriceMinor > (math.MaxInt64-t)/it.Quantity {
+			return 0, fmt.Errorf("order total overflows")
+		}
+		t += it.Quantity * it.UnitPriceMinor
+	}
+	return t, nil
+}
+
+func orderKey(tenant, id string) string { return tenant + "\x00" + id }
+
+func customerPrefix(tenant, customer string) string { return tenant + "\x00" + customer + "\x00" }
+
+// putOrder writes a new order and its customer index entry.
+func putOrder(tx ledger.Tx, tenant string, o *Order) error {
+	v, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	if err := tx.Put(collOrders, orderKey(tenant, o.OrderID), v); err != nil {
+		return err
+	}
+	var inv [8]byte
+	binary.BigEndian.PutUint64(inv[:], math.MaxUint64-uint64(o.CreatedAt.UnixNano()))
+	return tx.Put(collByCustomer, customerPrefix(tenant, o.CustomerID)+hex.EncodeToString(inv[:])+o.OrderID, nil)
+}
+
+// getOrderTx reads an order, or nil.
+func getOrderTx(tx ledger.Tx, tenant, id string) (*Order, error) {
+	v, err := tx.Get(collOrders, orderKey(tenant, id))
+	if err != nil || v == nil {
+		return nil, err
+	}
+	var o Order
+	if err := json.Unmarshal(v, &o); err != nil {
+		return nil, fmt.Errorf("order %s: %w", id, err)
+	}
+	return &o, nil
+}
+
+// listOrdersTx returns a customer's orders, newest first.
+func listOrdersTx(tx ledger.Tx, tenant, customer string, limit int) ([]*Order, error) {
+	var out []*Order
+	prefix := customerPrefix(tenant, customer)
+	err := tx.Scan(collByCustomer, prefix, false, func(k string, _ []byte) (bool, error) {
+		id := k[len(prefix)+16:]
+		o, err := getOrderTx(tx, tenant, id)
+		if err != nil {
+			return false, err
+		}
+		if o != nil {
+			out = append(out, o)
+		}
+		return len(out) < limit, nil
+	})
+	return out, err
+}

@@ -1,0 +1,257 @@
+// Package tools implements idemgate's tools: each one turns validated
+// arguments into a ledger claim, runs the downstream side effect at most
+// once, and answers with the result envelope of DESIGN §4. It knows nothing
+// of MCP: the server package maps Specs and Responses onto the protocol.
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"idemgate/ledger"
+	"idemgate/schemas"
+)
+
+// Options configure a Service. Zero values take the defaults.
+type Options struct {
+	// WaitInProgress bounds how long a duplicate waits for a running
+	// operation before answering in_progress.
+	WaitInProgress time.Duration // default 5s
+	// SuspectDuplicates holds a new key whose request equals a recent
+	// operation of the tenant for approval (default on; see ledger).
+	DisableSuspectDuplicates bool
+	// OutboxDir is where the directory sink writes one file per message.
+	OutboxDir string
+	Logger    *slog.Logger
+}
+
+// Service runs the tools against one ledger.
+type Service struct {
+	ledger  ledger.Store
+	schemas *schemas.Validator
+	opts    Options
+	log     *slog.Logger
+	outbox  *Deliverer
+	tools   map[string]tool
+}
+
+// tool is one tool's spec and behaviour.
+type tool struct {
+	Spec
+	run func(ctx context.Context, c *call) *Response
+}
+
+// Spec describes a tool for registration: name, texts and the behaviour
+// hints every MCP client shows or relies on. Each hint is set deliberately.
+type Spec struct {
+	Name        string
+	Title       string
+	Description string
+	ReadOnly    bool
+	Destructive bool
+	Idempotent  bool
+	OpenWorld   bool
+}
+
+// call is one tool call in progress.
+type call struct {
+	actor    ledger.Actor
+	req      *schemas.Request
+	progress Progress
+	started  time.Time
+}
+
+// Progress reports progress of a long call to the client (MCP progress
+// notifications); it is a no-op when the client did not ask for progress.
+type Progress func(progress, total float64, message string)
+
+// New returns a Service. The deliverer of the outbox is started by Run.
+func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, error) {
+	if opts.WaitInProgress <= 0 {
+		opts.WaitInProgress = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OutboxDir == "" {
+		return nil, errors.New("tools: OutboxDir is required")
+	}
+	sink, err := NewDirSink(opts.OutboxDir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger}
+	s.outbox = NewDeliverer(store, sink, opts.Logger)
+	s.tools = map[string]tool{}
+	for _, t := range []tool{
+		{specCreateOrder, s.createOrder},
+		{specSendNotification, s.sendNotification},
+		{specGetOrder, s.getOrder},
+		{specListOrders, s.listOrders},
+		{specNewOperationKey, s.newOperationKey},
+		{specGetOperationStatus, s.getOperationStatus},
+	} {
+		if _, ok := schemas.InputSchema(t.Name); !ok {
+			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
+		}
+		s.tools[t.Name] = t
+	}
+	return s, nil
+}
+
+// Specs lists the tools, sorted by name.
+func (s *Service) Specs() []Spec {
+	out := make([]Spec, 0, len(s.tools))
+	for _, t := range s.tools {
+		out = append(out, t.Spec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Deliverer is the outbox deliverer the server runs in the background.
+func (s *Service) Deliverer() *Deliverer { return s.outbox }
+
+// Call runs one tool call for actor. It never returns nil and never panics
+// into the caller: a panic becomes an internal-error Response. Arguments are
+// validated before anything touches the ledger, so invalid calls leave no
+// record and the key may be reused with corrected arguments.
+func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
+	started := time.Now()
+	t, ok := s.tools[name]
+	if !ok {
+		return errorResponse("", ledger.StateRejected, "invalid_arguments", fmt.Sprintf("there is no tool named %q", name), "fix_arguments_and_retry_same_key")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("tool panicked", "tool", name, "panic", r)
+			resp = internalError("")
+		}
+	}()
+	req, err := s.schemas.Prepare(name, args)
+	if err != nil {
+		var ve *schemas.ValidationError
+		if !errors.As(err, &ve) {
+			s.log.Error("prepare arguments", "tool", name, "err", err)
+			return internalError("")
+		}
+		key := ""
+		if m, ok := args.(map[string]any); ok {
+			key, _ = m["operation_key"].(string)
+			if len(key) > 64 {
+				key = ""
+			}
+		}
+		s.auditRefusal(actor, name, key, "invalid_arguments", ve.Error())
+		r := errorResponse(key, ledger.StateRejected, "invalid_arguments",
+			"The arguments were refused and nothing was recorded or executed: "+ve.Error()+". Fix them and call again with the same operation_key.",
+			"fix_arguments_and_retry_same_key")
+		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
+		return r
+	}
+	if progress == nil {
+		progress = func(float64, float64, string) {}
+	}
+	return t.run(ctx, &call{actor: actor, req: req, progress: progress, started: started})
+}
+
+// auditRefusal records a call refused before the ledger was asked.
+func (s *Service) auditRefusal(actor ledger.Actor, tool, key, code, detail string) {
+	if a, ok := s.ledger.(interface{ Audit(ledger.AuditEntry) }); ok {
+		if len(detail) > 500 {
+			detail = detail[:500] + "…"
+		}
+		a.Audit(ledger.AuditEntry{Event: "call", Actor: actor, Tool: tool, Key: key, Decision: "refused", ErrorCode: code, Detail: detail})
+	}
+}
+
+// claim builds the ledger claim of c.
+func (s *Service) claim(c *call, onLeaseExpiry ledger.State) ledger.Claim {
+	return ledger.Claim{
+		Actor: c.actor, Key: c.req.OperationKey, Tool: c.req.Tool, Fingerprint: c.req.Fingerprint,
+		OnLeaseExpiry: onLeaseExpiry, SuspectDuplicates: !s.opts.DisableSuspectDuplicates,
+	}
+}
+
+// execute claims c and runs apply at most once (embedded downstreams:
+// claim, effect and outcome in one transaction), then answers.
+func (s *Service) execute(ctx context.Context, c *call, apply ledger.ApplyFunc) *Response {
+	d, err := s.ledger.Execute(ctx, s.claim(c, ledger.StateRetryable), apply)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	if d.Kind == ledger.DecisionExecuted {
+		s.outbox.Kick()
+	}
+	if d.Kind == ledger.DecisionBusy {
+		return s.waitForOutcome(ctx, c, d.Record)
+	}
+	return s.respond(d)
+}
+
+// waitForOutcome polls a running operation until it leaves in_progress or
+// WaitInProgress passes, reporting progress meanwhile.
+func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) *Response {
+	const poll = 20 * time.Millisecond
+	wait := s.opts.WaitInProgress
+	deadline := time.Now().Add(wait)
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	lastReport := time.Time{}
+	for rec.State == ledger.StateInProgress && time.Now().Before(deadline) {
+		if time.Since(lastReport) >= 250*time.Millisecond {
+			waited := wait - time.Until(deadline)
+			c.progress(waited.Seconds(), wait.Seconds(), "another call with this operation_key is running; waiting for its outcome")
+			lastReport = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+		case <-t.C:
+		}
+		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		rec = r
+	}
+	if rec.State == ledger.StateInProgress {
+		return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+	}
+	if rec.State == ledger.StateRetryable {
+		// The owner's lease ran out before it finished: claim it again.
+		return s.respond(ledger.Decision{Kind: ledger.DecisionHeld, Record: rec})
+	}
+	return s.respond(ledger.Decision{Kind: ledger.DecisionReplay, Record: rec})
+}
+
+// ledgerError maps a ledger error to a response; unknown errors are logged
+// whole and answered as internal.
+func (s *Service) ledgerError(c *call, err error) *Response {
+	key := c.req.OperationKey
+	switch {
+	case errors.Is(err, ledger.ErrKeyNotIssued):
+		return errorResponse(key, ledger.StateRejected, "invalid_arguments",
+			"This server only accepts operation keys issued by new_operation_key, and this key was not issued to you. Call new_operation_key once for this intent and reuse that key on every retry.",
+			"fix_arguments_and_retry_same_key")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return errorResponse(key, ledger.StateInProgress, "operation_in_progress",
+			"The call was cancelled before the ledger answered. Nothing is lost: call get_operation_status with this operation_key, or call again with the same key and arguments.",
+			"wait_and_poll_status")
+	}
+	s.log.Error("ledger", "tool", c.req.Tool, "key", key, "err", err)
+	return internalError(key)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only called with values built here
+	}
+	return b
+}
