@@ -31,6 +31,7 @@ Usage:
   idemgate serve [flags]          serve MCP over stdio (embedded ledger)
   idemgate ops list [flags]       list recent operations
   idemgate ops show KEY [flags]   show one operation's record
+  idemgate audit verify|tail      check the audit hash chain, or print recent entries
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
@@ -52,6 +53,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = serve(args[1:], stdin, stdout, stderr)
 	case "ops":
 		err = ops(args[1:], stdout, stderr)
+	case "audit":
+		err = audit(args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -292,4 +295,46 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return demo.Run(context.Background(), self, stdout, *keep)
+}
+
+func audit(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail") {
+		return usageError{errors.New("usage: idemgate audit verify | idemgate audit tail [-n N]")}
+	}
+	fs := flag.NewFlagSet("audit "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf ledgerFlags
+	lf.register(fs)
+	n := fs.Int("n", 20, "tail: how many of the newest entries (1-10000)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *n < 1 || *n > 10000 {
+		return usageError{fmt.Errorf("-n must be 1-10000, got %d", *n)}
+	}
+	store, err := lf.open()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ctx := context.Background()
+	if args[0] == "verify" {
+		count, err := store.VerifyAudit(ctx)
+		if err != nil {
+			return fmt.Errorf("audit chain broken after %d good entries: %w", count, err)
+		}
+		fmt.Fprintf(stdout, "audit chain intact: %d entries\n", count)
+		return nil
+	}
+	entries, err := store.AuditTail(ctx, *n)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	for _, e := range entries {
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -796,6 +797,27 @@ func (s *BoltStore) AuditLog(ctx context.Context, after uint64, limit int) ([]Au
 		}
 		return nil
 	})
+	return out, err
+}
+
+// AuditTail returns the newest n entries, oldest first.
+func (s *BoltStore) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) {
+	if err := s.flushAudit(); err != nil {
+		return nil, err
+	}
+	var out []AuditEntry
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketAudit).Cursor()
+		for k, v := c.Last(); k != nil && len(out) < n; k, v = c.Prev() {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("ledger: audit entry %x: %w", k, err)
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	slices.Reverse(out)
 	return out, err
 }
 

@@ -53,7 +53,7 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 		result := map[string]any{"order": o}
 		if a.NotifyCustomer {
 			m := &Message{
-				Tenant: tenant, OperationKey: rec.Key, Step: "confirmation", Channel: "email",
+				Tenant: tenant, OperationKey: rec.Key, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
 				To:      []string{"customer:" + a.CustomerID},
 				Subject: "Order " + o.OrderID + " confirmed",
 				Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), o.Currency),

@@ -161,6 +161,9 @@ type Deliverer struct {
 
 // NewDeliverer returns a deliverer; start it with Run.
 func NewDeliverer(store ledger.Store, sink Sink, log *slog.Logger) *Deliverer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &Deliverer{store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second}
 }
 

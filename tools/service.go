@@ -148,9 +148,11 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 			}
 		}
 		s.auditRefusal(actor, name, key, "invalid_arguments", ve.Error())
-		r := errorResponse(key, ledger.StateRejected, "invalid_arguments",
-			"The arguments were refused and nothing was recorded or executed: "+ve.Error()+". Fix them and call again with the same operation_key.",
-			"fix_arguments_and_retry_same_key")
+		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
+		if !t.ReadOnly {
+			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() + ". Fix them and call again with the same operation_key."
+		}
+		r := errorResponse(key, ledger.StateRejected, "invalid_arguments", msg, nextFixRetry)
 		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
 		return r
 	}

@@ -1,0 +1,143 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"idemgate/ledger"
+)
+
+func mustOpen(t *testing.T) *ledger.BoltStore {
+	t.Helper()
+	s, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func queue(t *testing.T, s ledger.Store, key string) *Message {
+	t.Helper()
+	m := &Message{Tenant: "t1", OperationKey: key, Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello " + key}
+	if err := s.Update(context.Background(), func(tx ledger.Tx) error { return enqueue(tx, m) }); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func files(t *testing.T, dir string) []string {
+	t.Helper()
+	got, err := filepath.Glob(filepath.Join(dir, "msg_*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// A redelivery — the sink wrote the file but the process stopped before
+// marking the message delivered — must not add or change a file.
+func TestRedeliveryWritesOneFile(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	sink, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDeliverer(s, sink, nil)
+	m := queue(t, s, "k1")
+	if n, err := d.DeliverPending(ctx); err != nil || n != 1 {
+		t.Fatalf("first delivery: n=%d err=%v, want 1 <nil>", n, err)
+	}
+	first, err := os.ReadFile(filepath.Join(dir, m.MessageID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Put the message back as if the mark-delivered transaction was lost.
+	if err := s.Update(ctx, func(tx ledger.Tx) error {
+		cur, err := getMessage(tx, m.MessageID)
+		if err != nil {
+			return err
+		}
+		cur.State = "queued"
+		cur.Body = "changed after the fact"
+		v, _ := json.Marshal(cur)
+		if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
+			return err
+		}
+		return tx.Put(collPending, m.MessageID, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.DeliverPending(ctx); err != nil || n != 1 {
+		t.Fatalf("redelivery: n=%d err=%v, want 1 <nil>", n, err)
+	}
+	if got := files(t, dir); len(got) != 1 {
+		t.Fatalf("files after redelivery = %v, want exactly one", got)
+	}
+	again, err := os.ReadFile(filepath.Join(dir, m.MessageID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again) != string(first) {
+		t.Errorf("redelivery changed the message file:\n got %s\nwant %s", again, first)
+	}
+}
+
+// Two deliverers (two processes in production) racing over the same
+// outbox still leave one file per message.
+func TestConcurrentDeliverersWriteOneFilePerMessage(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	for i := range 20 {
+		queue(t, s, "key-"+string(rune('a'+i)))
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		sink, err := NewDirSink(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := NewDeliverer(s, sink, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := d.DeliverPending(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := files(t, dir); len(got) != 20 {
+		t.Fatalf("got %d files, want 20", len(got))
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
+	if len(leftovers) != 0 {
+		t.Errorf("temporary files left behind: %v", leftovers)
+	}
+	var pending int
+	s.View(ctx, func(tx ledger.Tx) error {
+		return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { pending++; return true, nil })
+	})
+	if pending != 0 {
+		t.Errorf("%d messages still pending after delivery", pending)
+	}
+}
+
+func TestMessageIDIsStablePerStep(t *testing.T) {
+	a := messageID("t1", "k", "confirmation")
+	if b := messageID("t1", "k", "confirmation"); a != b {
+		t.Errorf("same operation and step gave %s and %s", a, b)
+	}
+	for _, other := range []string{messageID("t2", "k", "confirmation"), messageID("t1", "k2", "confirmation"), messageID("t1", "k", "notification")} {
+		if other == a {
+			t.Errorf("different tenant, key or step gave the same id %s", a)
+		}
+	}
+}
