@@ -97,6 +97,7 @@ func (o Options) expired(rec *Record, now time.Time) bool {
 func tombstone(rec *Record) *Record {
 	t := *rec
 	t.Result = nil
+	t.Args = nil
 	t.Error = nil
 	t.Approval = nil
 	t.Tombstone = true
