@@ -59,12 +59,12 @@ type tool struct {
 type Spec struct {
 	Name         string
 	ApproverOnly bool // listed and callable only for the approver role
-	Title       string
-	Description string
-	ReadOnly    bool
-	Destructive bool
-	Idempotent  bool
-	OpenWorld   bool
+	Title        string
+	Description  string
+	ReadOnly     bool
+	Destructive  bool
+	Idempotent   bool
+	OpenWorld    bool
 }
 
 // call is one tool call in progress.
