@@ -126,7 +126,8 @@ func (o Options) expireTransition(rec *Record, now time.Time) (State, string) {
 		rec.Approval = &a
 		rec.Error = &OpError{Code: "approval_required", Message: "the approval request expired before anyone decided it (approval_expired); nothing was executed"}
 		rec.Summary = "approval_expired"
-		rec.UpdatedAt, rec.CompletedAt = now, now
+		at := rec.Approval.ExpiresAt // when it happened, however late it is noticed
+		rec.UpdatedAt, rec.CompletedAt = at, at
 		return before, "approval_expired"
 	}
 	return "", ""
