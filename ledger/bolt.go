@@ -184,9 +184,22 @@ func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
 }
 
 type gcJob struct {
-	fn   func(*bolt.Tx) error
-	err  error
-	wake chan bool // false: done; true: lead the next batch
+	fn       func(*bolt.Tx) error
+	err      error
+	panicked any
+	wake     chan bool // false: done; true: lead the next batch
+}
+
+// run calls j.fn, turning a panic into an error so the batch is rolled
+// back and the lead is handed over; update re-panics in j's caller.
+func (j *gcJob) run(tx *bolt.Tx) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			j.panicked = r
+			err = fmt.Errorf("ledger: panic in transaction: %v", r)
+		}
+	}()
+	return j.fn(tx)
 }
 
 // errBatchRetry marks a batch that failed because one of its functions did;
@@ -206,6 +219,9 @@ func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
 	if s.gcRunning {
 		s.gcMu.Unlock()
 		if lead := <-j.wake; !lead {
+			if j.panicked != nil {
+				panic(j.panicked)
+			}
 			return j.err
 		}
 		s.gcMu.Lock()
@@ -229,6 +245,9 @@ func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
 		s.gcRunning = false
 	}
 	s.gcMu.Unlock()
+	if j.panicked != nil {
+		panic(j.panicked)
+	}
 	return j.err
 }
 
@@ -247,7 +266,7 @@ func (s *BoltStore) commit(batch []*gcJob) {
 			return err
 		}
 		for _, b := range batch {
-			if b.err = b.fn(tx); b.err != nil {
+			if b.err = b.run(tx); b.err != nil {
 				return errBatchRetry
 			}
 		}
@@ -273,7 +292,7 @@ func (s *BoltStore) commit(batch []*gcJob) {
 			if err := appendAudit(tx, carried...); err != nil {
 				return err
 			}
-			return b.fn(tx)
+			return b.run(tx)
 		})
 		if b.err != nil {
 			audits = carried
@@ -352,7 +371,15 @@ const (
 	dueCompact      = 'r' // full record → tombstone
 	dueDeleteTomb   = 't' // tombstone → deleted
 	dueDeleteIssued = 'i' // issued key → forgotten
+	dueApproval     = 'a' // pending approval → rejected (approval_expired)
 )
+
+// dueKey is an expiry index key: due time, action, tenant \x00 key. The
+// action is part of the key so two actions due at the same instant for the
+// same record do not overwrite each other.
+func dueKey(t time.Time, action byte, tenant, key string) []byte {
+	return append(append(be64(uint64(t.UnixNano())), action), recordKey(tenant, key)...)
+}
 
 type fpEntry struct {
 	Key string    `json:"key"`
@@ -554,10 +581,17 @@ func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Recor
 	}
 }
 
-// saveNew writes a record that did not exist, with its time index.
+// saveNew writes a record that did not exist, with its time index and,
+// for a held record, the sweep that expires its approval.
 func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now time.Time) error {
 	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
 		return err
+	}
+	if rec.Approval != nil && rec.Approval.Status == ApprovalPending {
+		due := dueKey(rec.Approval.ExpiresAt, dueApproval, rec.Tenant, rec.Key)
+		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueApproval}); err != nil {
+			return err
+		}
 	}
 	return s.saveTransition(tx, a, rec, "", why, now)
 }
@@ -568,6 +602,10 @@ func (s *BoltStore) finish(rec *Record, out Outcome, now time.Time) {
 	rec.Result, rec.Error = out.Result, out.Error
 	if out.Result != nil {
 		rec.ResultFormat = ResultFormat
+		// Answer with the bytes a replay will read back (compact, HTML-escaped).
+		if b, err := json.Marshal(out.Result); err == nil {
+			rec.Result = b
+		}
 	}
 	rec.Summary, rec.DownstreamRef = out.Summary, out.DownstreamRef
 	rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
@@ -600,7 +638,7 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 		}
 	}
 	if rec.State.Final() && before != rec.State {
-		due := timeKey(rec.CompletedAt.Add(s.opts.Retention), rec.Tenant, rec.Key)
+		due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
 		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
 			return err
 		}
@@ -829,10 +867,10 @@ func (s *BoltStore) Get(ctx context.Context, tenant, key string) (*Record, error
 
 func (s *BoltStore) present(rec *Record) *Record {
 	now := s.opts.Now()
+	s.opts.expireTransition(rec, now)
 	if s.opts.expired(rec, now) {
 		return tombstone(rec)
 	}
-	s.opts.expireTransition(rec, now)
 	return rec
 }
 
@@ -880,7 +918,7 @@ func (s *BoltStore) IssueKey(ctx context.Context, tenant, key string) error {
 		if err := tx.Bucket(bucketIssued).Put(recordKey(tenant, key), be64(uint64(now.UnixNano()))); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketExpiry).Put(timeKey(now.Add(s.opts.Retention), tenant, key), []byte{dueDeleteIssued})
+		return tx.Bucket(bucketExpiry).Put(dueKey(now.Add(s.opts.Retention), dueDeleteIssued, tenant, key), []byte{dueDeleteIssued})
 	})
 }
 
@@ -920,14 +958,27 @@ func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err erro
 					break
 				}
 				n++
-				tenant, key, _ := bytes.Cut(k[8:], []byte{0})
+				tenant, key, _ := bytes.Cut(k[9:], []byte{0})
 				if err := cur.Delete(); err != nil {
 					return err
 				}
 				switch v[0] {
 				case dueDeleteIssued:
-					if err := tx.Bucket(bucketIssued).Delete(k[8:]); err != nil {
+					if err := tx.Bucket(bucketIssued).Delete(k[9:]); err != nil {
 						return err
+					}
+				case dueApproval:
+					rec, err := getRecord(tx, string(tenant), string(key))
+					if err != nil {
+						return err
+					}
+					if rec == nil || rec.State != StateAwaitingApproval {
+						continue
+					}
+					if prev, why := s.opts.expireTransition(rec, now); why != "" {
+						if err := s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now); err != nil {
+							return err
+						}
 					}
 				case dueCompact, dueDeleteTomb:
 					rec, err := getRecord(tx, string(tenant), string(key))
@@ -941,7 +992,7 @@ func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err erro
 						if err := putRecord(tx, tombstone(rec)); err != nil {
 							return err
 						}
-						due := timeKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), rec.Tenant, rec.Key)
+						due := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
 						if err := exp.Put(due, []byte{dueDeleteTomb}); err != nil {
 							return err
 						}
@@ -969,6 +1020,15 @@ func (s *BoltStore) deleteRecordLocked(tx *bolt.Tx, rec *Record) error {
 	}
 	if err := tx.Bucket(bucketByTime).Delete(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key)); err != nil {
 		return err
+	}
+	if rec.Approval != nil {
+		k := recordKey(rec.Tenant, rec.Approval.ID)
+		if err := tx.Bucket(bucketApprovals).Delete(k); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPending).Delete(k); err != nil {
+			return err
+		}
 	}
 	fpb := tx.Bucket(bucketFPIndex)
 	if v := fpb.Get(fpKey(rec.Tenant, rec.Fingerprint)); v != nil {
@@ -1115,7 +1175,14 @@ func (t *boltTx) Scan(collection, prefix string, reverse bool, fn func(key strin
 
 // seekLast positions c at the last key with prefix p.
 func seekLast(c *bolt.Cursor, p []byte) ([]byte, []byte) {
-	end := append(bytes.Clone(p), 0xff, 0xff, 0xff, 0xff)
+	end := bytes.Clone(p)
+	for len(end) > 0 && end[len(end)-1] == 0xff {
+		end = end[:len(end)-1]
+	}
+	if len(end) == 0 {
+		return c.Last()
+	}
+	end[len(end)-1]++ // the first key after every key with prefix p
 	if k, _ := c.Seek(end); k == nil {
 		return c.Last()
 	}

@@ -100,6 +100,9 @@ func tombstone(rec *Record) *Record {
 	t.Args = nil
 	t.Error = nil
 	t.Approval = nil
+	if a := rec.Approval; a != nil { // the id stays so the sweep can drop its index entries
+		t.Approval = &Approval{ID: a.ID, Status: a.Status}
+	}
 	t.Tombstone = true
 	if rec.Error != nil {
 		t.Error = &OpError{Code: rec.Error.Code}
@@ -127,7 +130,8 @@ func (o Options) expireTransition(rec *Record, now time.Time) (State, string) {
 		rec.Approval = &a
 		rec.Error = &OpError{Code: "approval_required", Message: "the approval request expired before anyone decided it (approval_expired); nothing was executed"}
 		rec.Summary = "approval_expired"
-		rec.UpdatedAt, rec.CompletedAt = now, now
+		at := rec.Approval.ExpiresAt // when it happened, however late it is noticed
+		rec.UpdatedAt, rec.CompletedAt = at, at
 		return before, "approval_expired"
 	}
 	return "", ""

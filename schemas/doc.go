@@ -14,10 +14,11 @@
 //     documentation examples), with a *ValidationError. Such a refusal
 //     leaves no record, so the caller may fix the arguments and retry with
 //     the same key.
-//   - Messages are written for a model to act on: "items[0].quantity: must
-//     be an integer ≥ 1 (got 0)", "missing required property "currency"",
-//     "unknown property "colour" (allowed: …)". They never echo more than 64
-//     characters of input and there are at most 20 of them.
+//   - Messages are written for a model to act on, one per problem, as
+//     PATH: MESSAGE, for example
+//     items[0].quantity: must be an integer ≥ 1 (got 0)
+//     or, at the root, missing required property "currency". They never
+//     echo more than 64 characters of input, and there are at most 20.
 //   - Canonical form: RFC 8785 (JSON Canonicalization Scheme). Key order,
 //     whitespace and the spelling of a number (1, 1.0, 1e0) do not matter;
 //     strings are compared as given, without Unicode normalization.
@@ -28,7 +29,7 @@
 //
 // This binary uses ONE JSON Schema engine, github.com/santhosh-tekuri/
 // jsonschema/v6, the same one mcp-go uses for its optional input
-// validation, so the two can never disagree about what a schema means.
+// validation, so a schema means the same thing wherever it is checked.
 // Formats are asserted (a malformed uuid or date is an error). Integer
 // bounds in the schemas stay below 2^53, so arguments decoded into
 // float64 by an MCP library are still exact.

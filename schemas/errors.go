@@ -52,7 +52,8 @@ func (p Problem) String() string {
 	return p.Path + ": " + p.Message
 }
 
-// Error joins the problems with "; ".
+// Error joins the problems with "; ", ending with "and N more problems"
+// when some were omitted.
 func (e *ValidationError) Error() string {
 	parts := make([]string, 0, len(e.Problems)+1)
 	for _, p := range e.Problems {

@@ -132,6 +132,7 @@ func (v *Validator) Tools() []string {
 
 // Request is a tool call whose arguments passed validation.
 type Request struct {
+	// Tool is the tool's name.
 	Tool string
 	// Args are the validated arguments with schema defaults applied and
 	// numbers as json.Number in canonical form (1.0 and 1e0 become 1).
@@ -161,9 +162,10 @@ func (r *Request) Decode(dst any) error {
 // map[string]any, or nil or JSON null for no arguments) or raw JSON as
 // json.RawMessage or []byte.
 //
-// Errors: ErrUnknownTool (wrapped) when the tool has no schema; a
-// *ValidationError for every problem with the arguments, which is always
-// decided before anything is claimed or run.
+// Errors: ErrUnknownTool (wrapped) when the tool has no schema; otherwise
+// a *ValidationError listing every problem with the arguments, schema and
+// operation key alike, so one round trip tells the caller all there is to
+// fix. Nothing is claimed or run before Prepare succeeds.
 func (v *Validator) Prepare(tool string, args any) (*Request, error) {
 	sch, ok := v.tools[tool]
 	if !ok {

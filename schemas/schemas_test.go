@@ -135,7 +135,9 @@ func checkSchema(t *testing.T, at string, s map[string]any) {
 		}
 		checkSchema(t, at+"[]", s["items"].(map[string]any))
 	case "string":
-		if _, ok := s["maxLength"]; !ok {
+		_, bounded := s["maxLength"]
+		_, enum := s["enum"] // an enum bounds a string more tightly still
+		if !bounded && !enum {
 			t.Errorf("%s: string without maxLength", at)
 		}
 	case "integer":
@@ -302,7 +304,7 @@ func TestPrepareRejects(t *testing.T) {
 			`{"operation_key":"00000000-0000-0000-0000-000000000000","channel":"fax","to":["a"],"body":"x"}`,
 			`channel: must be one of email, sms, webhook (got "fax"); operation_key: is the nil UUID (all zeros), a placeholder that names no intent; call new_operation_key to get a fresh key for this intent, and reuse it on retries`},
 		{"ship_to incomplete", "create_order", withField(validOrder, "ship_to", map[string]any{"name": "Ada", "line1": "1 Main St", "city": "X", "postal_code": "1", "country": "usa"}),
-			`ship_to.country: must be at most 2 characters (got 3); ship_to.country: must be a 2-letter ISO 3166-1 country code in capitals, such as US or DE (got "usa")`},
+			`ship_to.country: must be a 2-letter ISO 3166-1 country code in capitals, such as US or DE (got "usa"); ship_to.country: must be at most 2 characters (got 3)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,422 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+func TestBoltContract(t *testing.T) {
+	runStoreContract(t, func(t *testing.T, o Options) Store { return mustOpen(t, o) })
+}
+
+// rawUpdate runs fn on the closed ledger file with bbolt directly, as an
+// attacker or an old tool would.
+func rawUpdate(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("raw bolt.Open: %v", err)
+	}
+	defer db.Close()
+	if err := db.Update(fn); err != nil {
+		t.Fatalf("raw Update: %v", err)
+	}
+}
+
+// TestBoltDurableAcrossReopen: everything a store wrote is there after
+// Close and OpenBolt, and behaves the same.
+func TestBoltDurableAcrossReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	clock := newFakeClock()
+	o := contractOpts()
+	o.Now = clock.Now
+	ctx := context.Background()
+	ap := &applier{}
+
+	s := mustOpenPath(t, path, o)
+	done := newClaim("t1", "create_order", "fp-1")
+	claimed := newClaim("t1", "send_notification", "fp-2")
+	held := newClaim("t1", "create_order", "fp-1")
+	held.SuspectDuplicates = true
+	issued := newClaim("t1", "create_order", "fp-3")
+
+	if d, err := s.Execute(ctx, done, ap.succeed(resultOrder)); err != nil || d.Kind != DecisionExecuted {
+		t.Fatalf("Execute = %q, %v", d.Kind, err)
+	}
+	cd, err := s.Claim(ctx, claimed)
+	if err != nil || cd.Kind != DecisionClaimed {
+		t.Fatalf("Claim = %q, %v", cd.Kind, err)
+	}
+	hd, err := s.Execute(ctx, held, ap.succeed(`{}`))
+	if err != nil || hd.Kind != DecisionSuspectedDuplicate {
+		t.Fatalf("suspect = %q, %v", hd.Kind, err)
+	}
+	if err := s.IssueKey(ctx, "t1", issued.Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(ctx, func(tx Tx) error { return tx.Put("orders", "ord_1", []byte(`{"v":1}`)) }); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]string{}
+	for _, k := range []string{done.Key, claimed.Key, held.Key} {
+		before[k] = recordJSON(t, mustGet(t, s, "t1", k))
+	}
+	nAudit, err := s.VerifyAudit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	o.RequireIssuedKeys = true
+	s = mustOpenPath(t, path, o)
+	for k, want := range before {
+		if got := recordJSON(t, mustGet(t, s, "t1", k)); got != want {
+			t.Errorf("record %s changed across reopen:\n before %s\n after  %s", k, want, got)
+		}
+	}
+	cases := []struct {
+		name string
+		c    Claim
+		want DecisionKind
+	}{
+		{"finished_replays", done, DecisionReplay},
+		{"claimed_is_busy", claimed, DecisionBusy},
+		{"held_stays_held", held, DecisionHeld},
+		{"issued_key_usable", issued, DecisionExecuted},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := s.Execute(ctx, tc.c, ap.succeed(`{"after":"reopen"}`))
+			if err != nil || d.Kind != tc.want {
+				t.Fatalf("Execute = %q, %v; want %q", d.Kind, err, tc.want)
+			}
+			if tc.want == DecisionReplay && string(d.Record.Result) != resultOrder {
+				t.Errorf("Result after reopen = %s", d.Record.Result)
+			}
+			if tc.want == DecisionHeld && d.Record.Approval.ID != hd.Record.Approval.ID {
+				t.Errorf("approval id changed across reopen")
+			}
+		})
+	}
+	if _, err := s.Complete(ctx, claimed.Actor, claimed.Key, cd.Record.Generation, Outcome{State: StateSucceeded}); err != nil {
+		t.Errorf("Complete by the pre-reopen owner's generation: %v", err)
+	}
+	if err := s.View(ctx, func(tx Tx) error {
+		v, err := tx.Get("orders", "ord_1")
+		if err == nil && string(v) != `{"v":1}` {
+			err = fmt.Errorf("collection value after reopen = %q", v)
+		}
+		return err
+	}); err != nil {
+		t.Error(err)
+	}
+	if n, err := s.VerifyAudit(ctx); err != nil || n <= nAudit {
+		t.Errorf("VerifyAudit after reopen = %d, %v; want more than %d, nil", n, err, nAudit)
+	}
+	if got := len(effects(t, s)); got != 2 {
+		t.Errorf("effects = %d, want 2 (one before, one after reopen)", got)
+	}
+}
+
+// TestBoltReplayAuditedAcrossClose: replay entries are buffered; Close must
+// write them, so they are in the log when the file is opened again.
+func TestBoltReplayAuditedAcrossClose(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	ctx := context.Background()
+	s := mustOpenPath(t, path, Options{})
+	c := newClaim("t1", "create_order", "fp-1")
+	ap := &applier{}
+	if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+		t.Fatal(err)
+	}
+	bad := c
+	bad.Fingerprint = "fp-other"
+	for _, cl := range []Claim{c, c, bad} {
+		if _, err := s.Execute(ctx, cl, ap.succeed(resultOrder)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil { // at once: well inside the flush interval
+		t.Fatal(err)
+	}
+
+	s = mustOpenPath(t, path, Options{})
+	entries, err := s.AuditLog(ctx, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, e := range entries {
+		if e.Event == "call" && e.Key == c.Key {
+			count[e.Decision]++
+		}
+	}
+	if count["replay"] != 2 || count["mismatch"] != 1 {
+		t.Errorf("call entries after reopen = %v, want 2 replay and 1 mismatch", count)
+	}
+	if _, err := s.VerifyAudit(ctx); err != nil {
+		t.Errorf("VerifyAudit: %v", err)
+	}
+}
+
+// TestBoltReplayAuditFlushedByTimer: without any further write, a buffered
+// replay entry reaches the file within the flush interval.
+func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	ctx := context.Background()
+	s := mustOpenPath(t, path, Options{})
+	c := newClaim("t1", "create_order", "fp-1")
+	ap := &applier{}
+	for range 2 {
+		if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		n := 0
+		if err := s.view(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketAudit).ForEach(func(_, v []byte) error {
+				var e AuditEntry
+				if err := json.Unmarshal(v, &e); err != nil {
+					return err
+				}
+				if e.Event == "call" && e.Decision == "replay" {
+					n++
+				}
+				return nil
+			})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replay entry not written %v after the replay (flush interval %v)", 3*time.Second, auditFlushInterval)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBoltAuditTamper edits the closed file with bbolt directly; VerifyAudit
+// must name the first entry that no longer verifies.
+func TestBoltAuditTamper(t *testing.T) {
+	cases := []struct {
+		name   string
+		tamper func(b *bolt.Bucket) error
+		want   string
+	}{
+		{"edit_field", func(b *bolt.Bucket) error {
+			return editEntry(b, 2, func(m map[string]any) { m["decision"] = "executed_by_nobody" })
+		}, "audit entry 2:"},
+		{"edit_state", func(b *bolt.Bucket) error {
+			return editEntry(b, 3, func(m map[string]any) { m["state_after"] = "failed" })
+		}, "audit entry 3:"},
+		{"edit_and_rehash", func(b *bolt.Bucket) error {
+			var e AuditEntry
+			if err := json.Unmarshal(b.Get(be64(2)), &e); err != nil {
+				return err
+			}
+			e.Decision = "forged"
+			if err := e.chain(e.PrevHash); err != nil { // a consistent hash of its own …
+				return err
+			}
+			v, _ := json.Marshal(e)
+			return b.Put(be64(2), v) // … breaks the link from entry 3
+		}, "audit entry 3:"},
+		{"delete_middle", func(b *bolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
+		{"move_entry", func(b *bolt.Bucket) error {
+			v := b.Get(be64(2))
+			return b.Put(be64(3), append([]byte(nil), v...))
+		}, "stored under sequence 3"},
+		{"not_json", func(b *bolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ledger.db")
+			ctx := context.Background()
+			s := mustOpenPath(t, path, Options{})
+			ap := &applier{}
+			for i := range 3 {
+				c := newClaim("t1", "create_order", fmt.Sprintf("fp-%d", i))
+				if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n, err := s.VerifyAudit(ctx)
+			if err != nil || n != 6 {
+				t.Fatalf("VerifyAudit before tampering = %d, %v; want 6, nil", n, err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			rawUpdate(t, path, func(tx *bolt.Tx) error { return tc.tamper(tx.Bucket(bucketAudit)) })
+
+			s = mustOpenPath(t, path, Options{})
+			n, err = s.VerifyAudit(ctx)
+			if err == nil {
+				t.Fatalf("VerifyAudit after tampering passed (%d entries)", n)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("VerifyAudit error %q does not name %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// editEntry rewrites audit entry seq through a generic map, keeping its
+// stored hash, as a hand edit of the file would.
+func editEntry(b *bolt.Bucket, seq uint64, edit func(map[string]any)) error {
+	var m map[string]any
+	if err := json.Unmarshal(b.Get(be64(seq)), &m); err != nil {
+		return err
+	}
+	edit(m)
+	v, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return b.Put(be64(seq), v)
+}
+
+func TestBoltOpenErrors(t *testing.T) {
+	t.Run("missing_directory", func(t *testing.T) {
+		s, err := OpenBolt(filepath.Join(t.TempDir(), "no", "such", "dir", "ledger.db"), Options{})
+		if err == nil {
+			s.Close()
+			t.Fatal("OpenBolt in a missing directory succeeded")
+		}
+	})
+	for _, version := range []string{"2", "999", "not-a-number"} {
+		t.Run("schema_"+version, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ledger.db")
+			s := mustOpenPath(t, path, Options{})
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			rawUpdate(t, path, func(tx *bolt.Tx) error {
+				return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(version))
+			})
+			s2, err := OpenBolt(path, Options{})
+			if !errors.Is(err, ErrSchemaVersion) {
+				if s2 != nil {
+					s2.Close()
+				}
+				t.Fatalf("OpenBolt of schema %q: err = %v, want ErrSchemaVersion", version, err)
+			}
+		})
+	}
+	t.Run("current_schema_reopens", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "ledger.db")
+		s := mustOpenPath(t, path, Options{})
+		s.Close()
+		mustOpenPath(t, path, Options{})
+	})
+}
+
+// TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant: the expiry index
+// is keyed by (due time, tenant, key) only, so an issued key and the
+// record of the same key that are due at the same instant share one index
+// entry and one of the two sweeps is lost. With a coarse or fake clock,
+// IssueKey and a fast Execute land on the same instant.
+func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	clock := newFakeClock()
+	o := contractOpts()
+	o.Now = clock.Now
+	o.RequireIssuedKeys = true
+	ctx := context.Background()
+	s := mustOpenPath(t, path, o)
+	c := newClaim("t1", "create_order", "fp-1")
+	if err := s.IssueKey(ctx, "t1", c.Key); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.Execute(ctx, c, (&applier{}).succeed(`{}`)); err != nil || d.Kind != DecisionExecuted {
+		t.Fatalf("Execute = %q, %v", d.Kind, err)
+	}
+	clock.Advance(o.Retention)
+	if n, _, err := s.Sweep(ctx); err != nil || n != 1 {
+		t.Fatalf("Sweep = %d compacted, %v; want 1", n, err)
+	}
+	var issuedLeft bool
+	if err := s.view(func(tx *bolt.Tx) error {
+		issuedLeft = tx.Bucket(bucketIssued).Get(recordKey("t1", c.Key)) != nil
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if issuedLeft {
+		t.Errorf("the issued key outlived its retention: its expiry entry was overwritten by the record's compaction entry")
+	}
+}
+
+// TestBoltTwoStoresOneFile: two stores on one file in one process behave
+// like two processes (each has its own lock file descriptors): 2×16
+// goroutines with the same claim, one effect.
+func TestBoltTwoStoresOneFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	stores := []*BoltStore{mustOpenPath(t, path, Options{}), mustOpenPath(t, path, Options{})}
+	ctx := context.Background()
+	c := newClaim("t1", "create_order", "fp-1")
+	ap := &applier{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	var mu sync.Mutex
+	kinds := map[DecisionKind]int{}
+	for i := range 32 {
+		wg.Go(func() {
+			<-start
+			d, err := stores[i%2].Execute(ctx, c, ap.succeed(`{"one":1}`))
+			if err != nil {
+				t.Errorf("Execute: %v", err)
+				return
+			}
+			mu.Lock()
+			kinds[d.Kind]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	if kinds[DecisionExecuted] != 1 || kinds[DecisionReplay] != 31 {
+		t.Errorf("decisions = %v, want 1 executed and 31 replays", kinds)
+	}
+	for i, s := range stores {
+		if got := len(effects(t, s)); got != 1 {
+			t.Errorf("store %d sees %d effects, want 1", i, got)
+		}
+	}
+	if ap.n() != 1 {
+		t.Errorf("apply ran %d times, want 1", ap.n())
+	}
+	if _, err := stores[0].VerifyAudit(ctx); err != nil {
+		t.Errorf("VerifyAudit: %v", err)
+	}
+}
+
+// TestBoltLockFilesBesideLedger documents where the turn-taking lock files
+// live: next to the ledger file, so every process opening the same path
+// finds the same locks.
+func TestBoltLockFilesBesideLedger(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ledger.db")
+	mustOpenPath(t, path, Options{})
+	for _, suffix := range []string{".lock", ".wait"} {
+		if _, err := os.Stat(path + suffix); err != nil {
+			t.Errorf("lock file %s: %v", path+suffix, err)
+		}
+	}
+}

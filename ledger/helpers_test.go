@@ -1,0 +1,164 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// epoch is where every fake clock starts: a fixed UTC instant, so records
+// written in one test run look the same in the next.
+var epoch = time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
+
+// fakeClock is an injectable clock for Options.Now. It is safe for
+// concurrent use.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: epoch} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// mustOpen opens a bbolt store in a fresh t.TempDir() and closes it when the
+// test ends.
+func mustOpen(t testing.TB, opts Options) *BoltStore {
+	t.Helper()
+	return mustOpenPath(t, filepath.Join(t.TempDir(), "ledger.db"), opts)
+}
+
+// mustOpenPath opens the bbolt store at path and closes it when the test
+// ends (a second Close by the test itself is harmless).
+func mustOpenPath(t testing.TB, path string, opts Options) *BoltStore {
+	t.Helper()
+	s, err := OpenBolt(path, opts)
+	if err != nil {
+		t.Fatalf("OpenBolt(%s): %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// testActor is the actor of tenant.
+func testActor(tenant string) Actor {
+	return Actor{Tenant: tenant, Principal: "agent-" + tenant, Role: "agent", ClientName: "ledger-test", ClientVersion: "1"}
+}
+
+// newClaim is a claim of a fresh key in tenant for tool with fingerprint fp.
+func newClaim(tenant, tool, fp string) Claim {
+	return Claim{Actor: testActor(tenant), Key: uuid.NewString(), Tool: tool, Fingerprint: fp, OnLeaseExpiry: StateRetryable}
+}
+
+// effectsCollection is where the test applies write their side effects,
+// one value per execution, so a duplicate execution is visible as an extra
+// value.
+const effectsCollection = "effects"
+
+// applier is an ApplyFunc factory that counts how often its functions ran.
+type applier struct {
+	calls atomic.Int64
+}
+
+// succeed returns an apply that writes one effect and succeeds with result.
+func (a *applier) succeed(result string) ApplyFunc {
+	return a.outcome(Outcome{State: StateSucceeded, Result: json.RawMessage(result)})
+}
+
+// outcome returns an apply that writes one effect and returns out (with a
+// Summary naming the key when out has none).
+func (a *applier) outcome(out Outcome) ApplyFunc {
+	return func(tx Tx, rec *Record) (Outcome, error) {
+		a.calls.Add(1)
+		if err := tx.Put(effectsCollection, effectKey(rec), []byte(rec.Fingerprint)); err != nil {
+			return Outcome{}, err
+		}
+		o := out
+		if o.Summary == "" {
+			o.Summary = "effect " + rec.Key
+		}
+		return o, nil
+	}
+}
+
+// fail returns an apply that writes an effect and then fails with err, so
+// the effect must be rolled back.
+func (a *applier) fail(err error) ApplyFunc {
+	return func(tx Tx, rec *Record) (Outcome, error) {
+		a.calls.Add(1)
+		if perr := tx.Put(effectsCollection, effectKey(rec), []byte("doomed")); perr != nil {
+			return Outcome{}, perr
+		}
+		return Outcome{}, err
+	}
+}
+
+// effectKey names one execution of rec: tenant, key and attempt.
+func effectKey(rec *Record) string {
+	return rec.Tenant + ":" + rec.Key + "/" + strconv.Itoa(rec.Attempts)
+}
+
+// n is how many times the applier's functions ran.
+func (a *applier) n() int64 { return a.calls.Load() }
+
+// errBoom is an apply's own error.
+var errBoom = errors.New("boom: validation failed before the side effect")
+
+// effects returns every value in the effects collection, keyed by key.
+func effects(t testing.TB, s Store) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := s.View(context.Background(), func(tx Tx) error {
+		return tx.Scan(effectsCollection, "", false, func(k string, v []byte) (bool, error) {
+			out[k] = string(v)
+			return true, nil
+		})
+	})
+	if err != nil {
+		t.Fatalf("scan effects: %v", err)
+	}
+	return out
+}
+
+// mustGet returns the record of (tenant, key) or fails the test.
+func mustGet(t testing.TB, s Store, tenant, key string) *Record {
+	t.Helper()
+	rec, err := s.Get(context.Background(), tenant, key)
+	if err != nil {
+		t.Fatalf("Get(%s, %s): %v", tenant, key, err)
+	}
+	return rec
+}
+
+// recordJSON is rec as JSON, to compare whole records.
+func recordJSON(t testing.TB, rec *Record) string {
+	t.Helper()
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatalf("marshal record: %v", err)
+	}
+	return string(b)
+}
