@@ -38,10 +38,10 @@ type ValidationError struct {
 type Problem struct {
 	// Path locates the offending value, like items[0].quantity; "" is the
 	// arguments object itself.
-	Path string
+	Path string `json:"path"`
 	// Message says what is wrong and what is expected. It never repeats
 	// more than 64 characters of the caller's input.
-	Message string
+	Message string `json:"message"`
 }
 
 // String renders the problem as "PATH: MESSAGE", or MESSAGE at the root.

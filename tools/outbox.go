@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"idemgate/ledger"
@@ -94,16 +95,24 @@ func messagesOf(tx ledger.Tx, tenant, key string) ([]*Message, error) {
 
 // Sink hands a message to the outside world. Deliver must be idempotent
 // per MessageID: the deliverer may call it more than once for a message
-// (after a crash, or from two processes at once).
+// (after a crash, or from two processes at once). Flush makes everything
+// Deliver reported as done durable; the deliverer calls it before it
+// records any message as delivered.
 type Sink interface {
 	Deliver(ctx context.Context, m *Message) error
+	Flush() error
 }
 
 // DirSink writes each message as <dir>/<message_id>.json. A message id's
 // file is created at most once (hard link of a fully written temporary
 // file, which fails if the name exists), so redelivery cannot duplicate or
-// change a message.
-type DirSink struct{ dir string }
+// change a message. Files are fsynced in Flush, together, so a pass of many
+// messages costs about one disk flush instead of one each.
+type DirSink struct {
+	dir     string
+	mu      sync.Mutex
+	written []string // files to fsync at the next Flush
+}
 
 // NewDirSink creates dir if needed.
 func NewDirSink(dir string) (*DirSink, error) {
@@ -117,6 +126,7 @@ func NewDirSink(dir string) (*DirSink, error) {
 func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 	final := filepath.Join(d.dir, m.MessageID+".json")
 	if _, err := os.Stat(final); err == nil {
+		d.remember(final) // may be a file of a delivery that crashed before its flush
 		return nil
 	}
 	b, err := json.MarshalIndent(map[string]any{
@@ -135,14 +145,45 @@ func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Link(tmp.Name(), final); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	d.remember(final)
+	return nil
+}
+
+func (d *DirSink) remember(path string) {
+	d.mu.Lock()
+	d.written = append(d.written, path)
+	d.mu.Unlock()
+}
+
+// Flush implements Sink: it fsyncs the files delivered since the last
+// Flush and the directory that names them.
+func (d *DirSink) Flush() error {
+	d.mu.Lock()
+	files := d.written
+	d.written = nil
+	d.mu.Unlock()
+	if len(files) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, name := range append(files, d.dir) {
+		f, err := os.Open(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, f.Sync(), f.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		d.mu.Lock()
+		d.written = append(d.written, files...) // try again next time
+		d.mu.Unlock()
 		return err
 	}
 	return nil
@@ -157,6 +198,8 @@ type Deliverer struct {
 	// Interval is how often the outbox is scanned without a kick (messages
 	// left by a process that stopped before delivering them).
 	Interval time.Duration
+	// Gather is how long a kicked pass waits for more messages to join it.
+	Gather time.Duration
 }
 
 // NewDeliverer returns a deliverer; start it with Run.
@@ -164,7 +207,7 @@ func NewDeliverer(store ledger.Store, sink Sink, log *slog.Logger) *Deliverer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Deliverer{store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second}
+	return &Deliverer{store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second, Gather: 20 * time.Millisecond}
 }
 
 // Kick asks for a delivery pass soon; it never blocks.
@@ -187,6 +230,13 @@ func (d *Deliverer) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.kick:
+			// Let a burst of operations queue up, so one pass (and one
+			// commit) delivers them all instead of one commit each.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d.Gather):
+			}
 		case <-t.C:
 		}
 	}
@@ -208,37 +258,50 @@ func (d *Deliverer) DeliverPending(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Deliver everything first (no transaction open), then record every
+	// outcome in one transaction: one commit per pass, not per message.
+	derrs := make([]error, len(pending))
+	for i, m := range pending {
+		derrs[i] = d.sink.Deliver(ctx, m)
+	}
+	if err := d.sink.Flush(); err != nil {
+		return 0, fmt.Errorf("outbox sink flush: %w", err) // nothing recorded: the next pass redelivers
+	}
 	n := 0
-	var errs []error
-	for _, m := range pending {
-		derr := d.sink.Deliver(ctx, m)
-		err := d.store.Update(ctx, func(tx ledger.Tx) error {
+	err = d.store.Update(ctx, func(tx ledger.Tx) error {
+		n = 0
+		for i, m := range pending {
 			cur, err := getMessage(tx, m.MessageID)
-			if err != nil || cur == nil || cur.State == "delivered" {
+			if err != nil {
 				return err
 			}
+			if cur == nil || cur.State == "delivered" {
+				continue
+			}
 			cur.Attempts++
-			if derr != nil {
-				cur.LastError = derr.Error()
+			if derrs[i] != nil {
+				cur.LastError = derrs[i].Error()
 			} else {
 				cur.State, cur.LastError, cur.DeliveredAt = "delivered", "", tx.Now()
 				if err := tx.Delete(collPending, cur.MessageID); err != nil {
 					return err
 				}
+				n++
 			}
 			v, err := json.Marshal(cur)
 			if err != nil {
 				return err
 			}
-			return tx.Put(collOutbox, cur.MessageID, v)
-		})
-		if derr != nil {
-			errs = append(errs, fmt.Errorf("deliver %s: %w", m.MessageID, derr))
-		} else if err == nil {
-			n++
+			if err := tx.Put(collOutbox, cur.MessageID, v); err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			errs = append(errs, err)
+		return nil
+	})
+	errs := []error{err}
+	for i, derr := range derrs {
+		if derr != nil {
+			errs = append(errs, fmt.Errorf("deliver %s: %w", pending[i].MessageID, derr))
 		}
 	}
 	return n, errors.Join(errs...)

@@ -171,10 +171,18 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 		}
 		s.auditRefusal(actor, name, key, "invalid_arguments", ve.Error())
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
-		if !t.ReadOnly {
+		next := nextFixRetry
+		switch {
+		case keyRefused(ve):
+			// Reusing a refused key can never work: point at a fresh one.
+			key = ""
+			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() +
+				". Get a fresh key for this intent from new_operation_key, then call again with it (and reuse that key on every retry)."
+			next = nextNewKey
+		case !t.ReadOnly:
 			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() + ". Fix them and call again with the same operation_key."
 		}
-		r := errorResponse(key, ledger.StateRejected, "invalid_arguments", msg, nextFixRetry)
+		r := errorResponse(key, ledger.StateRejected, "invalid_arguments", msg, next)
 		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
 		return r
 	}
@@ -182,6 +190,17 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 		progress = func(float64, float64, string) {}
 	}
 	return t.run(ctx, &call{actor: actor, req: req, progress: progress, started: started})
+}
+
+// keyRefused reports whether the operation key itself was refused
+// (missing, malformed or a placeholder).
+func keyRefused(ve *schemas.ValidationError) bool {
+	for _, p := range ve.Problems {
+		if p.Path == "operation_key" || p.Message == `missing required property "operation_key"` {
+			return true
+		}
+	}
+	return false
 }
 
 // auditRefusal records a call refused before the ledger was asked.

@@ -1,0 +1,211 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The benchmarks measure whole tool calls through the real binary over
+// stdio with the mcp-go client (protocol 2026-07-28, its default), each on
+// a fresh ledger, and report the median latency of one call as p50-µs
+// (and p99-µs). Run them with
+//
+//	go test -run '^$' -bench . ./e2e/
+//
+// or IDEMGATE_BENCH=1 go test -run TestBenchmarkRatios -v ./e2e/ for the
+// ratio table.
+
+var benchFlavor = mcpGoModern
+
+// latencies runs op b.N times in a row and reports the percentiles.
+func latencies(b *testing.B, op func(ctx context.Context, i int) error) {
+	ctx := context.Background()
+	durs := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		if err := op(ctx, i); err != nil {
+			b.Fatalf("op %d: %v", i, err)
+		}
+		durs = append(durs, time.Since(t0))
+	}
+	b.StopTimer()
+	reportPercentiles(b, durs)
+}
+
+func reportPercentiles(b *testing.B, durs []time.Duration) {
+	if len(durs) == 0 {
+		return
+	}
+	slices.Sort(durs)
+	pct := func(p float64) float64 {
+		return float64(durs[int(p*float64(len(durs)-1))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+// succeed turns a tool result into an error unless it succeeded.
+func succeed(r *rawResult, err error) error {
+	if err != nil {
+		return err
+	}
+	if r.IsError || len(r.Texts) != 1 {
+		return fmt.Errorf("call failed: %v", r.Texts)
+	}
+	return nil
+}
+
+// benchNoopServer: the baseline — a one-tool mcp-go stdio server that
+// returns a constant. What MCP over stdio costs before idemgate does
+// anything.
+func benchNoopServer(b *testing.B) {
+	if noopBin == "" {
+		b.Skip("the no-op server is built only when benchmarks run (-bench or IDEMGATE_BENCH=1)")
+	}
+	s, err := connect(b, benchFlavor, noopBin, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	latencies(b, func(ctx context.Context, _ int) error {
+		return succeed(s.callRaw(ctx, "noop", map[string]any{}, nil))
+	})
+}
+
+// benchListOrdersEmpty: idemgate's cheapest tool call that touches the
+// ledger: list_orders of a customer without orders (one read transaction,
+// schema validation, fingerprinting nothing).
+func benchListOrdersEmpty(b *testing.B) {
+	s := startServer(b, benchFlavor, serverConfig{})
+	args := map[string]any{"customer_id": "nobody"}
+	latencies(b, func(ctx context.Context, _ int) error {
+		return succeed(s.callRaw(ctx, "list_orders", args, nil))
+	})
+}
+
+// benchReplay: create_order once, then the same key and arguments each op
+// (answered from the saved result with a read transaction).
+func benchReplay(b *testing.B) {
+	s := startServer(b, benchFlavor, serverConfig{})
+	args := orderArgs(newKey(), "cust-bench-replay", coffee, nil)
+	if err := succeed(s.callRaw(context.Background(), "create_order", args, nil)); err != nil {
+		b.Fatal(err)
+	}
+	latencies(b, func(ctx context.Context, _ int) error {
+		return succeed(s.callRaw(ctx, "create_order", args, nil))
+	})
+}
+
+// benchCreateOrder: a new intent each op, one at a time: claim, order,
+// outbox entry and outcome in one committed (fsynced) transaction.
+func benchCreateOrder(b *testing.B) {
+	s := startServer(b, benchFlavor, serverConfig{})
+	run := newKey()[:8]
+	latencies(b, func(ctx context.Context, i int) error {
+		return succeed(s.callRaw(ctx, "create_order", orderArgs(newKey(), fmt.Sprintf("c-%s-%d", run, i), coffee, nil), nil))
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+}
+
+// benchCreateOrderParallel: new intents from 64 concurrent callers on one
+// client and one server process (--workers 64): group commit at work.
+func benchCreateOrderParallel(b *testing.B) {
+	const callers = 64
+	s := startServer(b, benchFlavor, serverConfig{Args: []string{"--workers", "64"}})
+	run := newKey()[:8]
+	ctx := context.Background()
+	var next atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	durs := make([]time.Duration, 0, b.N)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, b.N/callers+1)
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					break
+				}
+				t0 := time.Now()
+				err := succeed(s.callRaw(ctx, "create_order", orderArgs(newKey(), fmt.Sprintf("p-%s-%d", run, i), coffee, nil), nil))
+				local = append(local, time.Since(t0))
+				if err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+					break
+				}
+			}
+			mu.Lock()
+			durs = append(durs, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	reportPercentiles(b, durs)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+}
+
+func BenchmarkNoopCall(b *testing.B) {
+	b.Run("noop-server", benchNoopServer)
+	b.Run("list_orders-empty", benchListOrdersEmpty)
+}
+
+func BenchmarkReplay(b *testing.B)              { benchReplay(b) }
+func BenchmarkCreateOrder(b *testing.B)         { benchCreateOrder(b) }
+func BenchmarkCreateOrderParallel(b *testing.B) { benchCreateOrderParallel(b) }
+
+// TestBenchmarkRatios runs every benchmark once in this process and prints
+// how idemgate's calls compare with a no-op MCP call. Set IDEMGATE_BENCH=1.
+func TestBenchmarkRatios(t *testing.T) {
+	if os.Getenv("IDEMGATE_BENCH") != "1" {
+		t.Skip("set IDEMGATE_BENCH=1 to run the benchmarks and print the ratio table")
+	}
+	type row struct {
+		name string
+		fn   func(*testing.B)
+		res  testing.BenchmarkResult
+	}
+	rows := []*row{
+		{name: "no-op MCP server", fn: benchNoopServer},
+		{name: "list_orders (empty)", fn: benchListOrdersEmpty},
+		{name: "replay", fn: benchReplay},
+		{name: "create_order (sequential)", fn: benchCreateOrder},
+		{name: "create_order (64 concurrent)", fn: benchCreateOrderParallel},
+	}
+	for _, r := range rows {
+		r.res = testing.Benchmark(r.fn)
+		if r.res.N == 0 {
+			t.Fatalf("benchmark %q did not run (failed or skipped)", r.name)
+		}
+		t.Logf("%-30s %s", r.name, r.res.String())
+	}
+	p50 := func(r *row) float64 { return r.res.Extra["p50-µs"] }
+	noop := p50(rows[0])
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%-30s %12s %14s\n", "call", "p50", "× no-op p50")
+	for _, r := range rows[:4] {
+		fmt.Fprintf(&sb, "%-30s %10.0fµs %13.1f×\n", r.name, p50(r), p50(r)/noop)
+	}
+	// Under 64 concurrent callers a call's latency includes its wait in
+	// the queue; only the throughput compares.
+	fmt.Fprintf(&sb, "%-30s %10.0fµs %14s\n", rows[4].name, p50(rows[4]), "(queued)")
+	seq, par := rows[3].res.Extra["creates/s"], rows[4].res.Extra["creates/s"]
+	fmt.Fprintf(&sb, "\ncreates/s sequential %.0f, 64 concurrent %.0f: %.1f× (group commit)\n", seq, par, par/seq)
+	t.Log(sb.String())
+}

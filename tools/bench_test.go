@@ -1,0 +1,68 @@
+package tools
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"idemgate/ledger"
+	"idemgate/schemas"
+)
+
+func benchService(b *testing.B) *Service {
+	b.Helper()
+	store, err := ledger.OpenBolt(filepath.Join(b.TempDir(), "ledger.db"), ledger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { store.Close() })
+	v, err := schemas.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc, err := New(store, v, Options{OutboxDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return svc
+}
+
+var benchActor = ledger.Actor{Tenant: "t1", Principal: "p1", Role: "agent"}
+
+func benchOrder(key, customer string) map[string]any {
+	return map[string]any{"operation_key": key, "customer_id": customer, "currency": "EUR",
+		"items": []any{map[string]any{"sku": "coffee-1kg", "quantity": float64(2), "unit_price_minor": float64(1850)}}}
+}
+
+// BenchmarkCallReplay is a replay through Service.Call: validation,
+// fingerprint, a read-only ledger lookup, the answer.
+func BenchmarkCallReplay(b *testing.B) {
+	svc := benchService(b)
+	args := benchOrder(uuid.NewString(), "c1")
+	ctx := context.Background()
+	if r := svc.Call(ctx, benchActor, "create_order", args, nil); r.IsError {
+		b.Fatal(r.Error)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if r := svc.Call(ctx, benchActor, "create_order", args, nil); !r.Replayed {
+			b.Fatal("not a replay")
+		}
+	}
+}
+
+// BenchmarkCallCreate is a new create_order through Service.Call (the
+// deliverer is not running).
+func BenchmarkCallCreate(b *testing.B) {
+	svc := benchService(b)
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		if r := svc.Call(ctx, benchActor, "create_order", benchOrder(uuid.NewString(), "c"+uuid.NewString()[:8]), nil); r.IsError {
+			b.Fatal(r.Error)
+		}
+	}
+}
