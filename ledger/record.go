@@ -132,6 +132,26 @@ type Claim struct {
 	PolicyRule string
 }
 
+// SettleRequest moves a record that no caller owns (unknown, or in_progress
+// with an expired lease, or retryable) to the outcome that reconciliation
+// with the downstream, or a person with evidence, established.
+type SettleRequest struct {
+	Actor Actor
+	Key   string
+	// From lists the states the record may be in; any other is
+	// ErrWrongState.
+	From []State
+	// Outcome is the new state and its result: StateSucceeded or
+	// StateFailed (final), StateRetryable (proven not executed),
+	// StateUnknown, or StateAwaitingApproval (a re-run needs a human:
+	// Proposal describes it).
+	Outcome  Outcome
+	Proposal *Approval
+	// Why is recorded in the audit entry: the evidence, or what the
+	// reconciliation found.
+	Why string
+}
+
 // DecideRequest is an approver's decision on a pending approval.
 type DecideRequest struct {
 	Approver   Actor
@@ -255,6 +275,15 @@ type Store interface {
 	// ApprovalRecord returns the record an approval belongs to, or
 	// ErrNotFound.
 	ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error)
+	// Settle applies a reconciliation or a manual resolution, atomically,
+	// with its audit entry. Errors: ErrNotFound, ErrWrongState.
+	Settle(ctx context.Context, r SettleRequest) (*Record, error)
+	// OpenRecords lists records in state st (in_progress, unknown or
+	// retryable), for the background sweeps.
+	OpenRecords(ctx context.Context, st State, limit int) ([]*Record, error)
+	// ExpireLeases moves in_progress records whose lease expired to their
+	// OnLeaseExpiry state and returns how many it moved.
+	ExpireLeases(ctx context.Context) (int, error)
 	// Sweep turns records past retention into tombstones and deletes
 	// tombstones past their own retention, returning how many of each.
 	Sweep(ctx context.Context) (compacted, deleted int, err error)

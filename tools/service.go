@@ -25,6 +25,13 @@ type Options struct {
 	WaitInProgress time.Duration // default 5s
 	// Policy decides approvals and denials (approvals.Default() when nil).
 	Policy *approvals.Policy
+	// OrdersAPI, when set, is where orders live instead of the embedded
+	// store.
+	OrdersAPI *OrderAPI
+	// Lease is the ledger's lease; external calls renew it at a third.
+	Lease time.Duration // default 30s
+	// CallTimeout bounds one external downstream call.
+	CallTimeout time.Duration // default 10s
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
 	Logger    *slog.Logger
@@ -38,6 +45,7 @@ type Service struct {
 	log     *slog.Logger
 	outbox  *Deliverer
 	policy  approvals.Policy
+	api     *OrderAPI // nil: orders live in the embedded store
 	tools   map[string]tool
 	// appliers build the side effect of a side-effecting tool from its
 	// saved arguments, both at the call and when an approver approves it.
@@ -84,6 +92,12 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if opts.WaitInProgress <= 0 {
 		opts.WaitInProgress = 5 * time.Second
 	}
+	if opts.Lease <= 0 {
+		opts.Lease = 30 * time.Second
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -94,7 +108,7 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default(), api: opts.OrdersAPI}
 	if opts.Policy != nil {
 		s.policy = *opts.Policy
 	}
@@ -248,6 +262,12 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		Proposal:          &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion},
 		Args:              args,
 		PolicyRule:        v.Rule,
+	}
+	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		return s.executeExternal(ctx, c, claim, run)
 	}
 	d, err := s.ledger.Execute(ctx, claim, apply)
 	if err != nil {
