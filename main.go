@@ -14,10 +14,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"idemgate/approvals"
 	"idemgate/demo"
 	"idemgate/ledger"
 	"idemgate/schemas"
@@ -31,6 +33,8 @@ Usage:
   idemgate serve [flags]          serve MCP over stdio (embedded ledger)
   idemgate ops list [flags]       list recent operations
   idemgate ops show KEY [flags]   show one operation's record
+  idemgate approvals list|show ID|approve ID|reject ID [--comment C]
+                                  decide approvals as an approver, on the same ledger
   idemgate audit verify|tail      check the audit hash chain, or print recent entries
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
@@ -53,6 +57,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = serve(args[1:], stdin, stdout, stderr)
 	case "ops":
 		err = ops(args[1:], stdout, stderr)
+	case "approvals":
+		err = approvalsCmd(args[1:], stdout, stderr)
 	case "audit":
 		err = audit(args[1:], stdout, stderr)
 	case "demo":
@@ -87,6 +93,12 @@ type ledgerFlags struct {
 	tombstoneRetention time.Duration
 	suspectWindow      time.Duration
 	requireIssued      bool
+	policyFile         string
+	approvalThreshold  int64
+	maxRecipients      int
+	approvalTTL        time.Duration
+	fs                 *flag.FlagSet
+	policy             approvals.Policy
 }
 
 func (l *ledgerFlags) register(fs *flag.FlagSet) {
@@ -95,6 +107,38 @@ func (l *ledgerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
 	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")
 	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
+	def := approvals.Default()
+	fs.StringVar(&l.policyFile, "policy", env("IDEMGATE_POLICY", ""), "approval and deny policy file (TOML; see README); flags below override it (env IDEMGATE_POLICY)")
+	fs.Int64Var(&l.approvalThreshold, "approval-threshold", def.CreateOrderThresholdMinor, "create_order totals at or above this (minor units) need approval; 0 disables")
+	fs.IntVar(&l.maxRecipients, "max-recipients", def.MaxRecipients, "notifications to more recipients need approval; 0 disables")
+	fs.DurationVar(&l.approvalTTL, "approval-ttl", def.ApprovalTTL.Duration, "pending approvals expire (operation rejected, approval_expired) after this")
+	l.fs = fs
+}
+
+// loadPolicy reads --policy and applies the flags that were set on top.
+func (l *ledgerFlags) loadPolicy() error {
+	p := approvals.Default()
+	if l.policyFile != "" {
+		var err error
+		if p, err = approvals.Load(l.policyFile); err != nil {
+			return usageError{err}
+		}
+	}
+	l.fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "approval-threshold":
+			p.CreateOrderThresholdMinor = l.approvalThreshold
+		case "max-recipients":
+			p.MaxRecipients = l.maxRecipients
+		case "approval-ttl":
+			p.ApprovalTTL.Duration = l.approvalTTL
+		}
+	})
+	if err := p.Validate(); err != nil {
+		return usageError{fmt.Errorf("policy: %w", err)}
+	}
+	l.policy = p
+	return nil
 }
 
 func (l *ledgerFlags) open() (*ledger.BoltStore, error) {
@@ -106,12 +150,16 @@ func (l *ledgerFlags) open() (*ledger.BoltStore, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
+	if err := l.loadPolicy(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
 	return ledger.OpenBolt(l.db, ledger.Options{
 		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
 		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
+		ApprovalTTL: l.policy.ApprovalTTL.Duration,
 	})
 }
 
@@ -184,7 +232,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	svc, err := tools.New(store, v, tools.Options{WaitInProgress: *wait, OutboxDir: *outbox, Logger: logger})
+	svc, err := tools.New(store, v, tools.Options{WaitInProgress: *wait, OutboxDir: *outbox, Logger: logger, Policy: &lf.policy})
 	if err != nil {
 		return err
 	}
@@ -335,6 +383,127 @@ func audit(args []string, stdout, stderr io.Writer) error {
 		if err := enc.Encode(e); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// approvalsCmd lets an approver list and decide approvals from a terminal,
+// on the same ledger the agents' servers use, through the same code as the
+// decide_approval tool.
+func approvalsCmd(args []string, stdout, stderr io.Writer) error {
+	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T)"
+	if len(args) == 0 {
+		return usageError{errors.New(use)}
+	}
+	sub, rest := args[0], args[1:]
+	var id string
+	switch sub {
+	case "list":
+	case "show", "approve", "reject":
+		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
+			return usageError{errors.New(use)}
+		}
+		id, rest = rest[0], rest[1:]
+	default:
+		return usageError{errors.New(use)}
+	}
+	fs := flag.NewFlagSet("approvals "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf ledgerFlags
+	lf.register(fs)
+	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver deciding (env IDEMGATE_PRINCIPAL)")
+	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (env IDEMGATE_TENANT)")
+	comment := fs.String("comment", "", "why; recorded in the audit log (approve, reject)")
+	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
+	}
+	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := who.Validate(); err != nil {
+		return usageError{err}
+	}
+	if len(*comment) > 1000 {
+		return usageError{fmt.Errorf("--comment is %d characters; at most 1000", len(*comment))}
+	}
+	store, err := lf.open()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if *outbox == "" {
+		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
+	}
+	v, err := schemas.New()
+	if err != nil {
+		return err
+	}
+	svc, err := tools.New(store, v, tools.Options{OutboxDir: *outbox, Policy: &lf.policy})
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
+	var resp *tools.Response
+	switch sub {
+	case "list":
+		resp = svc.Call(ctx, actor, "list_pending_approvals", map[string]any{"limit": 100}, nil)
+	case "show":
+		resp = svc.ShowApproval(ctx, actor, id)
+	default:
+		args := map[string]any{"approval_id": id, "decision": sub}
+		if *comment != "" {
+			args["comment"] = *comment
+		}
+		resp = svc.Call(ctx, actor, "decide_approval", args, nil)
+		// Deliver what the approved operation queued, so a confirmation is
+		// not left waiting for the next server to start.
+		svc.Deliverer().DeliverPending(ctx)
+	}
+	if sub == "list" || sub == "show" {
+		if err := printApprovals(stdout, resp); err != nil {
+			return err
+		}
+	} else {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(resp); err != nil {
+			return err
+		}
+	}
+	if resp.IsError && resp.Error != nil {
+		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
+	}
+	return nil
+}
+
+// printApprovals prints approvals for a person: each with its diff text.
+func printApprovals(w io.Writer, resp *tools.Response) error {
+	if resp.IsError {
+		return nil
+	}
+	var r struct {
+		Approvals []map[string]any `json:"approvals"`
+		Approval  map[string]any   `json:"approval"`
+	}
+	if err := json.Unmarshal(resp.Result, &r); err != nil {
+		return err
+	}
+	if r.Approval != nil {
+		r.Approvals = append(r.Approvals, r.Approval)
+	}
+	if len(r.Approvals) == 0 {
+		fmt.Fprintln(w, "no pending approvals")
+	}
+	for _, a := range r.Approvals {
+		fmt.Fprintf(w, "%v  %v  %v  requested by %v  expires %v\n  why: %v\n", a["approval_id"], a["status"], a["tool"], a["requested_by"], a["expires_at"], a["reason"])
+		fmt.Fprintf(w, "  operation_key: %v\n", a["operation_key"])
+		for _, line := range strings.Split(strings.TrimRight(fmt.Sprint(a["diff_text"]), "\n"), "\n") {
+			fmt.Fprintf(w, "  | %s\n", line)
+		}
+		fmt.Fprintln(w)
 	}
 	return nil
 }

@@ -73,9 +73,13 @@ func OpenBolt(path string, opts Options) (*BoltStore, error) {
 // is one read transaction.
 func initSchema(db *bolt.DB) error {
 	var version []byte
+	missing := false
 	if err := db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bucketMeta); b != nil {
 			version = bytes.Clone(b.Get(keySchemaVersion))
+		}
+		for _, name := range allBuckets {
+			missing = missing || tx.Bucket(name) == nil
 		}
 		return nil
 	}); err != nil {
@@ -86,8 +90,11 @@ func initSchema(db *bolt.DB) error {
 		if err != nil || v > boltSchemaVersion {
 			return fmt.Errorf("%w: file has %q, this build reads up to %d", ErrSchemaVersion, version, boltSchemaVersion)
 		}
+	}
+	if version != nil && !missing {
 		return nil
 	}
+	// A new file, or one written before a bucket was added.
 	return db.Update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
@@ -478,6 +485,17 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 				return d, err
 			}
 		}
+		if c.RequireApproval {
+			rec := s.heldRecord(c, now, "")
+			if err := s.saveNew(tx, c.Actor, rec, "held: "+rec.Approval.Rule, now); err != nil {
+				return Decision{}, err
+			}
+			fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
+			if err := tx.Bucket(bucketFPIndex).Put(fpKey(c.Actor.Tenant, c.Fingerprint), fp); err != nil {
+				return Decision{}, err
+			}
+			return Decision{Kind: DecisionApprovalRequested, Record: rec}, nil
+		}
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
@@ -535,24 +553,47 @@ func (s *BoltStore) holdSuspect(tx *bolt.Tx, c Claim, now time.Time) (Decision, 
 	if s.opts.expired(earlier, now) {
 		earlier = tombstone(earlier)
 	}
-	rec := &Record{
-		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
-		Principal: c.Actor.Principal, State: StateAwaitingApproval, FirstSeenAt: now, UpdatedAt: now,
-		Approval: &Approval{
-			ID: "apr_" + uuid.NewString(), Status: "pending", Reason: "suspected_duplicate",
-			EarlierKey: fe.Key, CreatedAt: now, ExpiresAt: now.Add(s.opts.ApprovalTTL),
-		},
-	}
-	if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
-		return Decision{}, false, err
-	}
-	if err := tx.Bucket(bucketExpiry).Put(dueKey(rec.Approval.ExpiresAt, dueApproval, rec.Tenant, rec.Key), []byte{dueApproval}); err != nil {
-		return Decision{}, false, err
-	}
-	if err := s.saveTransition(tx, c.Actor, rec, "", "suspected_duplicate of "+fe.Key, now); err != nil {
+	rec := s.heldRecord(c, now, fe.Key)
+	if err := s.saveNew(tx, c.Actor, rec, "suspected_duplicate of "+fe.Key, now); err != nil {
 		return Decision{}, false, err
 	}
 	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
+}
+
+// heldRecord builds the awaiting_approval record of c. A non-empty
+// earlierKey marks a suspected duplicate of that key.
+func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
+	a := Approval{Reason: "policy"}
+	if c.Proposal != nil {
+		a = *c.Proposal
+	}
+	if earlierKey != "" {
+		a.Reason, a.Rule, a.EarlierKey = "suspected_duplicate", "suspected_duplicate", earlierKey
+	}
+	a.ID = "apr_" + uuid.NewString()
+	a.Status = ApprovalPending
+	a.RequestedBy = c.Actor.Principal
+	a.CreatedAt, a.ExpiresAt = now, now.Add(s.opts.ApprovalTTL)
+	return &Record{
+		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
+		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args,
+		FirstSeenAt: now, UpdatedAt: now, Approval: &a,
+	}
+}
+
+// saveNew writes a record that did not exist, with its time index and,
+// for a held record, the sweep that expires its approval.
+func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now time.Time) error {
+	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
+		return err
+	}
+	if rec.Approval != nil && rec.Approval.Status == ApprovalPending {
+		due := dueKey(rec.Approval.ExpiresAt, dueApproval, rec.Tenant, rec.Key)
+		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueApproval}); err != nil {
+			return err
+		}
+	}
+	return s.saveTransition(tx, a, rec, "", why, now)
 }
 
 // finish applies out to an in_progress rec.
@@ -580,6 +621,22 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
+	if ap := rec.Approval; ap != nil {
+		k := recordKey(rec.Tenant, ap.ID)
+		if err := tx.Bucket(bucketApprovals).Put(k, []byte(rec.Key)); err != nil {
+			return err
+		}
+		pending := tx.Bucket(bucketPending)
+		var err error
+		if ap.Status == ApprovalPending {
+			err = pending.Put(k, []byte(rec.Key))
+		} else {
+			err = pending.Delete(k)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	if rec.State.Final() && before != rec.State {
 		due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
 		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
@@ -587,6 +644,153 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 		}
 	}
 	return appendAudit(tx, transitionEntry(now, a, rec, before, why))
+}
+
+// Decide implements Store.
+func (s *BoltStore) Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	var d Decision
+	err := s.update(func(tx *bolt.Tx) error {
+		var err error
+		d, err = s.decideLocked(tx, r, apply)
+		return err
+	})
+	// Refusals are answers, not failures of the batch: they wrote nothing
+	// but the expiry, which decideLocked commits by returning nil.
+	if err == nil && d.refusal != nil {
+		return d, d.refusal
+	}
+	return d, err
+}
+
+func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) (Decision, error) {
+	now := s.opts.Now()
+	tenant := r.Approver.Tenant
+	key := tx.Bucket(bucketApprovals).Get(recordKey(tenant, r.ApprovalID))
+	if key == nil {
+		return Decision{refusal: ErrNotFound}, nil
+	}
+	rec, err := getRecord(tx, tenant, string(key))
+	if err != nil {
+		return Decision{}, err
+	}
+	if rec == nil || rec.Approval == nil || rec.Approval.ID != r.ApprovalID {
+		return Decision{refusal: ErrNotFound}, nil
+	}
+	if prev, why := s.opts.expireTransition(rec, now); why == "approval_expired" {
+		if err := s.saveTransition(tx, r.Approver, rec, prev, why, now); err != nil {
+			return Decision{}, err
+		}
+		return Decision{Kind: DecisionReplay, Record: rec, refusal: ErrApprovalExpired}, nil
+	}
+	if rec.State != StateAwaitingApproval || rec.Approval.Status != ApprovalPending {
+		return Decision{Kind: DecisionReplay, Record: s.present(rec), refusal: ErrAlreadyDecided}, nil
+	}
+	if r.Approver.Principal == rec.Principal {
+		return Decision{Kind: DecisionHeld, Record: rec, refusal: ErrSelfApproval}, nil
+	}
+	a := *rec.Approval
+	a.DecidedBy, a.DecidedAt, a.Comment = r.Approver.Principal, now, r.Comment
+	rec.Approval = &a
+	rec.UpdatedAt = now
+	if !r.Approve {
+		a.Status = ApprovalRejected
+		rec.State = StateRejected
+		msg := "An approver (" + r.Approver.Principal + ") rejected this operation; nothing was executed."
+		if r.Comment != "" {
+			msg += " Comment: " + r.Comment
+		}
+		rec.Error = &OpError{Code: "forbidden", Message: msg}
+		rec.Summary = "rejected by " + r.Approver.Principal
+		rec.CompletedAt = now
+		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, "rejected by "+r.Approver.Principal, now); err != nil {
+			return Decision{}, err
+		}
+		return Decision{Kind: DecisionExecuted, Record: rec}, nil
+	}
+	a.Status = ApprovalApproved
+	rec.State = StateInProgress
+	rec.Attempts++
+	rec.Generation++
+	rec.LeaseOwner, rec.LeaseExpires = s.owner, now.Add(s.opts.Lease)
+	if apply == nil {
+		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal, now); err != nil {
+			return Decision{}, err
+		}
+		return Decision{Kind: DecisionClaimed, Record: rec}, nil
+	}
+	out, err := apply(&boltTx{tx: tx, now: now}, rec)
+	if err != nil {
+		return Decision{}, err
+	}
+	if err := appendAudit(tx, transitionEntry(now, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal)); err != nil {
+		return Decision{}, err
+	}
+	s.finish(rec, out, now)
+	if err := s.saveTransition(tx, r.Approver, rec, StateInProgress, "executed after approval", now); err != nil {
+		return Decision{}, err
+	}
+	fp, _ := json.Marshal(fpEntry{Key: rec.Key, At: now})
+	if err := tx.Bucket(bucketFPIndex).Put(fpKey(rec.Tenant, rec.Fingerprint), fp); err != nil {
+		return Decision{}, err
+	}
+	return Decision{Kind: DecisionExecuted, Record: rec}, nil
+}
+
+// PendingApprovals implements Store.
+func (s *BoltStore) PendingApprovals(ctx context.Context, tenant string, limit int) ([]*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []*Record
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketPending).Cursor()
+		prefix := recordKey(tenant, "")
+		for k, key := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, key = c.Next() {
+			rec, err := getRecord(tx, tenant, string(key))
+			if err != nil {
+				return err
+			}
+			if rec == nil {
+				continue
+			}
+			if rec = s.present(rec); rec.State == StateAwaitingApproval {
+				out = append(out, rec)
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b *Record) int { return a.FirstSeenAt.Compare(b.FirstSeenAt) })
+	return out, err
+}
+
+// ApprovalRecord implements Store.
+func (s *BoltStore) ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.view(func(tx *bolt.Tx) error {
+		key := tx.Bucket(bucketApprovals).Get(recordKey(tenant, approvalID))
+		if key == nil {
+			return nil
+		}
+		var err error
+		rec, err = getRecord(tx, tenant, string(key))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, ErrNotFound
+	}
+	return s.present(rec), nil
 }
 
 // Complete implements Store.
@@ -816,6 +1020,15 @@ func (s *BoltStore) deleteRecordLocked(tx *bolt.Tx, rec *Record) error {
 	}
 	if err := tx.Bucket(bucketByTime).Delete(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key)); err != nil {
 		return err
+	}
+	if rec.Approval != nil {
+		k := recordKey(rec.Tenant, rec.Approval.ID)
+		if err := tx.Bucket(bucketApprovals).Delete(k); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPending).Delete(k); err != nil {
+			return err
+		}
 	}
 	fpb := tx.Bucket(bucketFPIndex)
 	if v := fpb.Get(fpKey(rec.Tenant, rec.Fingerprint)); v != nil {

@@ -5,15 +5,17 @@ package ledger
 const boltSchemaVersion = 1
 
 var (
-	bucketMeta       = []byte("meta")     // schema_version → decimal
-	bucketRecords    = []byte("records")  // tenant \x00 key → Record JSON
-	bucketByTime     = []byte("by_time")  // first_seen (8 bytes BE ns) tenant \x00 key → ""
-	bucketExpiry     = []byte("expiry")   // completed_at (8 bytes BE ns) tenant \x00 key → ""
-	bucketFPIndex    = []byte("fp_index") // tenant \x00 fingerprint → fpEntry JSON (latest executed key)
-	bucketIssued     = []byte("issued")   // tenant \x00 key → issued_at (8 bytes BE ns)
-	bucketAudit      = []byte("audit")    // seq (8 bytes BE) → AuditEntry JSON
-	bucketData       = []byte("data")     // collection → nested bucket of downstream data
+	bucketMeta       = []byte("meta")              // schema_version → decimal
+	bucketRecords    = []byte("records")           // tenant \x00 key → Record JSON
+	bucketByTime     = []byte("by_time")           // first_seen (8 bytes BE ns) tenant \x00 key → ""
+	bucketExpiry     = []byte("expiry")            // completed_at (8 bytes BE ns) tenant \x00 key → ""
+	bucketFPIndex    = []byte("fp_index")          // tenant \x00 fingerprint → fpEntry JSON (latest executed key)
+	bucketIssued     = []byte("issued")            // tenant \x00 key → issued_at (8 bytes BE ns)
+	bucketAudit      = []byte("audit")             // seq (8 bytes BE) → AuditEntry JSON
+	bucketData       = []byte("data")              // collection → nested bucket of downstream data
+	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
+	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	keySchemaVersion = []byte("schema_version")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData}
+var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending}

@@ -97,8 +97,12 @@ func (o Options) expired(rec *Record, now time.Time) bool {
 func tombstone(rec *Record) *Record {
 	t := *rec
 	t.Result = nil
+	t.Args = nil
 	t.Error = nil
 	t.Approval = nil
+	if a := rec.Approval; a != nil { // the id stays so the sweep can drop its index entries
+		t.Approval = &Approval{ID: a.ID, Status: a.Status}
+	}
 	t.Tombstone = true
 	if rec.Error != nil {
 		t.Error = &OpError{Code: rec.Error.Code}

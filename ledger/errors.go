@@ -16,6 +16,18 @@ var (
 	// set and the key was not handed out by IssueKey in the same tenant.
 	ErrKeyNotIssued = errors.New("ledger: operation key was not issued by this ledger")
 
+	// ErrAlreadyDecided is returned by Decide when the approval was already
+	// approved, rejected or expired; the Decision carries the record.
+	ErrAlreadyDecided = errors.New("ledger: approval already decided")
+
+	// ErrApprovalExpired is returned by Decide when the approval expired
+	// before the decision; the operation is then rejected.
+	ErrApprovalExpired = errors.New("ledger: approval expired")
+
+	// ErrSelfApproval is returned by Decide when the approver is the
+	// principal who requested the operation.
+	ErrSelfApproval = errors.New("ledger: an operation cannot be approved by its requester")
+
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("ledger: closed")
 

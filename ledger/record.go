@@ -37,15 +37,34 @@ type OpError struct {
 	Details json.RawMessage `json:"details,omitempty"`
 }
 
-// Approval is the pending approval that holds an awaiting_approval record.
+// Approval is the approval request that holds an awaiting_approval record,
+// and after a decision, the record of who decided what. It is bound to its
+// record's tenant, key and fingerprint, and to ResourceVersion, the version
+// of the resource the diff was computed from.
 type Approval struct {
-	ID         string    `json:"approval_id"`
-	Status     string    `json:"status"` // pending, approved, rejected, expired
-	Reason     string    `json:"reason"`
-	EarlierKey string    `json:"earlier_operation_key,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
+	ID              string          `json:"approval_id"`
+	Status          string          `json:"status"` // pending, approved, rejected, expired
+	Reason          string          `json:"reason"` // policy, suspected_duplicate, …
+	Rule            string          `json:"rule,omitempty"`
+	EarlierKey      string          `json:"earlier_operation_key,omitempty"`
+	RequestedBy     string          `json:"requested_by,omitempty"`
+	ResourceVersion int             `json:"resource_version,omitempty"`
+	Diff            json.RawMessage `json:"diff,omitempty"`
+	DiffText        string          `json:"diff_text,omitempty"`
+	CreatedAt       time.Time       `json:"created_at"`
+	ExpiresAt       time.Time       `json:"expires_at"`
+	DecidedBy       string          `json:"decided_by,omitempty"`
+	DecidedAt       time.Time       `json:"decided_at,omitzero"`
+	Comment         string          `json:"comment,omitempty"`
 }
+
+// Approval statuses.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalRejected = "rejected"
+	ApprovalExpired  = "expired"
+)
 
 // Record is the ledger row of one (tenant, key).
 type Record struct {
@@ -60,6 +79,7 @@ type Record struct {
 	LeaseExpires  time.Time       `json:"lease_expires_at,omitzero"`
 	OnLeaseExpiry State           `json:"on_lease_expiry,omitempty"`
 	Principal     string          `json:"principal"`
+	Args          json.RawMessage `json:"args,omitempty"` // the validated request, kept while it may still run
 	ResultFormat  int             `json:"result_format,omitempty"`
 	Result        json.RawMessage `json:"result,omitempty"`
 	Error         *OpError        `json:"error,omitempty"`
@@ -98,6 +118,26 @@ type Claim struct {
 	// a recent operation of the same tenant (within Options.SuspectWindow)
 	// as awaiting_approval instead of running it.
 	SuspectDuplicates bool
+	// RequireApproval holds a new operation as awaiting_approval instead of
+	// running it; Proposal.Reason and Rule say why.
+	RequireApproval bool
+	// Proposal is the approval request created when the operation is held:
+	// its diff, text, rule and resource version. The ledger sets ID,
+	// status, requester and times.
+	Proposal *Approval
+	// Args is the validated request, saved with a held operation so that an
+	// approver's decision can run it.
+	Args json.RawMessage
+	// PolicyRule names the policy rule that allowed the call, for the audit.
+	PolicyRule string
+}
+
+// DecideRequest is an approver's decision on a pending approval.
+type DecideRequest struct {
+	Approver   Actor
+	ApprovalID string
+	Approve    bool
+	Comment    string
 }
 
 // Outcome is what a side effect produced.
@@ -126,6 +166,9 @@ const (
 	DecisionBusy DecisionKind = "busy"
 	// DecisionHeld: the record awaits approval or reconciliation; nothing ran.
 	DecisionHeld DecisionKind = "held"
+	// DecisionApprovalRequested: a new record was created awaiting
+	// approval because the claim required it.
+	DecisionApprovalRequested DecisionKind = "approval_requested"
 	// DecisionSuspectedDuplicate: a new record was created awaiting approval
 	// because Earlier has the same fingerprint under another key.
 	DecisionSuspectedDuplicate DecisionKind = "suspected_duplicate"
@@ -138,6 +181,8 @@ type Decision struct {
 	Kind    DecisionKind
 	Record  *Record
 	Earlier *Record // for DecisionSuspectedDuplicate
+
+	refusal error // Decide: the sentinel returned beside the decision
 }
 
 // Tx is a transaction on the ledger's store, given to downstreams that keep
@@ -197,6 +242,19 @@ type Store interface {
 	// the downstream collections.
 	View(ctx context.Context, fn func(Tx) error) error
 	Update(ctx context.Context, fn func(Tx) error) error
+	// Decide applies an approver's decision, atomically: approving moves the
+	// approval to approved and the operation to in_progress, and runs apply
+	// (when not nil) in the same transaction; rejecting makes the operation
+	// rejected. Errors: ErrNotFound (no such approval in the approver's
+	// tenant), ErrAlreadyDecided (with the record as it stands in the
+	// returned Decision), ErrApprovalExpired, ErrSelfApproval.
+	Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error)
+	// PendingApprovals lists the tenant's pending, unexpired approvals'
+	// records, oldest first.
+	PendingApprovals(ctx context.Context, tenant string, limit int) ([]*Record, error)
+	// ApprovalRecord returns the record an approval belongs to, or
+	// ErrNotFound.
+	ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error)
 	// Sweep turns records past retention into tombstones and deletes
 	// tombstones past their own retention, returning how many of each.
 	Sweep(ctx context.Context) (compacted, deleted int, err error)

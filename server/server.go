@@ -52,8 +52,26 @@ func (id Identity) Validate() error {
 
 // New returns the MCP server for svc, acting for id.
 func New(svc *tools.Service, id Identity, logger *slog.Logger) *mcpserver.MCPServer {
+	approverOnly := map[string]bool{}
+	for _, spec := range svc.Specs() {
+		approverOnly[spec.Name] = spec.ApproverOnly
+	}
 	s := mcpserver.NewMCPServer("idemgate", Version,
 		mcpserver.WithToolCapabilities(false),
+		// Approver tools are neither listed nor callable for other roles
+		// (mcp-go refuses calls to filtered-out tools); the tools re-check.
+		mcpserver.WithToolFilter(func(ctx context.Context, ts []mcp.Tool) []mcp.Tool {
+			if id.Role == "approver" {
+				return ts
+			}
+			out := ts[:0:0]
+			for _, t := range ts {
+				if !approverOnly[t.Name] {
+					out = append(out, t)
+				}
+			}
+			return out
+		}),
 		mcpserver.WithRecovery(),
 		mcpserver.WithInstructions("idemgate runs side effects (orders, notifications) at most once per operation_key. "+
 			"For each business intent get ONE key (new_operation_key) before the first attempt and reuse it on every retry; "+

@@ -2,8 +2,10 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 )
 
@@ -13,7 +15,7 @@ var specCreateOrder = Spec{
 	Description: "Places one order for a customer. Safe to call again: the operation_key names this one business intent. " +
 		"Get the key ONCE per intent from new_operation_key (or make a random UUID yourself before the first attempt), and reuse the SAME key on every retry of that intent — after a timeout, an error, or when unsure whether the first call went through. " +
 		"A retry with the same key and arguments returns the same order (replayed: true) and never creates a second one. Never mint a new key because a call failed or timed out: a timeout is not a failure, the order may already exist. " +
-		"The same key with different arguments is refused. A new key with the same arguments as an order placed minutes ago is held for human approval as a suspected duplicate. " +
+		"The same key with different arguments is refused. A new key with the same arguments as an order placed minutes ago is held for human approval as a suspected duplicate, and so is a large order. " +
 		"With notify_customer (default true) a confirmation message is queued in the same step.",
 	Idempotent: true, Destructive: false, OpenWorld: false,
 }
@@ -22,9 +24,9 @@ type createOrderArgs struct {
 	CustomerID            string   `json:"customer_id"`
 	Items                 []Item   `json:"items"`
 	Currency              string   `json:"currency"`
-	ShipTo                *Address `json:"ship_to"`
-	RequestedDeliveryDate string   `json:"requested_delivery_date"`
-	Note                  string   `json:"note"`
+	ShipTo                *Address `json:"ship_to,omitempty"`
+	RequestedDeliveryDate string   `json:"requested_delivery_date,omitempty"`
+	Note                  string   `json:"note,omitempty"`
 	NotifyCustomer        bool     `json:"notify_customer"`
 }
 
@@ -38,8 +40,23 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments",
 			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", nextFixRetry)
 	}
-	tenant := c.actor.Tenant
-	return s.execute(ctx, c, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+	preview := approvals.ToMap(a)
+	preview["total_minor"] = sum
+	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("order", preview)})
+}
+
+// applyCreateOrder places the order (and queues its confirmation) inside
+// the ledger's transaction.
+func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
+	var a createOrderArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, err
+	}
+	sum, err := total(a.Items)
+	if err != nil {
+		return nil, err
+	}
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		now := tx.Now()
 		o := &Order{
 			OrderID: orderID(tenant, rec.Key), Version: 1, Status: "placed",
@@ -64,7 +81,7 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 			result["confirmation"] = map[string]any{"message_id": m.MessageID, "state": m.State}
 		}
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "order " + o.OrderID, DownstreamRef: o.OrderID}, nil
-	})
+	}, nil
 }
 
 // formatMinor renders minor units with two decimals (display only).

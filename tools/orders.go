@@ -49,6 +49,7 @@ type Order struct {
 	ShipTo                *Address  `json:"ship_to,omitempty"`
 	RequestedDeliveryDate string    `json:"requested_delivery_date,omitempty"`
 	Note                  string    `json:"note,omitempty"`
+	CancelReason          string    `json:"cancel_reason,omitempty"`
 	OperationKey          string    `json:"operation_key"`
 	CreatedAt             time.Time `json:"created_at"`
 	UpdatedAt             time.Time `json:"updated_at"`
@@ -89,6 +90,16 @@ func putOrder(tx ledger.Tx, tenant string, o *Order) error {
 	var inv [8]byte
 	binary.BigEndian.PutUint64(inv[:], math.MaxUint64-uint64(o.CreatedAt.UnixNano()))
 	return tx.Put(collByCustomer, customerPrefix(tenant, o.CustomerID)+hex.EncodeToString(inv[:])+o.OrderID, nil)
+}
+
+// replaceOrder writes a changed order; its customer index entry is keyed
+// by creation time and stays as it is.
+func replaceOrder(tx ledger.Tx, tenant string, o *Order) error {
+	v, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	return tx.Put(collOrders, orderKey(tenant, o.OrderID), v)
 }
 
 // getOrderTx reads an order, or nil.

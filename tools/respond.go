@@ -116,6 +116,13 @@ func (s *Service) respond(d ledger.Decision) *Response {
 		}
 		r.IsError = true
 		return r
+	case ledger.DecisionApprovalRequested:
+		r := fromRecord(rec)
+		r.Error = &ledger.OpError{Code: "approval_required", Message: "Held for a human approver: " + rec.Approval.Reason +
+			". Nothing has run yet. An approver sees exactly this request (approval " + rec.Approval.ID + ") and approves or rejects it. " +
+			"Do not resend it under a new key: repeat this exact call, or poll get_operation_status with this operation_key, to learn the outcome."}
+		r.IsError = true
+		return r
 	case ledger.DecisionSuspectedDuplicate:
 		r := fromRecord(rec)
 		earlier := d.Earlier

@@ -2,7 +2,9 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 )
 
@@ -11,16 +13,16 @@ var specSendNotification = Spec{
 	Title: "Send a notification (idempotent by operation_key)",
 	Description: "Sends one notification (email, sms or webhook) to a list of recipients. Safe to call again: reuse the SAME operation_key on every retry of this one message — after a timeout, an error, or when unsure whether it went out — and the message is sent once. " +
 		"Get the key ONCE per intent from new_operation_key; never mint a new key because a call failed or timed out, that is how customers get the same message twice. " +
-		"The message is queued durably in the same step and delivered in the background; get_operation_status shows its delivery state.",
+		"The message is queued durably in the same step and delivered in the background; get_operation_status shows its delivery state. Messages to many recipients wait for a human approver.",
 	Idempotent: true, Destructive: false, OpenWorld: true,
 }
 
 type sendNotificationArgs struct {
 	Channel string   `json:"channel"`
 	To      []string `json:"to"`
-	Subject string   `json:"subject"`
+	Subject string   `json:"subject,omitempty"`
 	Body    string   `json:"body"`
-	OrderID string   `json:"order_id"`
+	OrderID string   `json:"order_id,omitempty"`
 }
 
 func (s *Service) sendNotification(ctx context.Context, c *call) *Response {
@@ -28,8 +30,17 @@ func (s *Service) sendNotification(ctx context.Context, c *call) *Response {
 	if err := c.req.Decode(&a); err != nil {
 		return s.ledgerError(c, err)
 	}
-	tenant := c.actor.Tenant
-	return s.execute(ctx, c, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("notification", approvals.ToMap(a))})
+}
+
+// applySendNotification queues the message in the outbox inside the
+// ledger's transaction.
+func applySendNotification(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
+	var a sendNotificationArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, err
+	}
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		m := &Message{
 			Tenant: tenant, OperationKey: rec.Key, Step: "notification",
 			Channel: a.Channel, To: a.To, Subject: a.Subject, Body: a.Body, OrderID: a.OrderID,
@@ -39,5 +50,5 @@ func (s *Service) sendNotification(ctx context.Context, c *call) *Response {
 		}
 		result := map[string]any{"message": map[string]any{"message_id": m.MessageID, "channel": m.Channel, "recipients": len(m.To), "state": m.State}}
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "message " + m.MessageID, DownstreamRef: m.MessageID}, nil
-	})
+	}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"time"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/schemas"
 )
@@ -22,9 +23,8 @@ type Options struct {
 	// WaitInProgress bounds how long a duplicate waits for a running
 	// operation before answering in_progress.
 	WaitInProgress time.Duration // default 5s
-	// SuspectDuplicates holds a new key whose request equals a recent
-	// operation of the tenant for approval (default on; see ledger).
-	DisableSuspectDuplicates bool
+	// Policy decides approvals and denials (approvals.Default() when nil).
+	Policy *approvals.Policy
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
 	Logger    *slog.Logger
@@ -37,8 +37,16 @@ type Service struct {
 	opts    Options
 	log     *slog.Logger
 	outbox  *Deliverer
+	policy  approvals.Policy
 	tools   map[string]tool
+	// appliers build the side effect of a side-effecting tool from its
+	// saved arguments, both at the call and when an approver approves it.
+	appliers map[string]applier
 }
+
+// applier builds the side effect of one operation from its validated
+// arguments (as saved in the ledger record).
+type applier func(tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
 
 // tool is one tool's spec and behaviour.
 type tool struct {
@@ -49,13 +57,14 @@ type tool struct {
 // Spec describes a tool for registration: name, texts and the behaviour
 // hints every MCP client shows or relies on. Each hint is set deliberately.
 type Spec struct {
-	Name        string
-	Title       string
-	Description string
-	ReadOnly    bool
-	Destructive bool
-	Idempotent  bool
-	OpenWorld   bool
+	Name         string
+	ApproverOnly bool // listed and callable only for the approver role
+	Title        string
+	Description  string
+	ReadOnly     bool
+	Destructive  bool
+	Idempotent   bool
+	OpenWorld    bool
 }
 
 // call is one tool call in progress.
@@ -85,7 +94,16 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
+	if opts.Policy != nil {
+		s.policy = *opts.Policy
+	}
+	s.appliers = map[string]applier{
+		"create_order":      applyCreateOrder,
+		"send_notification": applySendNotification,
+		"update_order":      applyUpdateOrder,
+		"cancel_order":      applyCancelOrder,
+	}
 	s.outbox = NewDeliverer(store, sink, opts.Logger)
 	s.tools = map[string]tool{}
 	for _, t := range []tool{
@@ -95,6 +113,10 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		{specListOrders, s.listOrders},
 		{specNewOperationKey, s.newOperationKey},
 		{specGetOperationStatus, s.getOperationStatus},
+		{specUpdateOrder, s.updateOrder},
+		{specCancelOrder, s.cancelOrder},
+		{specListPendingApprovals, s.listPendingApprovals},
+		{specDecideApproval, s.decideApproval},
 	} {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
 			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
@@ -191,25 +213,50 @@ func (s *Service) auditRefusal(actor ledger.Actor, tool, key, code, detail strin
 	}
 }
 
-// claim builds the ledger claim of c.
-func (s *Service) claim(c *call, onLeaseExpiry ledger.State) ledger.Claim {
-	return ledger.Claim{
-		Actor: c.actor, Key: c.req.OperationKey, Tool: c.req.Tool, Fingerprint: c.req.Fingerprint,
-		OnLeaseExpiry: onLeaseExpiry, SuspectDuplicates: !s.opts.DisableSuspectDuplicates,
-	}
+// proposal is what an approver would be shown for a call.
+type proposal struct {
+	diff            approvals.Diff
+	resourceVersion int
 }
 
-// execute claims c and runs apply at most once (embedded downstreams:
-// claim, effect and outcome in one transaction), then answers.
-func (s *Service) execute(ctx context.Context, c *call, apply ledger.ApplyFunc) *Response {
-	d, err := s.ledger.Execute(ctx, s.claim(c, ledger.StateRetryable), apply)
+// execute runs a side-effecting call: the policy may deny it (forbidden,
+// no record) or hold it for approval; otherwise the ledger claims it and
+// runs its applier at most once (embedded downstreams: claim, effect and
+// outcome in one transaction). Duplicates get the recorded answer.
+func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
+	key := c.req.OperationKey
+	v := s.policy.Evaluate(c.actor.Principal, c.req.Tool, c.req.Args)
+	if v.Action == approvals.Deny {
+		s.auditRefusal(c.actor, c.req.Tool, key, "forbidden", v.Rule+": "+v.Reason)
+		return errorResponse(key, ledger.StateRejected, "forbidden",
+			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", nextDoNotRetry)
+	}
+	args, err := json.Marshal(c.req.Args)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	if d.Kind == ledger.DecisionExecuted {
-		s.outbox.Kick()
+	apply, err := s.appliers[c.req.Tool](c.actor.Tenant, args)
+	if err != nil {
+		return s.ledgerError(c, err)
 	}
-	if d.Kind == ledger.DecisionBusy {
+	diff, _ := json.Marshal(p.diff.Changes)
+	claim := ledger.Claim{
+		Actor: c.actor, Key: key, Tool: c.req.Tool, Fingerprint: c.req.Fingerprint,
+		OnLeaseExpiry:     ledger.StateRetryable,
+		SuspectDuplicates: s.policy.SuspectedDuplicates,
+		RequireApproval:   v.Action == approvals.Approve,
+		Proposal:          &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion},
+		Args:              args,
+		PolicyRule:        v.Rule,
+	}
+	d, err := s.ledger.Execute(ctx, claim, apply)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	switch d.Kind {
+	case ledger.DecisionExecuted:
+		s.outbox.Kick()
+	case ledger.DecisionBusy:
 		return s.waitForOutcome(ctx, c, d.Record)
 	}
 	return s.respond(d)

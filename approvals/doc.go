@@ -1,0 +1,38 @@
+// Package approvals decides which operations a human must approve, which
+// are denied outright, what the approver is shown, and who may decide.
+//
+// # Policy
+//
+// [Policy.Evaluate] looks at one validated request and answers allow,
+// approve or deny, naming the rule that decided (the rule goes into the
+// audit entry). Deny rules come first: a tool the principal may not use, a
+// currency not accepted, a recipient domain not allowed — the call is
+// refused with forbidden and leaves no record. Then approval rules:
+// update_order and cancel_order always (configurable), a create_order whose
+// total is at or above a threshold, a notification to more than N
+// recipients. Suspected duplicates (a new key with the same request as a
+// recent operation) are detected by the ledger, which alone can see the
+// tenant's recent fingerprints; the policy only switches that rule on.
+//
+// # Approvals
+//
+// An approval is bound to its operation's tenant, key and fingerprint, and
+// for changes to the resource version its diff was computed from. It is
+// single use: the approval's move to approved and the operation's move to
+// in_progress — and, for the embedded store, the change itself — commit in
+// one ledger transaction, so two approvers racing cause one execution. The
+// approver must hold the approver role, be in the same tenant, and not be
+// the principal who requested the operation ([CheckApprover]); the ledger
+// re-checks the last two inside the transaction. A version that moved
+// between request and approval fails the operation with
+// precondition_failed, and nothing is applied.
+//
+// # What an approval proves
+//
+// That a principal holding the approver role, other than the requester,
+// saw this diff and said yes before it expired. It does not prove the
+// approver read it, nor that the approver and the requester are different
+// people if one person holds both identities. An answer to an elicitation
+// form shown by the agent's own MCP client is not an approval: the client
+// (or the model driving it) can answer it itself.
+package approvals

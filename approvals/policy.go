@@ -1,0 +1,223 @@
+package approvals
+
+import (
+	"errors"
+	"fmt"
+	"net/mail"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Policy is the approval and deny policy. The zero value is not useful;
+// start from Default. It is read-only after loading and safe for
+// concurrent use.
+type Policy struct {
+	// AlwaysApprove lists tools that always need approval.
+	AlwaysApprove []string `toml:"always_approve"`
+	// CreateOrderThresholdMinor: a create_order whose total (minor units)
+	// is at or above this needs approval. 0 disables the rule.
+	CreateOrderThresholdMinor int64 `toml:"create_order_threshold_minor"`
+	// MaxRecipients: a notification to more recipients needs approval.
+	// 0 disables the rule.
+	MaxRecipients int `toml:"max_recipients"`
+	// SuspectedDuplicates holds a new key with the same request as a recent
+	// operation of the tenant for approval.
+	SuspectedDuplicates bool `toml:"suspected_duplicates"`
+	// ApprovalTTL is how long a pending approval waits before the operation
+	// is rejected (approval_expired).
+	ApprovalTTL Duration `toml:"approval_ttl"`
+	// DeniedTools maps a principal to tools it may not use.
+	DeniedTools map[string][]string `toml:"denied_tools"`
+	// AllowedCurrencies, when not empty, is the only currencies accepted.
+	AllowedCurrencies []string `toml:"allowed_currencies"`
+	// AllowedRecipientDomains, when not empty, is the only e-mail domains
+	// and webhook hosts a notification may go to.
+	AllowedRecipientDomains []string `toml:"allowed_recipient_domains"`
+}
+
+// Duration is a time.Duration written as "24h" in the config file.
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// Default is the policy with nothing configured.
+func Default() Policy {
+	return Policy{
+		AlwaysApprove:             []string{"update_order", "cancel_order"},
+		CreateOrderThresholdMinor: 100_000,
+		MaxRecipients:             10,
+		SuspectedDuplicates:       true,
+		ApprovalTTL:               Duration{24 * time.Hour},
+	}
+}
+
+// Load reads a TOML policy file over the defaults. Unknown keys are an
+// error naming them, so a typo cannot silently disable a rule.
+func Load(path string) (Policy, error) {
+	p := Default()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return p, fmt.Errorf("policy file: %w", err)
+	}
+	if len(b) > 1<<20 {
+		return p, fmt.Errorf("policy file %s: larger than 1 MiB", path)
+	}
+	md, err := toml.Decode(string(b), &p)
+	if err != nil {
+		return p, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		keys := make([]string, len(un))
+		for i, k := range un {
+			keys[i] = k.String()
+		}
+		return p, fmt.Errorf("policy file %s: unknown keys %s", path, strings.Join(keys, ", "))
+	}
+	return p, p.Validate()
+}
+
+// Validate refuses settings that make no sense.
+func (p Policy) Validate() error {
+	var errs []error
+	if p.CreateOrderThresholdMinor < 0 {
+		errs = append(errs, fmt.Errorf("create_order_threshold_minor must be ≥ 0, got %d", p.CreateOrderThresholdMinor))
+	}
+	if p.MaxRecipients < 0 {
+		errs = append(errs, fmt.Errorf("max_recipients must be ≥ 0, got %d", p.MaxRecipients))
+	}
+	if p.ApprovalTTL.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("approval_ttl must be positive, got %s", p.ApprovalTTL.Duration))
+	}
+	for _, c := range p.AllowedCurrencies {
+		if len(c) != 3 || strings.ToUpper(c) != c {
+			errs = append(errs, fmt.Errorf("allowed_currencies: %q is not an ISO 4217 code like EUR", c))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Verdict is what the policy decided for one request.
+type Verdict struct {
+	Action string // allow, approve, deny
+	Rule   string // the rule that decided, e.g. "amount_threshold"
+	Reason string // for the model and the approver
+}
+
+// The verdict actions.
+const (
+	Allow   = "allow"
+	Approve = "approve"
+	Deny    = "deny"
+)
+
+// Evaluate decides for one validated request of principal. args are the
+// tool's arguments as the schemas package decoded them.
+func (p Policy) Evaluate(principal, tool string, args map[string]any) Verdict {
+	if slices.Contains(p.DeniedTools[principal], tool) {
+		return Verdict{Deny, "denied_tool", fmt.Sprintf("principal %s may not use %s", principal, tool)}
+	}
+	switch tool {
+	case "create_order":
+		cur, _ := args["currency"].(string)
+		if len(p.AllowedCurrencies) > 0 && !slices.Contains(p.AllowedCurrencies, cur) {
+			return Verdict{Deny, "currency_not_allowed", fmt.Sprintf("currency %s is not accepted (accepted: %s)", cur, strings.Join(p.AllowedCurrencies, ", "))}
+		}
+	case "send_notification":
+		if len(p.AllowedRecipientDomains) > 0 {
+			for _, to := range recipients(args["to"]) {
+				if d := recipientDomain(to); d != "" && !slices.Contains(p.AllowedRecipientDomains, d) {
+					return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient domain %s is not allowed (allowed: %s)", d, strings.Join(p.AllowedRecipientDomains, ", "))}
+				}
+			}
+		}
+	}
+	if slices.Contains(p.AlwaysApprove, tool) {
+		return Verdict{Approve, "always_approve", tool + " always needs a human approver"}
+	}
+	switch tool {
+	case "create_order":
+		if p.CreateOrderThresholdMinor > 0 {
+			if total, ok := OrderTotal(args["items"]); !ok || total >= p.CreateOrderThresholdMinor {
+				return Verdict{Approve, "amount_threshold", fmt.Sprintf("the order total %d (minor units) is at or above the approval threshold %d", total, p.CreateOrderThresholdMinor)}
+			}
+		}
+	case "send_notification":
+		if n := len(recipients(args["to"])); p.MaxRecipients > 0 && n > p.MaxRecipients {
+			return Verdict{Approve, "max_recipients", fmt.Sprintf("the notification goes to %d recipients, more than %d", n, p.MaxRecipients)}
+		}
+	}
+	return Verdict{Allow, "default_allow", ""}
+}
+
+// OrderTotal sums quantity × unit_price_minor over decoded items; false on
+// overflow or a malformed item.
+func OrderTotal(items any) (int64, bool) {
+	list, _ := items.([]any)
+	var total int64
+	for _, it := range list {
+		m, _ := it.(map[string]any)
+		q, ok1 := asInt64(m["quantity"])
+		u, ok2 := asInt64(m["unit_price_minor"])
+		if !ok1 || !ok2 || q < 0 || u < 0 || (q != 0 && u > (1<<62)/q) {
+			return total, false
+		}
+		total += q * u
+		if total > 1<<62 {
+			return total, false
+		}
+	}
+	return total, true
+}
+
+func asInt64(v any) (int64, bool) {
+	switch n := v.(type) {
+	case float64:
+		return int64(n), n == float64(int64(n))
+	case int64:
+		return n, true
+	case int:
+		return int64(n), true
+	case interface{ Int64() (int64, error) }:
+		i, err := n.Int64()
+		return i, err == nil
+	}
+	return 0, false
+}
+
+func recipients(v any) []string {
+	list, _ := v.([]any)
+	out := make([]string, 0, len(list))
+	for _, x := range list {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// recipientDomain is the e-mail domain or webhook host of a recipient, or
+// "" for recipients that have neither (phone numbers).
+func recipientDomain(to string) string {
+	if u, err := url.Parse(to); err == nil && u.Host != "" && (u.Scheme == "https" || u.Scheme == "http") {
+		return strings.ToLower(u.Hostname())
+	}
+	if a, err := mail.ParseAddress(to); err == nil {
+		if i := strings.LastIndexByte(a.Address, '@'); i >= 0 {
+			return strings.ToLower(a.Address[i+1:])
+		}
+	}
+	return ""
+}

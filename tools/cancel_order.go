@@ -1,0 +1,67 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"idemgate/approvals"
+	"idemgate/ledger"
+)
+
+var specCancelOrder = Spec{
+	Name:  "cancel_order",
+	Title: "Cancel an order (needs approval)",
+	Description: "Cancels an existing order. Pass the order's version as you read it (expected_version) and a reason. " +
+		"Every cancellation waits for a human approver, who sees the order being cancelled; the answer is awaiting_approval with an approval id. " +
+		"Make ONE operation_key per cancellation (new_operation_key) and reuse it on every retry and while waiting: repeating the call returns the approval's state and, once approved, the outcome. Never mint a new key to retry.",
+	Idempotent: true, Destructive: true, OpenWorld: false,
+}
+
+type cancelOrderArgs struct {
+	OrderID         string `json:"order_id"`
+	ExpectedVersion int    `json:"expected_version"`
+	Reason          string `json:"reason"`
+}
+
+func (s *Service) cancelOrder(ctx context.Context, c *call) *Response {
+	var a cancelOrderArgs
+	if err := c.req.Decode(&a); err != nil {
+		return s.ledgerError(c, err)
+	}
+	cur, resp := s.currentOrder(ctx, c, a.OrderID, a.ExpectedVersion)
+	if resp != nil {
+		return resp
+	}
+	if cur == nil {
+		return s.execute(ctx, c, proposal{})
+	}
+	diff := approvals.CancelDiff("order", cur.OrderID, cur.Version, approvals.ToMap(cur), a.Reason)
+	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
+}
+
+// applyCancelOrder cancels the order if it is still at the approved
+// version.
+func applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
+	var a cancelOrderArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, err
+	}
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		o, err := getOrderTx(tx, tenant, a.OrderID)
+		if err != nil {
+			return ledger.Outcome{}, err
+		}
+		if out, stop := staleOutcome(rec.Key, o, a.OrderID, a.ExpectedVersion); stop {
+			return out, nil
+		}
+		o.Status = "cancelled"
+		o.CancelReason = a.Reason
+		o.Version++
+		o.UpdatedAt = tx.Now()
+		if err := replaceOrder(tx, tenant, o); err != nil {
+			return ledger.Outcome{}, err
+		}
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": o}), Summary: fmt.Sprintf("order %s cancelled", o.OrderID), DownstreamRef: o.OrderID}, nil
+	}, nil
+}

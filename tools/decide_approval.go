@@ -1,0 +1,76 @@
+package tools
+
+import (
+	"context"
+	"errors"
+
+	"idemgate/ledger"
+)
+
+var specDecideApproval = Spec{
+	Name:         "decide_approval",
+	ApproverOnly: true,
+	Title:        "Approve or reject a pending operation",
+	Description: "For approvers: approve or reject one pending approval of your tenant. approve runs the operation exactly as its diff showed, once, and returns the operation's outcome; reject records your comment and nothing runs. " +
+		"An approval is single use and bound to that exact request; if the order changed since the diff was computed, the operation fails with precondition_failed and nothing is applied. You cannot approve your own requests.",
+	Idempotent: true, Destructive: true, OpenWorld: false,
+}
+
+func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
+	if r := s.requireApprover(c); r != nil {
+		return r
+	}
+	id, _ := c.req.Args["approval_id"].(string)
+	decision, _ := c.req.Args["decision"].(string)
+	comment, _ := c.req.Args["comment"].(string)
+	rec, err := s.ledger.ApprovalRecord(ctx, c.actor.Tenant, id)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return notFoundApproval(id)
+	}
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	var apply ledger.ApplyFunc
+	if decision == "approve" && rec.State == ledger.StateAwaitingApproval {
+		build, ok := s.appliers[rec.Tool]
+		if !ok {
+			s.log.Error("no applier for held tool", "tool", rec.Tool, "key", rec.Key)
+			return internalError(rec.Key)
+		}
+		if apply, err = build(rec.Tenant, rec.Args); err != nil {
+			return s.ledgerError(c, err)
+		}
+	}
+	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: decision == "approve", Comment: comment}, apply)
+	switch {
+	case err == nil:
+		if d.Record.State == ledger.StateSucceeded {
+			s.outbox.Kick()
+		}
+		r := fromRecord(d.Record)
+		r.Approval = d.Record.Approval
+		return r
+	case errors.Is(err, ledger.ErrNotFound):
+		return notFoundApproval(id)
+	case errors.Is(err, ledger.ErrSelfApproval):
+		return errorResponse(rec.Key, ledger.StateAwaitingApproval, "forbidden",
+			"You requested this operation yourself; another approver must decide it.", nextDoNotRetry)
+	case errors.Is(err, ledger.ErrApprovalExpired):
+		r := fromRecord(d.Record)
+		r.Error = &ledger.OpError{Code: "approval_required", Message: "This approval expired before your decision; the operation was rejected (approval_expired) and nothing ran. The requester must ask again under a new operation_key if it is still wanted."}
+		r.IsError = true
+		return r
+	case errors.Is(err, ledger.ErrAlreadyDecided):
+		// Another approver was first: answer with what was recorded.
+		r := fromRecord(d.Record)
+		r.Replayed = true
+		r.Approval = d.Record.Approval
+		return r
+	}
+	return s.ledgerError(c, err)
+}
+
+func notFoundApproval(id string) *Response {
+	return errorResponse("", ledger.StateRejected, "not_found",
+		"There is no approval "+id+" in your tenant. list_pending_approvals shows the pending ones.", nextFixRetry)
+}
