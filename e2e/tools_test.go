@@ -116,9 +116,26 @@ func TestToolsList(t *testing.T) {
 		"list_orders":          {readOnly: true, destructive: false, idempotent: true, openWorld: false},
 		"new_operation_key":    {readOnly: false, destructive: false, idempotent: false, openWorld: false},
 		"get_operation_status": {readOnly: true, destructive: false, idempotent: true, openWorld: false},
+		"update_order":         {readOnly: false, destructive: true, idempotent: true, openWorld: false},
+		"cancel_order":         {readOnly: false, destructive: true, idempotent: true, openWorld: false},
+		// Approver tools: listed only for the approver role.
+		"list_pending_approvals": {readOnly: true, destructive: false, idempotent: true, openWorld: false},
+		"decide_approval":        {readOnly: false, destructive: true, idempotent: true, openWorld: false},
 	}
+	agentTools := []string{"cancel_order", "create_order", "get_operation_status", "get_order", "list_orders", "new_operation_key", "send_notification", "update_order"}
+	approverTools := append([]string{"decide_approval", "list_pending_approvals"}, agentTools...)
+	slices.Sort(approverTools)
 	output := readSchemaFile(t, "result")
 	forEachFlavor(t, allFlavors, func(t *testing.T, f flavor) {
+		approver := startServer(t, f, serverConfig{Args: []string{"--role", "approver", "--principal", "boss"}})
+		var approverNames []string
+		for _, tool := range approver.listTools(t) {
+			approverNames = append(approverNames, tool.Name)
+		}
+		slices.Sort(approverNames)
+		if !slices.Equal(approverNames, approverTools) {
+			t.Errorf("approver's tools = %v, want %v", approverNames, approverTools)
+		}
 		s := startServer(t, f, serverConfig{})
 		tools := s.listTools(t)
 		var names []string
@@ -126,9 +143,8 @@ func TestToolsList(t *testing.T) {
 			names = append(names, tool.Name)
 		}
 		slices.Sort(names)
-		wantNames := []string{"create_order", "get_operation_status", "get_order", "list_orders", "new_operation_key", "send_notification"}
-		if !slices.Equal(names, wantNames) {
-			t.Fatalf("tools = %v, want %v", names, wantNames)
+		if !slices.Equal(names, agentTools) {
+			t.Fatalf("agent's tools = %v, want %v", names, agentTools)
 		}
 		for _, tool := range tools {
 			h := want[tool.Name]
@@ -164,9 +180,9 @@ func TestToolsList(t *testing.T) {
 			if title, _ := tool.Annotations["title"].(string); title == "" {
 				t.Errorf("%s: no title annotation", tool.Name)
 			}
-			if tool.Name == "create_order" || tool.Name == "send_notification" {
+			if tool.Name == "create_order" || tool.Name == "send_notification" || tool.Name == "update_order" || tool.Name == "cancel_order" {
 				d := strings.ToLower(tool.Description)
-				for _, phrase := range []string{"reuse the same", "every retry", "never mint a new key"} {
+				for _, phrase := range []string{"every retry", "never mint a new key"} {
 					if !strings.Contains(d, phrase) {
 						t.Errorf("%s: description does not tell the model %q:\n%s", tool.Name, phrase, tool.Description)
 					}

@@ -34,14 +34,21 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 		return s.ledgerError(c, err)
 	}
 	r := fromRecord(rec)
-	// The status call itself succeeded; the operation's own state is in status.
+	// The status call itself succeeded: isError is false and the envelope
+	// has no top-level error; the operation's own state and error are
+	// reported in status and result.
 	r.IsError = false
+	opErr := r.Error
+	r.Error = nil
 	status := map[string]any{
 		"tool": rec.Tool, "state": rec.State, "attempts": rec.Attempts,
 		"fingerprint": rec.Fingerprint, "updated_at": rec.UpdatedAt,
 	}
 	if rec.Result != nil {
 		status["result"] = rec.Result
+	}
+	if opErr != nil {
+		status["error"] = opErr
 	}
 	if rec.DownstreamRef != "" {
 		status["downstream_ref"] = rec.DownstreamRef

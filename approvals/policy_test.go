@@ -1,0 +1,122 @@
+package approvals
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func items(q, price float64) []any {
+	return []any{map[string]any{"sku": "s", "quantity": q, "unit_price_minor": price}}
+}
+
+func TestEvaluate(t *testing.T) {
+	p := Default()
+	p.AllowedCurrencies = []string{"EUR"}
+	p.AllowedRecipientDomains = []string{"example.com", "hooks.example.com"}
+	p.DeniedTools = map[string][]string{"intern": {"cancel_order"}}
+	tests := []struct {
+		name, principal, tool string
+		args                  map[string]any
+		action, rule          string
+	}{
+		{"small order runs", "a", "create_order", map[string]any{"currency": "EUR", "items": items(1, 500)}, Allow, "default_allow"},
+		{"at the threshold needs approval", "a", "create_order", map[string]any{"currency": "EUR", "items": items(100, 1000)}, Approve, "amount_threshold"},
+		{"above the threshold needs approval", "a", "create_order", map[string]any{"currency": "EUR", "items": items(1000, 1000)}, Approve, "amount_threshold"},
+		{"currency not accepted", "a", "create_order", map[string]any{"currency": "USD", "items": items(1, 1)}, Deny, "currency_not_allowed"},
+		{"cancel always needs approval", "a", "cancel_order", map[string]any{}, Approve, "always_approve"},
+		{"update always needs approval", "a", "update_order", map[string]any{}, Approve, "always_approve"},
+		{"denied tool wins over approval", "intern", "cancel_order", map[string]any{}, Deny, "denied_tool"},
+		{"allowed e-mail domain", "a", "send_notification", map[string]any{"to": []any{"Ann <ann@example.com>"}}, Allow, "default_allow"},
+		{"recipient domain not allowed", "a", "send_notification", map[string]any{"to": []any{"x@evil.test"}}, Deny, "recipient_domain_not_allowed"},
+		{"webhook host not allowed", "a", "send_notification", map[string]any{"to": []any{"https://evil.test/hook"}}, Deny, "recipient_domain_not_allowed"},
+		{"sms numbers have no domain", "a", "send_notification", map[string]any{"to": []any{"+15551234567"}}, Allow, "default_allow"},
+		{"too many recipients", "a", "send_notification", map[string]any{"to": manyRecipients(11)}, Approve, "max_recipients"},
+		{"exactly the maximum runs", "a", "send_notification", map[string]any{"to": manyRecipients(10)}, Allow, "default_allow"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := p.Evaluate(tt.principal, tt.tool, tt.args)
+			if got.Action != tt.action || got.Rule != tt.rule {
+				t.Errorf("Evaluate = %+v, want %s by %s", got, tt.action, tt.rule)
+			}
+			if got.Action != Allow && got.Reason == "" {
+				t.Errorf("a %s verdict without a reason", got.Action)
+			}
+		})
+	}
+}
+
+func manyRecipients(n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = "user" + strings.Repeat("x", i) + "@example.com"
+	}
+	return out
+}
+
+func TestOrderTotalRefusesOverflow(t *testing.T) {
+	if _, ok := OrderTotal(items(1e4, 1e15)); ok {
+		t.Error("OrderTotal accepted a total that overflows")
+	}
+	if total, ok := OrderTotal(append(items(2, 250), items(3, 100)...)); !ok || total != 800 {
+		t.Errorf("OrderTotal = %d, %v, want 800, true", total, ok)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	write := func(t *testing.T, body string) string {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "policy.toml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t.Run("overrides defaults", func(t *testing.T) {
+		p, err := Load(write(t, "create_order_threshold_minor = 5000\napproval_ttl = \"2h\"\n[denied_tools]\n\"bot\" = [\"cancel_order\"]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.CreateOrderThresholdMinor != 5000 || p.ApprovalTTL.Hours() != 2 || p.MaxRecipients != 10 || len(p.DeniedTools["bot"]) != 1 {
+			t.Errorf("Load = %+v", p)
+		}
+	})
+	for name, body := range map[string]string{
+		"unknown key":     "alowed_currencies = [\"USD\"]\n",
+		"bad duration":    "approval_ttl = \"soon\"\n",
+		"negative ttl":    "approval_ttl = \"-1h\"\n",
+		"lowercase code":  "allowed_currencies = [\"usd\"]\n",
+		"negative amount": "create_order_threshold_minor = -1\n",
+		"not toml":        "{",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Load(write(t, body)); err == nil {
+				t.Errorf("Load(%q) succeeded, want an error", body)
+			} else if name == "unknown key" && !strings.Contains(err.Error(), "alowed_currencies") {
+				t.Errorf("error %q does not name the unknown key", err)
+			}
+		})
+	}
+}
+
+func TestDiffs(t *testing.T) {
+	before := map[string]any{"note": "a", "items": []any{map[string]any{"sku": "s", "quantity": 1.0}}, "total_minor": 5.0}
+	after := map[string]any{"note": "b", "items": []any{map[string]any{"sku": "s", "quantity": 1}}, "total_minor": 5}
+	d := UpdateDiff("order", "ord_1", 3, before, after)
+	if len(d.Changes) != 1 || d.Changes[0].Path != "note" || d.Changes[0].Before != "a" || d.Changes[0].After != "b" {
+		t.Errorf("UpdateDiff changes = %+v, want only note a → b", d.Changes)
+	}
+	if !strings.Contains(d.Text, "ord_1") || !strings.Contains(d.Text, "version 3") {
+		t.Errorf("UpdateDiff text %q lacks the order or version", d.Text)
+	}
+	c := CancelDiff("order", "ord_1", 2, map[string]any{"status": "placed", "customer_id": "c1"}, "asked")
+	if len(c.Changes) != 1 || c.Changes[0].After != "cancelled" || !strings.Contains(c.Text, "customer_id") || !strings.Contains(c.Text, "asked") {
+		t.Errorf("CancelDiff = %+v", c)
+	}
+	n := CreateDiff("order", map[string]any{"customer_id": "c1", "currency": "EUR"})
+	if len(n.Changes) != 2 || n.Changes[0].Before != nil {
+		t.Errorf("CreateDiff = %+v, want every field with no before", n)
+	}
+}
