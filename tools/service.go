@@ -34,6 +34,8 @@ type Options struct {
 	CallTimeout time.Duration // default 10s
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
+	// Sink, when set, replaces the directory sink (the webhook sink).
+	Sink Sink
 	Logger    *slog.Logger
 }
 
@@ -101,12 +103,16 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.OutboxDir == "" {
-		return nil, errors.New("tools: OutboxDir is required")
-	}
-	sink, err := NewDirSink(opts.OutboxDir)
-	if err != nil {
-		return nil, err
+	sink := opts.Sink
+	if sink == nil {
+		if opts.OutboxDir == "" {
+			return nil, errors.New("tools: OutboxDir or Sink is required")
+		}
+		dir, err := NewDirSink(opts.OutboxDir)
+		if err != nil {
+			return nil, err
+		}
+		sink = dir
 	}
 	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default(), api: opts.OrdersAPI}
 	if opts.Policy != nil {
@@ -131,6 +137,8 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		{specCancelOrder, s.cancelOrder},
 		{specListPendingApprovals, s.listPendingApprovals},
 		{specDecideApproval, s.decideApproval},
+		{specReconcileOperation, s.reconcileOperation},
+		{specResolveOperation, s.resolveOperation},
 	} {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
 			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
