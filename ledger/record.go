@@ -125,8 +125,9 @@ type Claim struct {
 	// its diff, text, rule and resource version. The ledger sets ID,
 	// status, requester and times.
 	Proposal *Approval
-	// Args is the validated request, saved with a held operation so that an
-	// approver's decision can run it.
+	// Args is the validated request, saved with the record so that a later
+	// run — an approver's decision, a re-run after an unknown outcome — can
+	// perform exactly it. Dropped with the rest of the result at retention.
 	Args json.RawMessage
 	// PolicyRule names the policy rule that allowed the call, for the audit.
 	PolicyRule string
