@@ -35,8 +35,8 @@ type Options struct {
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
 	// Sink, when set, replaces the directory sink (the webhook sink).
-	Sink Sink
-	Logger    *slog.Logger
+	Sink   Sink
+	Logger *slog.Logger
 }
 
 // Service runs the tools against one ledger.
