@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"io"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/BurntSushi/toml"
 
@@ -138,10 +140,36 @@ func (l *settings) load() error {
 	return nil
 }
 
-// service builds the tool service over store with the configured
-// downstreams: the order API (or the embedded store) and the notification
-// sink (webhook gateway, or files in outboxDir).
-func (l *settings) service(store *ledger.BoltStore, v *schemas.Validator, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+// openService opens the ledger and builds the tool service over it with
+// the configured downstreams: the order API (or the embedded store) and the
+// notification sink (webhook gateway, or files in outboxDir, by default
+// "outbox" beside the ledger). The caller closes the store.
+func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+	store, err := l.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	if outboxDir == "" {
+		outboxDir = filepath.Join(filepath.Dir(l.db), "outbox")
+	}
+	svc, err := l.service(store, outboxDir, wait, logger)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	return store, svc, nil
+}
+
+// quietLogger logs warnings and errors to w: for one-shot commands.
+func quietLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+	v, err := schemas.New()
+	if err != nil {
+		return nil, err
+	}
 	opts := tools.Options{WaitInProgress: wait, OutboxDir: outboxDir, Logger: logger, Policy: &l.file.Policy,
 		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration}
 	if u := l.file.OrdersAPI.URL; u != "" {

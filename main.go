@@ -22,7 +22,6 @@ import (
 	"idemgate/approvals"
 	"idemgate/demo"
 	"idemgate/ledger"
-	"idemgate/schemas"
 	"idemgate/server"
 	"idemgate/tools"
 )
@@ -167,22 +166,11 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	store, err := lf.open()
+	store, svc, err := lf.openService(*outbox, *wait, logger)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if *outbox == "" {
-		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
-	}
-	v, err := schemas.New()
-	if err != nil {
-		return err
-	}
-	svc, err := lf.service(store, v, *outbox, *wait, logger)
-	if err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	bg, cancelBg := context.WithCancel(ctx)
@@ -395,22 +383,11 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	if len(*comment) > 1000 {
 		return usageError{fmt.Errorf("--comment is %d characters; at most 1000", len(*comment))}
 	}
-	store, err := lf.open()
+	store, svc, err := lf.openService(*outbox, 0, quietLogger(stderr))
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if *outbox == "" {
-		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
-	}
-	v, err := schemas.New()
-	if err != nil {
-		return err
-	}
-	svc, err := lf.service(store, v, *outbox, 0, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		return err
-	}
 	ctx := context.Background()
 	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
 	var resp *tools.Response
@@ -538,19 +515,11 @@ func outboxCmd(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}
-	store, err := lf.open()
+	store, svc, err := lf.openService("", 0, quietLogger(stderr))
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	v, err := schemas.New()
-	if err != nil {
-		return err
-	}
-	svc, err := lf.service(store, v, filepath.Join(filepath.Dir(lf.db), "outbox"), 0, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		return err
-	}
 	if err := svc.Deliverer().Requeue(context.Background(), id); err != nil {
 		if errors.Is(err, tools.ErrMessageNotFound) || errors.Is(err, tools.ErrMessageNotDead) {
 			return usageError{err}
