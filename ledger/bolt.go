@@ -779,6 +779,11 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 			}
 		} else {
 			s.finish(rec, r.Outcome, now)
+			if r.Outcome.Also != nil && rec.State == StateSucceeded {
+				if err := r.Outcome.Also(&boltTx{tx: tx, now: now}); err != nil {
+					return err
+				}
+			}
 		}
 		return s.saveTransition(tx, r.Actor, rec, before, r.Why, now)
 	})
@@ -955,6 +960,11 @@ func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint6
 		}
 		now := s.opts.Now()
 		s.finish(rec, out, now)
+		if out.Also != nil && rec.State == StateSucceeded {
+			if err := out.Also(&boltTx{tx: tx, now: now}); err != nil {
+				return err
+			}
+		}
 		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now)
 	})
 	if err != nil {

@@ -168,6 +168,10 @@ type Outcome struct {
 	Error         *OpError
 	Summary       string // kept in the tombstone after retention, e.g. "order ord_…"
 	DownstreamRef string
+	// Also, when set, runs inside the transaction that records a
+	// succeeded outcome (Complete, Settle): the writes of the steps that
+	// follow — an order's confirmation in the outbox — commit with it.
+	Also func(tx Tx) error
 }
 
 // DecisionKind says what a claim decided.

@@ -27,7 +27,7 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
 			o, err := s.api.Create(ctx, tenant, rec.Key, a)
-			return outcomeOf(o, err, "order")
+			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec.Key, a, o)
 		}, true, nil
 	case "update_order":
 		var a updateOrderArgs
@@ -51,13 +51,26 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 	return nil, false, nil
 }
 
+// withConfirmation adds the confirmation step to a succeeded create_order
+// of the order API: it is queued in the transaction that records the
+// order, exactly as with the embedded store.
+func withConfirmation(out ledger.Outcome, tenant, key string, a createOrderArgs, o *Order) ledger.Outcome {
+	if out.State != ledger.StateSucceeded || !a.NotifyCustomer {
+		return out
+	}
+	view, queue := confirmation(tenant, key, a, o)
+	out.Result = mustJSON(map[string]any{"order": o, "confirmation": view})
+	out.Also = queue
+	return out
+}
+
 // executeExternal is execute for an external downstream: claim with a
 // lease, call out with no transaction open, complete fenced by the claim's
 // generation. A record left unknown is reconciled before anything is sent
 // again.
 func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Claim, run runner) *Response {
 	claim.OnLeaseExpiry = ledger.StateUnknown // it may have been sent
-	for attempt := 0; attempt < 2; attempt++ {
+	for attempt := 0; attempt < 3; attempt++ {
 		d, err := s.ledger.Claim(ctx, claim)
 		if err != nil {
 			return s.ledgerError(c, err)
@@ -66,7 +79,14 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		case d.Kind == ledger.DecisionClaimed:
 			return s.respond(s.runClaimed(c.actor, d.Record, run))
 		case d.Kind == ledger.DecisionBusy:
-			return s.waitForOutcome(ctx, c, d.Record)
+			rec, err := s.waitForOutcome(ctx, c, d.Record)
+			if err != nil {
+				return s.ledgerError(c, err)
+			}
+			if rec.State == ledger.StateUnknown || rec.State == ledger.StateRetryable {
+				continue // the owner left it unknown or retryable: reconcile or run it
+			}
+			return s.respond(decisionFor(rec))
 		case d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown:
 			d, err = s.reconcile(ctx, c.actor, d.Record)
 			if err != nil {
@@ -80,7 +100,11 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 			return s.respond(d)
 		}
 	}
-	return s.respond(ledger.Decision{Kind: ledger.DecisionHeld, Record: &ledger.Record{Key: claim.Key, State: ledger.StateRetryable}})
+	rec, err := s.ledger.Get(ctx, c.actor.Tenant, claim.Key)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	return s.respond(decisionFor(rec))
 }
 
 // runClaimed runs a claimed operation to its outcome. The downstream call
@@ -147,6 +171,12 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 	switch {
 	case err == nil:
 		req.Outcome = outcomeOf(o, nil, "order")
+		if rec.Tool == "create_order" {
+			var a createOrderArgs
+			if json.Unmarshal(rec.Args, &a) == nil {
+				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec.Key, a, o)
+			}
+		}
 		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
 	case errors.Is(err, errAbsent) && s.api.SafeRetry:
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}

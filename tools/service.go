@@ -285,14 +285,20 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	case ledger.DecisionExecuted:
 		s.outbox.Kick()
 	case ledger.DecisionBusy:
-		return s.waitForOutcome(ctx, c, d.Record)
+		rec, err := s.waitForOutcome(ctx, c, d.Record)
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		return s.respond(decisionFor(rec))
 	}
 	return s.respond(d)
 }
 
 // waitForOutcome polls a running operation until it leaves in_progress or
-// WaitInProgress passes, reporting progress meanwhile.
-func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) *Response {
+// WaitInProgress passes, reporting progress meanwhile, and returns the
+// record as it then stands. Only a final record is a replay; the caller
+// decides what an unknown or retryable one means.
+func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) (*ledger.Record, error) {
 	const poll = 20 * time.Millisecond
 	wait := s.opts.WaitInProgress
 	deadline := time.Now().Add(wait)
@@ -307,23 +313,29 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 		}
 		select {
 		case <-ctx.Done():
-			return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+			return rec, nil
 		case <-t.C:
 		}
 		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
 		if err != nil {
-			return s.ledgerError(c, err)
+			return nil, err
 		}
 		rec = r
 	}
-	if rec.State == ledger.StateInProgress {
-		return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+	return rec, nil
+}
+
+// decisionFor is how a call answers a record it did not run itself.
+func decisionFor(rec *ledger.Record) ledger.Decision {
+	switch {
+	case rec.Tombstone:
+		return ledger.Decision{Kind: ledger.DecisionExpired, Record: rec}
+	case rec.State.Final():
+		return ledger.Decision{Kind: ledger.DecisionReplay, Record: rec}
+	case rec.State == ledger.StateInProgress:
+		return ledger.Decision{Kind: ledger.DecisionBusy, Record: rec}
 	}
-	if rec.State == ledger.StateRetryable {
-		// The owner's lease ran out before it finished: claim it again.
-		return s.respond(ledger.Decision{Kind: ledger.DecisionHeld, Record: rec})
-	}
-	return s.respond(ledger.Decision{Kind: ledger.DecisionReplay, Record: rec})
+	return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}
 }
 
 // ledgerError maps a ledger error to a response; unknown errors are logged
