@@ -22,7 +22,6 @@ import (
 	"idemgate/approvals"
 	"idemgate/demo"
 	"idemgate/ledger"
-	"idemgate/schemas"
 	"idemgate/server"
 	"idemgate/tools"
 )
@@ -35,6 +34,9 @@ Usage:
   idemgate ops show KEY [flags]   show one operation's record
   idemgate approvals list|show ID|approve ID|reject ID [--comment C]
                                   decide approvals as an approver, on the same ledger
+  idemgate outbox requeue MESSAGE_ID   retry a dead-lettered notification
+  idemgate stats [--tenant T] [--json]
+                                  reliability numbers: duplicates, replays, unknown outcomes, retries
   idemgate audit verify|tail      check the audit hash chain, or print recent entries
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
@@ -61,6 +63,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = approvalsCmd(args[1:], stdout, stderr)
 	case "audit":
 		err = audit(args[1:], stdout, stderr)
+	case "stats":
+		err = stats(args[1:], stdout, stderr)
+	case "outbox":
+		err = outboxCmd(args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -86,71 +92,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 type usageError struct{ error }
 
-// ledgerFlags are the flags shared by every command that opens the ledger.
-type ledgerFlags struct {
-	db                 string
-	retention          time.Duration
-	tombstoneRetention time.Duration
-	suspectWindow      time.Duration
-	requireIssued      bool
-	policyFile         string
-	approvalThreshold  int64
-	maxRecipients      int
-	approvalTTL        time.Duration
-	fs                 *flag.FlagSet
-	policy             approvals.Policy
-}
-
-func (l *ledgerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger file (bbolt); shared safely by several processes (env IDEMGATE_DB)")
-	fs.DurationVar(&l.retention, "retention", 24*time.Hour, "how long a finished operation's full result is kept and replayed")
-	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
-	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")
-	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
-	def := approvals.Default()
-	fs.StringVar(&l.policyFile, "policy", env("IDEMGATE_POLICY", ""), "approval and deny policy file (TOML; see README); flags below override it (env IDEMGATE_POLICY)")
-	fs.Int64Var(&l.approvalThreshold, "approval-threshold", def.CreateOrderThresholdMinor, "create_order totals at or above this (minor units) need approval; 0 disables")
-	fs.IntVar(&l.maxRecipients, "max-recipients", def.MaxRecipients, "notifications to more recipients need approval; 0 disables")
-	fs.DurationVar(&l.approvalTTL, "approval-ttl", def.ApprovalTTL.Duration, "pending approvals expire (operation rejected, approval_expired) after this")
-	l.fs = fs
-}
-
-// loadPolicy reads --policy and applies the flags that were set on top.
-func (l *ledgerFlags) loadPolicy() error {
-	p := approvals.Default()
-	if l.policyFile != "" {
-		var err error
-		if p, err = approvals.Load(l.policyFile); err != nil {
-			return usageError{err}
-		}
-	}
-	l.fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "approval-threshold":
-			p.CreateOrderThresholdMinor = l.approvalThreshold
-		case "max-recipients":
-			p.MaxRecipients = l.maxRecipients
-		case "approval-ttl":
-			p.ApprovalTTL.Duration = l.approvalTTL
-		}
-	})
-	if err := p.Validate(); err != nil {
-		return usageError{fmt.Errorf("policy: %w", err)}
-	}
-	l.policy = p
-	return nil
-}
-
-func (l *ledgerFlags) open() (*ledger.BoltStore, error) {
-	for name, d := range map[string]time.Duration{"retention": l.retention, "tombstone-retention": l.tombstoneRetention, "suspect-window": l.suspectWindow} {
-		if d <= 0 {
-			return nil, usageError{fmt.Errorf("--%s must be positive, got %s", name, d)}
-		}
-	}
+func (l *settings) open() (*ledger.BoltStore, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
-	if err := l.loadPolicy(); err != nil {
+	if err := l.load(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
@@ -159,7 +105,7 @@ func (l *ledgerFlags) open() (*ledger.BoltStore, error) {
 	return ledger.OpenBolt(l.db, ledger.Options{
 		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
 		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
-		ApprovalTTL: l.policy.ApprovalTTL.Duration,
+		ApprovalTTL: l.file.ApprovalTTL.Duration, Lease: l.lease,
 	})
 }
 
@@ -189,7 +135,7 @@ func env(name, def string) string {
 func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var lf ledgerFlags
+	var lf settings
 	lf.register(fs)
 	var id server.Identity
 	fs.StringVar(&id.Principal, "principal", env("IDEMGATE_PRINCIPAL", "local-agent"), "who this server acts for (env IDEMGATE_PRINCIPAL)")
@@ -220,28 +166,18 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	store, err := lf.open()
+	store, svc, err := lf.openService(*outbox, *wait, logger)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if *outbox == "" {
-		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
-	}
-	v, err := schemas.New()
-	if err != nil {
-		return err
-	}
-	svc, err := tools.New(store, v, tools.Options{WaitInProgress: *wait, OutboxDir: *outbox, Logger: logger, Policy: &lf.policy})
-	if err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	bg, cancelBg := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); svc.Deliverer().Run(bg) }()
 	go sweepLoop(bg, store, logger)
+	go reconcileLoop(bg, svc, lf.lease, logger)
 	logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 	err = server.ServeStdio(ctx, server.New(svc, id, logger), stdin, stdout, *workers, logger)
 	cancelBg()
@@ -271,6 +207,25 @@ func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
 	}
 }
 
+// reconcileLoop expires stale leases and reconciles unknown operations
+// with the order API every third of a lease, until ctx is done.
+func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration, logger *slog.Logger) {
+	t := time.NewTicker(min(max(lease/3, 100*time.Millisecond), 10*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if e, r, err := svc.Sweep(ctx); err != nil && ctx.Err() == nil {
+			logger.Warn("reconciliation sweep", "err", err)
+		} else if e+r > 0 {
+			logger.Info("reconciliation sweep", "leases_expired", e, "reconciled", r)
+		}
+	}
+}
+
 func ops(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
 		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] | idemgate ops show KEY [--tenant T]")}
@@ -278,7 +233,7 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	sub := args[0]
 	fs := flag.NewFlagSet("ops "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var lf ledgerFlags
+	var lf settings
 	lf.register(fs)
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (\"\" with list: every tenant)")
 	state := fs.String("state", "", "list only this state")
@@ -351,7 +306,7 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("audit "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var lf ledgerFlags
+	var lf settings
 	lf.register(fs)
 	n := fs.Int("n", 20, "tail: how many of the newest entries (1-10000)")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -409,7 +364,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("approvals "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var lf ledgerFlags
+	var lf settings
 	lf.register(fs)
 	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver deciding (env IDEMGATE_PRINCIPAL)")
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (env IDEMGATE_TENANT)")
@@ -428,22 +383,11 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	if len(*comment) > 1000 {
 		return usageError{fmt.Errorf("--comment is %d characters; at most 1000", len(*comment))}
 	}
-	store, err := lf.open()
+	store, svc, err := lf.openService(*outbox, 0, quietLogger(stderr))
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if *outbox == "" {
-		*outbox = filepath.Join(filepath.Dir(lf.db), "outbox")
-	}
-	v, err := schemas.New()
-	if err != nil {
-		return err
-	}
-	svc, err := tools.New(store, v, tools.Options{OutboxDir: *outbox, Policy: &lf.policy})
-	if err != nil {
-		return err
-	}
 	ctx := context.Background()
 	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
 	var resp *tools.Response
@@ -505,5 +449,83 @@ func printApprovals(w io.Writer, resp *tools.Response) error {
 		}
 		fmt.Fprintln(w)
 	}
+	return nil
+}
+
+func stats(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf settings
+	lf.register(fs)
+	tenant := fs.String("tenant", "", "only this tenant (default: every tenant)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	store, err := lf.open()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	st, err := ledger.ComputeStats(context.Background(), store, *tenant)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	for _, row := range []struct {
+		name string
+		v    any
+	}{
+		{"operations", st.Operations},
+		{"tool calls with a key", st.Calls},
+		{"retry amplification (calls per operation)", fmt.Sprintf("%.2f", st.RetryAmplification)},
+		{"duplicate side effects (must be 0)", st.DuplicateSideEffects},
+		{"replays served", st.ReplaysServed},
+		{"fingerprint mismatches refused", st.MismatchesRefused},
+		{"invalid arguments refused", st.InvalidRefused},
+		{"suspected duplicates held (new key, same request)", st.SuspectedDuplicates},
+		{"false dedupes (held duplicates approved as new intents)", st.FalseDedupes},
+		{"unknown outcomes", st.Unknown},
+		{"  settled", st.Settled},
+		{"  still unknown", st.StillUnsure},
+		{"late replays after retention (key_expired)", st.LateReplays},
+	} {
+		fmt.Fprintf(w, "%s\t%v\n", row.name, row.v)
+	}
+	return w.Flush()
+}
+
+// outboxCmd lets an operator put a dead-lettered message back in the queue
+// once the gateway is fixed; a running server delivers it.
+func outboxCmd(args []string, stdout, stderr io.Writer) error {
+	const use = "usage: idemgate outbox requeue MESSAGE_ID [--db PATH]"
+	if len(args) < 2 || args[0] != "requeue" || strings.HasPrefix(args[1], "-") {
+		return usageError{errors.New(use)}
+	}
+	id := args[1]
+	fs := flag.NewFlagSet("outbox requeue", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf settings
+	lf.register(fs)
+	if err := fs.Parse(args[2:]); err != nil {
+		return err
+	}
+	store, svc, err := lf.openService("", 0, quietLogger(stderr))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := svc.Deliverer().Requeue(context.Background(), id); err != nil {
+		if errors.Is(err, tools.ErrMessageNotFound) || errors.Is(err, tools.ErrMessageNotDead) {
+			return usageError{err}
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "requeued %s; a running server delivers it within a second\n", id)
 	return nil
 }

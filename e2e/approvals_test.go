@@ -785,7 +785,7 @@ func TestPolicyFile(t *testing.T) {
 		if err := os.WriteFile(policy, []byte("allowed_currencies = [\"USD\"]\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := startAgent(t, goSDKLegacy, filepath.Join(dir, "ledger.db"), "--policy", policy)
+		s := startAgent(t, goSDKLegacy, filepath.Join(dir, "ledger.db"), "--config", policy)
 		key := newKey()
 		e := s.mustFail(t, "create_order", orderArgs(key, "cust-policy", coffee, nil), "forbidden")
 		if e.Approval != nil || e.NextAction != "do_not_retry" || !strings.Contains(e.Error.Message, "EUR") {
@@ -809,7 +809,7 @@ func TestPolicyFile(t *testing.T) {
 		}
 		// stdin is empty: a server that started would serve until EOF and
 		// exit 0, so a non-zero exit means it refused to start.
-		r := runCLI(t, 10*time.Second, "serve", "--db", filepath.Join(dir, "typo.db"), "--policy", policy)
+		r := runCLI(t, 10*time.Second, "serve", "--db", filepath.Join(dir, "typo.db"), "--config", policy)
 		if r.Code == 0 || !strings.Contains(r.Stderr, "alowed_currencies") {
 			t.Errorf("serve with an unknown policy key: exit %d, want non-zero naming the key\nstderr: %s", r.Code, r.Stderr)
 		}

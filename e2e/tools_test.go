@@ -121,9 +121,11 @@ func TestToolsList(t *testing.T) {
 		// Approver tools: listed only for the approver role.
 		"list_pending_approvals": {readOnly: true, destructive: false, idempotent: true, openWorld: false},
 		"decide_approval":        {readOnly: false, destructive: true, idempotent: true, openWorld: false},
+		"reconcile_operation":    {readOnly: false, destructive: false, idempotent: true, openWorld: true},
+		"resolve_operation":      {readOnly: false, destructive: true, idempotent: true, openWorld: false},
 	}
-	agentTools := []string{"cancel_order", "create_order", "get_operation_status", "get_order", "list_orders", "new_operation_key", "send_notification", "update_order"}
-	approverTools := append([]string{"decide_approval", "list_pending_approvals"}, agentTools...)
+	agentTools := []string{"cancel_order", "create_order", "get_operation_status", "get_order", "list_orders", "new_operation_key", "reconcile_operation", "send_notification", "update_order"}
+	approverTools := append([]string{"decide_approval", "list_pending_approvals", "resolve_operation"}, agentTools...)
 	slices.Sort(approverTools)
 	output := readSchemaFile(t, "result")
 	forEachFlavor(t, allFlavors, func(t *testing.T, f flavor) {

@@ -499,6 +499,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
+			Args: c.Args, // a later re-run (after unknown, by approval) needs the request
 		}
 		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
 			return Decision{}, err
@@ -637,6 +638,9 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 			return err
 		}
 	}
+	if err := indexOpen(tx, rec); err != nil {
+		return err
+	}
 	if rec.State.Final() && before != rec.State {
 		due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
 		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
@@ -644,6 +648,149 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 		}
 	}
 	return appendAudit(tx, transitionEntry(now, a, rec, before, why))
+}
+
+// openStates are the states a record can be stuck in without a caller:
+// the background sweeps find them through the open index.
+var openStates = []State{StateInProgress, StateUnknown, StateRetryable}
+
+func openKey(st State, tenant, key string) []byte {
+	return []byte(string(st) + "\x00" + tenant + "\x00" + key)
+}
+
+// indexOpen keeps rec's entry in the open index in step with its state;
+// the caller holds tx.
+func indexOpen(tx *bolt.Tx, rec *Record) error {
+	b := tx.Bucket(bucketOpen)
+	for _, st := range openStates {
+		k := openKey(st, rec.Tenant, rec.Key)
+		var err error
+		if st == rec.State {
+			err = b.Put(k, nil)
+		} else {
+			err = b.Delete(k)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// OpenRecords implements Store.
+func (s *BoltStore) OpenRecords(ctx context.Context, st State, limit int) ([]*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []*Record
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketOpen).Cursor()
+		prefix := []byte(string(st) + "\x00")
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+			tenant, key, _ := bytes.Cut(k[len(prefix):], []byte{0})
+			rec, err := getRecord(tx, string(tenant), string(key))
+			if err != nil {
+				return err
+			}
+			if rec != nil {
+				out = append(out, rec)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ExpireLeases implements Store.
+func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
+	stale, err := s.OpenRecords(ctx, StateInProgress, 1000)
+	if err != nil {
+		return 0, err
+	}
+	now := s.opts.Now()
+	n := 0
+	for _, r := range stale {
+		if now.Before(r.LeaseExpires) {
+			continue
+		}
+		err := s.update(func(tx *bolt.Tx) error {
+			rec, err := getRecord(tx, r.Tenant, r.Key)
+			if err != nil || rec == nil {
+				return err
+			}
+			now := s.opts.Now()
+			prev, why := s.opts.expireTransition(rec, now)
+			if why != "lease_expired" {
+				return nil // finished or renewed meanwhile
+			}
+			n++
+			return s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now)
+		})
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// Settle implements Store.
+func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.update(func(tx *bolt.Tx) error {
+		var err error
+		rec, err = getRecord(tx, r.Actor.Tenant, r.Key)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		now := s.opts.Now()
+		if prev, why := s.opts.expireTransition(rec, now); why == "lease_expired" {
+			if err := s.saveTransition(tx, r.Actor, rec, prev, why, now); err != nil {
+				return err
+			}
+		}
+		if !slices.Contains(r.From, rec.State) {
+			return ErrWrongState
+		}
+		before := rec.State
+		if r.Outcome.State == StateAwaitingApproval {
+			a := Approval{Reason: r.Why, Rule: "rerun_after_unknown"}
+			if r.Proposal != nil {
+				a = *r.Proposal
+			}
+			a.ID = "apr_" + uuid.NewString()
+			a.Status = ApprovalPending
+			a.RequestedBy = r.Actor.Principal
+			a.CreatedAt, a.ExpiresAt = now, now.Add(s.opts.ApprovalTTL)
+			rec.Approval = &a
+			rec.State = StateAwaitingApproval
+			rec.UpdatedAt = now
+			due := dueKey(a.ExpiresAt, dueApproval, rec.Tenant, rec.Key)
+			if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueApproval}); err != nil {
+				return err
+			}
+		} else {
+			s.finish(rec, r.Outcome, now)
+			if r.Outcome.Also != nil && rec.State == StateSucceeded {
+				if err := r.Outcome.Also(&boltTx{tx: tx, now: now}); err != nil {
+					return err
+				}
+			}
+		}
+		return s.saveTransition(tx, r.Actor, rec, before, r.Why, now)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
 
 // Decide implements Store.
@@ -813,6 +960,11 @@ func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint6
 		}
 		now := s.opts.Now()
 		s.finish(rec, out, now)
+		if out.Also != nil && rec.State == StateSucceeded {
+			if err := out.Also(&boltTx{tx: tx, now: now}); err != nil {
+				return err
+			}
+		}
 		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now)
 	})
 	if err != nil {

@@ -15,7 +15,8 @@ var (
 	bucketData       = []byte("data")              // collection → nested bucket of downstream data
 	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
+	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
 	keySchemaVersion = []byte("schema_version")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending}
+var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending, bucketOpen}

@@ -28,6 +28,10 @@ var (
 	// principal who requested the operation.
 	ErrSelfApproval = errors.New("ledger: an operation cannot be approved by its requester")
 
+	// ErrWrongState is returned by Settle when the record is not in one of
+	// the states the caller expected (someone else settled it first).
+	ErrWrongState = errors.New("ledger: record is not in the expected state")
+
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("ledger: closed")
 

@@ -125,11 +125,32 @@ type Claim struct {
 	// its diff, text, rule and resource version. The ledger sets ID,
 	// status, requester and times.
 	Proposal *Approval
-	// Args is the validated request, saved with a held operation so that an
-	// approver's decision can run it.
+	// Args is the validated request, saved with the record so that a later
+	// run — an approver's decision, a re-run after an unknown outcome — can
+	// perform exactly it. Dropped with the rest of the result at retention.
 	Args json.RawMessage
 	// PolicyRule names the policy rule that allowed the call, for the audit.
 	PolicyRule string
+}
+
+// SettleRequest moves a record that no caller owns (unknown, or in_progress
+// with an expired lease, or retryable) to the outcome that reconciliation
+// with the downstream, or a person with evidence, established.
+type SettleRequest struct {
+	Actor Actor
+	Key   string
+	// From lists the states the record may be in; any other is
+	// ErrWrongState.
+	From []State
+	// Outcome is the new state and its result: StateSucceeded or
+	// StateFailed (final), StateRetryable (proven not executed),
+	// StateUnknown, or StateAwaitingApproval (a re-run needs a human:
+	// Proposal describes it).
+	Outcome  Outcome
+	Proposal *Approval
+	// Why is recorded in the audit entry: the evidence, or what the
+	// reconciliation found.
+	Why string
 }
 
 // DecideRequest is an approver's decision on a pending approval.
@@ -147,6 +168,10 @@ type Outcome struct {
 	Error         *OpError
 	Summary       string // kept in the tombstone after retention, e.g. "order ord_…"
 	DownstreamRef string
+	// Also, when set, runs inside the transaction that records a
+	// succeeded outcome (Complete, Settle): the writes of the steps that
+	// follow — an order's confirmation in the outbox — commit with it.
+	Also func(tx Tx) error
 }
 
 // DecisionKind says what a claim decided.
@@ -255,6 +280,15 @@ type Store interface {
 	// ApprovalRecord returns the record an approval belongs to, or
 	// ErrNotFound.
 	ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error)
+	// Settle applies a reconciliation or a manual resolution, atomically,
+	// with its audit entry. Errors: ErrNotFound, ErrWrongState.
+	Settle(ctx context.Context, r SettleRequest) (*Record, error)
+	// OpenRecords lists records in state st (in_progress, unknown or
+	// retryable), for the background sweeps.
+	OpenRecords(ctx context.Context, st State, limit int) ([]*Record, error)
+	// ExpireLeases moves in_progress records whose lease expired to their
+	// OnLeaseExpiry state and returns how many it moved.
+	ExpireLeases(ctx context.Context) (int, error)
 	// Sweep turns records past retention into tombstones and deletes
 	// tombstones past their own retention, returning how many of each.
 	Sweep(ctx context.Context) (compacted, deleted int, err error)

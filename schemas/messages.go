@@ -24,6 +24,7 @@ var patternHints = map[string]string{
 	`^[A-Za-z0-9_-]+$`:              "must contain only letters, digits, _ and -",
 	`^[A-Z]{3}$`:                    "must be a 3-letter ISO 4217 currency code in capitals, such as USD or EUR",
 	`^[A-Z]{2}$`:                    "must be a 2-letter ISO 3166-1 country code in capitals, such as US or DE",
+	`^[A-Za-z0-9_.:-]+$`:            "must contain only letters, digits and _ . : -",
 	`^apr_[0-9a-f-]+$`:              "must be an approval id as list_pending_approvals shows it, like apr_0f8c…",
 }
 

@@ -43,7 +43,7 @@ const validNotification = `{"operation_key":"` + testKey + `","channel":"email",
 func TestTools(t *testing.T) {
 	v := mustNew(t)
 	got := v.Tools()
-	want := []string{"cancel_order", "create_order", "decide_approval", "get_operation_status", "get_order", "list_orders", "list_pending_approvals", "new_operation_key", "send_notification", "update_order"}
+	want := []string{"cancel_order", "create_order", "decide_approval", "get_operation_status", "get_order", "list_orders", "list_pending_approvals", "new_operation_key", "reconcile_operation", "resolve_operation", "send_notification", "update_order"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Tools() = %v, want %v", got, want)
 	}

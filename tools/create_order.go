@@ -69,19 +69,30 @@ func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 		}
 		result := map[string]any{"order": o}
 		if a.NotifyCustomer {
-			m := &Message{
-				Tenant: tenant, OperationKey: rec.Key, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
-				To:      []string{"customer:" + a.CustomerID},
-				Subject: "Order " + o.OrderID + " confirmed",
-				Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), o.Currency),
-			}
-			if err := enqueue(tx, m); err != nil {
+			view, queue := confirmation(tenant, rec.Key, a, o)
+			if err := queue(tx); err != nil {
 				return ledger.Outcome{}, err
 			}
-			result["confirmation"] = map[string]any{"message_id": m.MessageID, "state": m.State}
+			result["confirmation"] = view
 		}
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "order " + o.OrderID, DownstreamRef: o.OrderID}, nil
 	}, nil
+}
+
+// confirmation is the second step of a create_order: the message telling
+// the customer, with its own stable id. It returns what the result shows
+// of it and the write that queues it in the outbox, to run in the
+// transaction that records the order.
+func confirmation(tenant, key string, a createOrderArgs, o *Order) (map[string]any, func(ledger.Tx) error) {
+	sum, _ := total(a.Items) // validated when the order was requested
+	m := &Message{
+		Tenant: tenant, OperationKey: key, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
+		To:      []string{"customer:" + a.CustomerID},
+		Subject: "Order " + o.OrderID + " confirmed",
+		Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), a.Currency),
+	}
+	view := map[string]any{"message_id": messageID(tenant, key, m.Step), "state": MessageQueued}
+	return view, func(tx ledger.Tx) error { return enqueue(tx, m) }
 }
 
 // formatMinor renders minor units with two decimals (display only).

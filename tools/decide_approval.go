@@ -31,7 +31,11 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		return s.ledgerError(c, err)
 	}
 	var apply ledger.ApplyFunc
-	if decision == "approve" && rec.State == ledger.StateAwaitingApproval {
+	run, external, err := s.external(rec.Tool, rec.Tenant, rec.Args)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	if decision == "approve" && rec.State == ledger.StateAwaitingApproval && !external {
 		build, ok := s.appliers[rec.Tool]
 		if !ok {
 			s.log.Error("no applier for held tool", "tool", rec.Tool, "key", rec.Key)
@@ -42,6 +46,10 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		}
 	}
 	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: decision == "approve", Comment: comment}, apply)
+	if err == nil && d.Kind == ledger.DecisionClaimed {
+		// An external downstream: the approval claimed it; call out now.
+		d = s.runClaimed(c.actor, d.Record, run)
+	}
 	switch {
 	case err == nil:
 		if d.Record.State == ledger.StateSucceeded {

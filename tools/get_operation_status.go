@@ -62,7 +62,14 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 	if len(msgs) > 0 {
 		steps := make([]map[string]any, 0, len(msgs))
 		for _, m := range msgs {
-			steps = append(steps, map[string]any{"step": m.Step, "message_id": m.MessageID, "state": m.State, "attempts": m.Attempts, "last_error": m.LastError})
+			step := map[string]any{"step": m.Step, "message_id": m.MessageID, "state": m.State, "attempts": m.Attempts, "last_error": m.LastError}
+			if !m.NextAttemptAt.IsZero() {
+				step["next_attempt_at"] = m.NextAttemptAt
+			}
+			if m.State == MessageDead {
+				step["note"] = "delivery stopped after repeated failures; an operator can requeue it (idemgate outbox requeue " + m.MessageID + ")"
+			}
+			steps = append(steps, step)
 		}
 		status["deliveries"] = steps
 	}

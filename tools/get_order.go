@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 
 	"idemgate/ledger"
 )
@@ -15,14 +16,9 @@ var specGetOrder = Spec{
 
 func (s *Service) getOrder(ctx context.Context, c *call) *Response {
 	id, _ := c.req.Args["order_id"].(string)
-	var o *Order
-	err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		var err error
-		o, err = getOrderTx(tx, c.actor.Tenant, id)
-		return err
-	})
+	o, err := s.readOrder(ctx, c.actor.Tenant, id)
 	if err != nil {
-		return s.ledgerError(c, err)
+		return s.downstreamError(c, err)
 	}
 	if o == nil {
 		return errorResponse("", ledger.StateFailed, "not_found",
@@ -34,4 +30,29 @@ func (s *Service) getOrder(ctx context.Context, c *call) *Response {
 // readResponse is the envelope of a successful read.
 func readResponse(result any) *Response {
 	return &Response{Status: ledger.StateSucceeded, Result: mustJSON(result), NextAction: nextNone}
+}
+
+// readOrder reads an order from wherever orders live; (nil, nil) when it
+// does not exist.
+func (s *Service) readOrder(ctx context.Context, tenant, id string) (*Order, error) {
+	if s.api != nil {
+		return s.api.Get(ctx, tenant, id)
+	}
+	var o *Order
+	err := s.ledger.View(ctx, func(tx ledger.Tx) error {
+		var err error
+		o, err = getOrderTx(tx, tenant, id)
+		return err
+	})
+	return o, err
+}
+
+// downstreamError answers a failed read of the order API (or the ledger).
+func (s *Service) downstreamError(c *call, err error) *Response {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return errorResponse("", ledger.StateFailed, "downstream_error",
+			"The order system could not answer: "+ae.Error()+". Nothing was changed; try again shortly.", nextWaitPoll)
+	}
+	return s.ledgerError(c, err)
 }

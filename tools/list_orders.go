@@ -21,13 +21,17 @@ func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 		limit = asInt(l, 20)
 	}
 	var orders []*Order
-	err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		var err error
-		orders, err = listOrdersTx(tx, c.actor.Tenant, customer, limit)
-		return err
-	})
+	var err error
+	if s.api != nil {
+		orders, err = s.api.List(ctx, c.actor.Tenant, customer, limit)
+	} else {
+		err = s.ledger.View(ctx, func(tx ledger.Tx) error {
+			orders, err = listOrdersTx(tx, c.actor.Tenant, customer, limit)
+			return err
+		})
+	}
 	if err != nil {
-		return s.ledgerError(c, err)
+		return s.downstreamError(c, err)
 	}
 	if orders == nil {
 		orders = []*Order{}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,12 +38,31 @@ type Message struct {
 	Subject      string    `json:"subject,omitempty"`
 	Body         string    `json:"body"`
 	OrderID      string    `json:"order_id,omitempty"`
-	State        string    `json:"state"` // queued, delivered
+	State        string    `json:"state"` // queued, delivered, dead
 	Attempts     int       `json:"attempts"`
 	LastError    string    `json:"last_error,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 	DeliveredAt  time.Time `json:"delivered_at,omitzero"`
+	// NextAttemptAt is when a queued message whose delivery failed may be
+	// tried again (zero: now).
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	// BudgetFrom is Attempts when the current retry budget started: 0, or
+	// the attempts made before the last Requeue.
+	BudgetFrom int `json:"budget_from,omitempty"`
 }
+
+// Message states.
+const (
+	MessageQueued    = "queued"    // waiting for (another) delivery attempt
+	MessageDelivered = "delivered" // the sink accepted it
+	MessageDead      = "dead"      // dead-lettered: refused, or out of retry budget; see Requeue
+)
+
+// Errors of Requeue.
+var (
+	ErrMessageNotFound = errors.New("outbox: no such message")
+	ErrMessageNotDead  = errors.New("outbox: message is not dead-lettered")
+)
 
 // messageID is the stable identity of one side effect of an operation.
 func messageID(tenant, key, step string) string {
@@ -53,7 +73,7 @@ func messageID(tenant, key, step string) string {
 // enqueue writes m into the outbox inside the caller's transaction.
 func enqueue(tx ledger.Tx, m *Message) error {
 	m.MessageID = messageID(m.Tenant, m.OperationKey, m.Step)
-	m.State = "queued"
+	m.State = MessageQueued
 	m.CreatedAt = tx.Now()
 	v, err := json.Marshal(m)
 	if err != nil {
@@ -189,7 +209,12 @@ func (d *DirSink) Flush() error {
 	return nil
 }
 
-// Deliverer moves queued messages from the outbox to a sink.
+// Deliverer moves queued messages from the outbox to a sink. A failed
+// delivery is retried after a backoff with full jitter — a delay drawn
+// uniformly from [0, min(RetryCap, RetryBase·2^(n-1))) after the n-th
+// failure — until RetryBudget attempts have failed; a message whose
+// delivery fails with a *PermanentError, or that runs out of budget, is
+// dead-lettered (state dead) and waits for Requeue.
 type Deliverer struct {
 	store ledger.Store
 	sink  Sink
@@ -200,14 +225,101 @@ type Deliverer struct {
 	Interval time.Duration
 	// Gather is how long a kicked pass waits for more messages to join it.
 	Gather time.Duration
+	// RetryBase is the backoff ceiling after the first failure; it doubles
+	// with each further failure up to RetryCap.
+	RetryBase time.Duration // default 1s
+	RetryCap  time.Duration // default 5 min
+	// RetryBudget is how many failed attempts a message gets before it is
+	// dead-lettered.
+	RetryBudget int // default 8
+	// Rand returns a number in [0, 1) for the jitter; tests fix it.
+	Rand func() float64 // default math/rand/v2 Float64
 }
+
+// Retry defaults of a Deliverer.
+const (
+	DefaultRetryBase   = time.Second
+	DefaultRetryCap    = 5 * time.Minute
+	DefaultRetryBudget = 12
+)
 
 // NewDeliverer returns a deliverer; start it with Run.
 func NewDeliverer(store ledger.Store, sink Sink, log *slog.Logger) *Deliverer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Deliverer{store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second, Gather: 20 * time.Millisecond}
+	return &Deliverer{
+		store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second, Gather: 20 * time.Millisecond,
+		RetryBase: DefaultRetryBase, RetryCap: DefaultRetryCap, RetryBudget: DefaultRetryBudget, Rand: rand.Float64,
+	}
+}
+
+// backoff is the delay before the next attempt of a message whose
+// delivery has failed n times in its current budget (n >= 1): full
+// jitter, uniform in [0, min(cap, base·2^(n-1))).
+func (d *Deliverer) backoff(n int) time.Duration {
+	base, limit, rnd := d.RetryBase, d.RetryCap, d.Rand
+	if base <= 0 {
+		base = DefaultRetryBase
+	}
+	if limit <= 0 {
+		limit = DefaultRetryCap
+	}
+	if rnd == nil {
+		rnd = rand.Float64
+	}
+	ceiling := min(base, limit)
+	for i := 1; i < n && ceiling < limit; i++ {
+		ceiling = min(2*ceiling, limit)
+	}
+	r := rnd()
+	if r < 0 || r >= 1 || r != r {
+		r = 0
+	}
+	return time.Duration(r * float64(ceiling))
+}
+
+func (d *Deliverer) budget() int {
+	if d.RetryBudget <= 0 {
+		return DefaultRetryBudget
+	}
+	return d.RetryBudget
+}
+
+func putMessage(tx ledger.Tx, m *Message) error {
+	v, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return tx.Put(collOutbox, m.MessageID, v)
+}
+
+// Requeue puts a dead-lettered message back in the queue for delivery as
+// soon as possible, with a fresh retry budget; its attempts so far are
+// kept. It is for an operator who fixed what made the deliveries fail.
+// Errors: ErrMessageNotFound, ErrMessageNotDead, ledger errors.
+func (d *Deliverer) Requeue(ctx context.Context, messageID string) error {
+	err := d.store.Update(ctx, func(tx ledger.Tx) error {
+		cur, err := getMessage(tx, messageID)
+		if err != nil {
+			return err
+		}
+		if cur == nil {
+			return fmt.Errorf("%w: %q", ErrMessageNotFound, messageID)
+		}
+		if cur.State != MessageDead {
+			return fmt.Errorf("%w: %s is %s", ErrMessageNotDead, messageID, cur.State)
+		}
+		cur.State, cur.NextAttemptAt, cur.BudgetFrom = MessageQueued, time.Time{}, cur.Attempts
+		if err := putMessage(tx, cur); err != nil {
+			return err
+		}
+		return tx.Put(collPending, messageID, nil)
+	})
+	if err == nil {
+		d.Kick()
+	}
+	return err
 }
 
 // Kick asks for a delivery pass soon; it never blocks.
@@ -242,62 +354,126 @@ func (d *Deliverer) Run(ctx context.Context) {
 	}
 }
 
-// DeliverPending delivers every queued message once, with no transaction
-// open during delivery, and returns how many were delivered.
+// DeliverPending tries every queued message that is due (its
+// NextAttemptAt, by the ledger's clock, is not in the future) once, with
+// no transaction open during delivery; then flushes the sink and records
+// every outcome in one transaction. It returns how many were delivered,
+// and the delivery errors of this pass, joined.
 func (d *Deliverer) DeliverPending(ctx context.Context) (int, error) {
 	var pending []*Message
+	var stale []string // pending entries of messages that are not queued
 	err := d.store.View(ctx, func(tx ledger.Tx) error {
+		now := tx.Now()
 		return tx.Scan(collPending, "", false, func(id string, _ []byte) (bool, error) {
 			m, err := getMessage(tx, id)
-			if m != nil {
+			switch {
+			case err != nil:
+				return false, err
+			case m == nil || m.State != MessageQueued:
+				stale = append(stale, id)
+			case m.NextAttemptAt.After(now):
+				// Backing off: a later pass takes it.
+			default:
 				pending = append(pending, m)
 			}
-			return len(pending) < 500, err
+			return len(pending) < 500, nil
 		})
 	})
 	if err != nil {
 		return 0, err
 	}
+	if len(pending) == 0 && len(stale) == 0 {
+		return 0, nil
+	}
 	// Deliver everything first (no transaction open), then record every
 	// outcome in one transaction: one commit per pass, not per message.
+	attempted := make([]bool, len(pending))
 	derrs := make([]error, len(pending))
 	for i, m := range pending {
+		if ctx.Err() != nil {
+			break // shutting down: what is left waits for the next pass
+		}
 		derrs[i] = d.sink.Deliver(ctx, m)
+		// A failure caused by our own cancellation is not the sink's: it
+		// does not spend an attempt.
+		attempted[i] = derrs[i] == nil || ctx.Err() == nil
 	}
 	if err := d.sink.Flush(); err != nil {
 		return 0, fmt.Errorf("outbox sink flush: %w", err) // nothing recorded: the next pass redelivers
 	}
+	budget := d.budget()
 	n := 0
+	var dead []*Message
 	err = d.store.Update(ctx, func(tx ledger.Tx) error {
-		n = 0
+		n, dead = 0, nil
+		now := tx.Now()
+		for _, id := range stale {
+			cur, err := getMessage(tx, id)
+			if err != nil {
+				return err
+			}
+			if cur == nil || cur.State != MessageQueued {
+				if err := tx.Delete(collPending, id); err != nil {
+					return err
+				}
+			}
+		}
 		for i, m := range pending {
+			if !attempted[i] {
+				continue
+			}
 			cur, err := getMessage(tx, m.MessageID)
 			if err != nil {
 				return err
 			}
-			if cur == nil || cur.State == "delivered" {
-				continue
+			if cur == nil || cur.State != MessageQueued {
+				continue // delivered or dead-lettered by another pass meanwhile
 			}
-			cur.Attempts++
-			if derrs[i] != nil {
-				cur.LastError = derrs[i].Error()
-			} else {
-				cur.State, cur.LastError, cur.DeliveredAt = "delivered", "", tx.Now()
+			if derrs[i] == nil {
+				cur.Attempts++
+				cur.State, cur.LastError, cur.DeliveredAt, cur.NextAttemptAt = MessageDelivered, "", now, time.Time{}
 				if err := tx.Delete(collPending, cur.MessageID); err != nil {
 					return err
 				}
 				n++
+			} else {
+				if cur.Attempts != m.Attempts {
+					// Another pass (another process) recorded an attempt
+					// since we read the message: its backoff stands, and
+					// one failure is not counted twice.
+					continue
+				}
+				cur.Attempts++
+				cur.LastError = derrs[i].Error()
+				switch used := cur.Attempts - cur.BudgetFrom; {
+				case IsPermanent(derrs[i]):
+					cur.State, cur.NextAttemptAt = MessageDead, time.Time{}
+				case used >= budget:
+					cur.State, cur.NextAttemptAt = MessageDead, time.Time{}
+					cur.LastError = fmt.Sprintf("gave up after %d failed attempts: %s", used, cur.LastError)
+				default:
+					cur.NextAttemptAt = now.Add(d.backoff(used))
+				}
+				if cur.State == MessageDead {
+					if err := tx.Delete(collPending, cur.MessageID); err != nil {
+						return err
+					}
+					dead = append(dead, cur)
+				}
 			}
-			v, err := json.Marshal(cur)
-			if err != nil {
-				return err
-			}
-			if err := tx.Put(collOutbox, cur.MessageID, v); err != nil {
+			if err := putMessage(tx, cur); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		n = 0
+	} else {
+		for _, m := range dead {
+			d.log.Warn("outbox message dead-lettered", "message_id", m.MessageID, "attempts", m.Attempts, "err", m.LastError)
+		}
+	}
 	errs := []error{err}
 	for i, derr := range derrs {
 		if derr != nil {

@@ -25,9 +25,18 @@ type Options struct {
 	WaitInProgress time.Duration // default 5s
 	// Policy decides approvals and denials (approvals.Default() when nil).
 	Policy *approvals.Policy
+	// OrdersAPI, when set, is where orders live instead of the embedded
+	// store.
+	OrdersAPI *OrderAPI
+	// Lease is the ledger's lease; external calls renew it at a third.
+	Lease time.Duration // default 30s
+	// CallTimeout bounds one external downstream call.
+	CallTimeout time.Duration // default 10s
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
-	Logger    *slog.Logger
+	// Sink, when set, replaces the directory sink (the webhook sink).
+	Sink   Sink
+	Logger *slog.Logger
 }
 
 // Service runs the tools against one ledger.
@@ -38,6 +47,7 @@ type Service struct {
 	log     *slog.Logger
 	outbox  *Deliverer
 	policy  approvals.Policy
+	api     *OrderAPI // nil: orders live in the embedded store
 	tools   map[string]tool
 	// appliers build the side effect of a side-effecting tool from its
 	// saved arguments, both at the call and when an approver approves it.
@@ -84,17 +94,27 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if opts.WaitInProgress <= 0 {
 		opts.WaitInProgress = 5 * time.Second
 	}
+	if opts.Lease <= 0 {
+		opts.Lease = 30 * time.Second
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 10 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.OutboxDir == "" {
-		return nil, errors.New("tools: OutboxDir is required")
+	sink := opts.Sink
+	if sink == nil {
+		if opts.OutboxDir == "" {
+			return nil, errors.New("tools: OutboxDir or Sink is required")
+		}
+		dir, err := NewDirSink(opts.OutboxDir)
+		if err != nil {
+			return nil, err
+		}
+		sink = dir
 	}
-	sink, err := NewDirSink(opts.OutboxDir)
-	if err != nil {
-		return nil, err
-	}
-	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default(), api: opts.OrdersAPI}
 	if opts.Policy != nil {
 		s.policy = *opts.Policy
 	}
@@ -117,6 +137,8 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		{specCancelOrder, s.cancelOrder},
 		{specListPendingApprovals, s.listPendingApprovals},
 		{specDecideApproval, s.decideApproval},
+		{specReconcileOperation, s.reconcileOperation},
+		{specResolveOperation, s.resolveOperation},
 	} {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
 			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
@@ -249,6 +271,12 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		Args:              args,
 		PolicyRule:        v.Rule,
 	}
+	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		return s.executeExternal(ctx, c, claim, run)
+	}
 	d, err := s.ledger.Execute(ctx, claim, apply)
 	if err != nil {
 		return s.ledgerError(c, err)
@@ -257,14 +285,20 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	case ledger.DecisionExecuted:
 		s.outbox.Kick()
 	case ledger.DecisionBusy:
-		return s.waitForOutcome(ctx, c, d.Record)
+		rec, err := s.waitForOutcome(ctx, c, d.Record)
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		return s.respond(decisionFor(rec))
 	}
 	return s.respond(d)
 }
 
 // waitForOutcome polls a running operation until it leaves in_progress or
-// WaitInProgress passes, reporting progress meanwhile.
-func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) *Response {
+// WaitInProgress passes, reporting progress meanwhile, and returns the
+// record as it then stands. Only a final record is a replay; the caller
+// decides what an unknown or retryable one means.
+func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) (*ledger.Record, error) {
 	const poll = 20 * time.Millisecond
 	wait := s.opts.WaitInProgress
 	deadline := time.Now().Add(wait)
@@ -279,23 +313,29 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 		}
 		select {
 		case <-ctx.Done():
-			return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+			return rec, nil
 		case <-t.C:
 		}
 		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
 		if err != nil {
-			return s.ledgerError(c, err)
+			return nil, err
 		}
 		rec = r
 	}
-	if rec.State == ledger.StateInProgress {
-		return s.respond(ledger.Decision{Kind: ledger.DecisionBusy, Record: rec})
+	return rec, nil
+}
+
+// decisionFor is how a call answers a record it did not run itself.
+func decisionFor(rec *ledger.Record) ledger.Decision {
+	switch {
+	case rec.Tombstone:
+		return ledger.Decision{Kind: ledger.DecisionExpired, Record: rec}
+	case rec.State.Final():
+		return ledger.Decision{Kind: ledger.DecisionReplay, Record: rec}
+	case rec.State == ledger.StateInProgress:
+		return ledger.Decision{Kind: ledger.DecisionBusy, Record: rec}
 	}
-	if rec.State == ledger.StateRetryable {
-		// The owner's lease ran out before it finished: claim it again.
-		return s.respond(ledger.Decision{Kind: ledger.DecisionHeld, Record: rec})
-	}
-	return s.respond(ledger.Decision{Kind: ledger.DecisionReplay, Record: rec})
+	return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}
 }
 
 // ledgerError maps a ledger error to a response; unknown errors are logged

@@ -98,13 +98,9 @@ func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected
 	} else if !errors.Is(err, ledger.ErrNotFound) {
 		return nil, s.ledgerError(c, err)
 	}
-	var o *Order
-	if err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		var err error
-		o, err = getOrderTx(tx, c.actor.Tenant, id)
-		return err
-	}); err != nil {
-		return nil, s.ledgerError(c, err)
+	o, err := s.readOrder(ctx, c.actor.Tenant, id)
+	if err != nil {
+		return nil, s.downstreamError(c, err)
 	}
 	if o == nil {
 		return nil, errorResponse(key, ledger.StateRejected, "not_found",

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"io"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/BurntSushi/toml"
+
+	"idemgate/approvals"
+	"idemgate/ledger"
+	"idemgate/schemas"
+	"idemgate/tools"
+)
+
+// fileConfig is the TOML configuration file (--config): the approval
+// policy's keys at the top level, and a section per downstream. Unknown
+// keys are an error naming them, so a typo cannot silently switch a rule
+// or a downstream off.
+type fileConfig struct {
+	approvals.Policy
+	OrdersAPI struct {
+		URL       string             `toml:"url"`
+		SafeRetry bool               `toml:"safe_retry"`
+		Timeout   approvals.Duration `toml:"timeout"`
+	} `toml:"orders_api"`
+	Notifications struct {
+		WebhookURL string `toml:"webhook_url"`
+	} `toml:"notifications"`
+}
+
+// settings are what the commands that open the ledger share: the ledger's
+// own flags, and the configuration file with the flags that override it.
+type settings struct {
+	db                 string
+	retention          time.Duration
+	tombstoneRetention time.Duration
+	suspectWindow      time.Duration
+	lease              time.Duration
+	requireIssued      bool
+	configFile         string
+	approvalThreshold  int64
+	maxRecipients      int
+	approvalTTL        time.Duration
+	ordersAPI          string
+	ordersSafeRetry    bool
+	ordersTimeout      time.Duration
+	notifyWebhook      string
+
+	fs   *flag.FlagSet
+	file fileConfig // after load: the file with the set flags applied
+}
+
+func (l *settings) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger file (bbolt); shared safely by several processes (env IDEMGATE_DB)")
+	fs.DurationVar(&l.retention, "retention", 24*time.Hour, "how long a finished operation's full result is kept and replayed")
+	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
+	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")
+	fs.DurationVar(&l.lease, "lease", 30*time.Second, "how long an executor owns a running operation without renewing; then it becomes unknown (order API) or retryable (embedded)")
+	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
+	def := approvals.Default()
+	fs.StringVar(&l.configFile, "config", env("IDEMGATE_CONFIG", ""), "configuration file (TOML: policy, [orders_api], [notifications]; see README); flags override it (env IDEMGATE_CONFIG)")
+	fs.Int64Var(&l.approvalThreshold, "approval-threshold", def.CreateOrderThresholdMinor, "create_order totals at or above this (minor units) need approval; 0 disables")
+	fs.IntVar(&l.maxRecipients, "max-recipients", def.MaxRecipients, "notifications to more recipients need approval; 0 disables")
+	fs.DurationVar(&l.approvalTTL, "approval-ttl", def.ApprovalTTL.Duration, "pending approvals expire (operation rejected, approval_expired) after this")
+	fs.StringVar(&l.ordersAPI, "orders-api", env("IDEMGATE_ORDERS_API", ""), "base URL of an HTTP order API to keep orders in instead of the embedded store (env IDEMGATE_ORDERS_API)")
+	fs.BoolVar(&l.ordersSafeRetry, "orders-api-safe-retry", false, "the order API guarantees a same-key retry returns the first outcome (lets a proven-absent operation be re-sent without approval)")
+	fs.DurationVar(&l.ordersTimeout, "orders-api-timeout", 10*time.Second, "bound on one call to the order API")
+	fs.StringVar(&l.notifyWebhook, "notify-webhook", env("IDEMGATE_NOTIFY_WEBHOOK", ""), "POST notifications to this gateway URL (Idempotency-Key = message id) instead of writing files (env IDEMGATE_NOTIFY_WEBHOOK)")
+	l.fs = fs
+}
+
+// load reads --config and applies the flags that were set on top of it.
+func (l *settings) load() error {
+	c := fileConfig{Policy: approvals.Default()}
+	c.OrdersAPI.Timeout.Duration = l.ordersTimeout
+	if l.configFile != "" {
+		b, err := os.ReadFile(l.configFile)
+		if err != nil {
+			return usageError{fmt.Errorf("config file: %w", err)}
+		}
+		if len(b) > 1<<20 {
+			return usageError{fmt.Errorf("config file %s: larger than 1 MiB", l.configFile)}
+		}
+		md, err := toml.Decode(string(b), &c)
+		if err != nil {
+			return usageError{fmt.Errorf("config file %s: %w", l.configFile, err)}
+		}
+		if un := md.Undecoded(); len(un) > 0 {
+			keys := make([]string, len(un))
+			for i, k := range un {
+				keys[i] = k.String()
+			}
+			return usageError{fmt.Errorf("config file %s: unknown keys %s", l.configFile, strings.Join(keys, ", "))}
+		}
+	}
+	l.fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "approval-threshold":
+			c.CreateOrderThresholdMinor = l.approvalThreshold
+		case "max-recipients":
+			c.MaxRecipients = l.maxRecipients
+		case "approval-ttl":
+			c.ApprovalTTL.Duration = l.approvalTTL
+		case "orders-api-safe-retry":
+			c.OrdersAPI.SafeRetry = l.ordersSafeRetry
+		case "orders-api-timeout":
+			c.OrdersAPI.Timeout.Duration = l.ordersTimeout
+		}
+	})
+	if l.ordersAPI != "" {
+		c.OrdersAPI.URL = l.ordersAPI
+	}
+	if l.notifyWebhook != "" {
+		c.Notifications.WebhookURL = l.notifyWebhook
+	}
+	var errs []error
+	if err := c.Policy.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("policy: %w", err))
+	}
+	if t := c.OrdersAPI.Timeout.Duration; t <= 0 || t > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("orders API timeout must be between 0 and 5m, got %s", t))
+	}
+	for name, d := range map[string]time.Duration{"retention": l.retention, "tombstone-retention": l.tombstoneRetention, "suspect-window": l.suspectWindow, "lease": l.lease} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("--%s must be positive, got %s", name, d))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return usageError{err}
+	}
+	l.file = c
+	return nil
+}
+
+// openService opens the ledger and builds the tool service over it with
+// the configured downstreams: the order API (or the embedded store) and the
+// notification sink (webhook gateway, or files in outboxDir, by default
+// "outbox" beside the ledger). The caller closes the store.
+func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+	store, err := l.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	if outboxDir == "" {
+		outboxDir = filepath.Join(filepath.Dir(l.db), "outbox")
+	}
+	svc, err := l.service(store, outboxDir, wait, logger)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	return store, svc, nil
+}
+
+// quietLogger logs warnings and errors to w: for one-shot commands.
+func quietLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+	v, err := schemas.New()
+	if err != nil {
+		return nil, err
+	}
+	opts := tools.Options{WaitInProgress: wait, OutboxDir: outboxDir, Logger: logger, Policy: &l.file.Policy,
+		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration}
+	if u := l.file.OrdersAPI.URL; u != "" {
+		api, err := tools.NewOrderAPI(u, l.file.OrdersAPI.Timeout.Duration, l.file.OrdersAPI.SafeRetry)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		opts.OrdersAPI = api
+	}
+	if u := l.file.Notifications.WebhookURL; u != "" {
+		sink, err := tools.NewWebhookSink(u, 10*time.Second)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		opts.Sink = sink
+	}
+	return tools.New(store, v, opts)
+}

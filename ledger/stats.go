@@ -1,0 +1,129 @@
+package ledger
+
+import (
+	"context"
+	"strings"
+)
+
+// Stats are the reliability numbers the project keeps apart (DESIGN §7),
+// computed from the audit log.
+type Stats struct {
+	Operations int `json:"operations"` // distinct (tenant, key) seen in transitions
+	Calls      int `json:"calls"`      // tool calls that reached the ledger with a key
+	// RetryAmplification is calls per operation: how often the same intent
+	// was sent. 1.0 means nobody retried.
+	RetryAmplification float64 `json:"retry_amplification"`
+	Executions         int     `json:"executions"` // operations that reached succeeded
+	// DuplicateSideEffects counts operations that reached succeeded more
+	// than once (extra executions). Must be 0.
+	DuplicateSideEffects int `json:"duplicate_side_effects"`
+	ReplaysServed        int `json:"replays_served"`
+	MismatchesRefused    int `json:"fingerprint_mismatches_refused"`
+	InvalidRefused       int `json:"invalid_arguments_refused"`
+	SuspectedDuplicates  int `json:"suspected_duplicates_held"`
+	// FalseDedupes counts suspected duplicates an approver then approved:
+	// requests the duplicate rule held that were meant as new intents.
+	FalseDedupes int `json:"false_dedupes"`
+	// Unknown counts operations whose outcome became unknown, and Settled
+	// how each was settled, by how (reconciled_found, reconciled_absent_retry,
+	// reconciled_absent_needs_approval, resolved_by_hand, other).
+	Unknown     int            `json:"unknown_outcomes"`
+	Settled     map[string]int `json:"unknown_settled"`
+	StillUnsure int            `json:"unknown_unsettled"`
+	// LateReplays counts calls that arrived after retention and got
+	// key_expired instead of a re-execution.
+	LateReplays int `json:"late_replays_after_retention"`
+}
+
+// ComputeStats reads the whole audit log (for tenant, or every tenant when
+// tenant is "") and returns the numbers.
+func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, error) {
+	st := Stats{Settled: map[string]int{}}
+	type opKey struct{ tenant, key string }
+	ops := map[opKey]bool{}
+	succeeded := map[opKey]int{}
+	unknownNow := map[opKey]bool{}
+	suspect := map[opKey]bool{}
+	var after uint64
+	for {
+		entries, err := s.AuditLog(ctx, after, 10000)
+		if err != nil {
+			return st, err
+		}
+		for _, e := range entries {
+			after = e.Seq
+			if tenant != "" && e.Actor.Tenant != tenant {
+				continue
+			}
+			k := opKey{e.Actor.Tenant, e.Key}
+			switch e.Event {
+			case "call":
+				if e.Decision == "refused" && e.ErrorCode == "invalid_arguments" {
+					st.InvalidRefused++
+				}
+				if e.Key == "" {
+					continue
+				}
+				st.Calls++
+				switch DecisionKind(e.Decision) {
+				case DecisionReplay:
+					st.ReplaysServed++
+				case DecisionMismatch:
+					st.MismatchesRefused++
+				case DecisionExpired:
+					st.LateReplays++
+				}
+			case "transition":
+				ops[k] = true
+				if e.StateBefore == "" || e.StateBefore == StateRetryable {
+					st.Calls++ // the call that claimed it
+				}
+				if strings.HasPrefix(e.Decision, "suspected_duplicate") {
+					st.SuspectedDuplicates++
+					suspect[k] = true
+				}
+				if suspect[k] && strings.HasPrefix(e.Decision, "approved by") {
+					st.FalseDedupes++
+				}
+				if e.StateAfter == StateSucceeded && e.StateBefore != StateSucceeded {
+					succeeded[k]++
+				}
+				if e.StateAfter == StateUnknown && e.StateBefore != StateUnknown {
+					st.Unknown++
+					unknownNow[k] = true
+				}
+				if e.StateBefore == StateUnknown && e.StateAfter != StateUnknown {
+					delete(unknownNow, k)
+					st.Settled[settledHow(e.Decision)]++
+				}
+			}
+		}
+		if len(entries) < 10000 {
+			break
+		}
+	}
+	st.Operations = len(ops)
+	for _, n := range succeeded {
+		st.Executions++
+		st.DuplicateSideEffects += n - 1
+	}
+	st.StillUnsure = len(unknownNow)
+	if st.Operations > 0 {
+		st.RetryAmplification = float64(st.Calls) / float64(st.Operations)
+	}
+	return st, nil
+}
+
+func settledHow(decision string) string {
+	switch {
+	case strings.HasPrefix(decision, "reconciled: the order system has order"):
+		return "reconciled_found"
+	case strings.Contains(decision, "same-key retries are safe"):
+		return "reconciled_absent_retry"
+	case strings.Contains(decision, "re-run needs approval"):
+		return "reconciled_absent_needs_approval"
+	case strings.HasPrefix(decision, "resolved by"):
+		return "resolved_by_hand"
+	}
+	return "other"
+}

@@ -1,0 +1,234 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"idemgate/ledger"
+)
+
+// runner performs one operation against an external downstream, with no
+// transaction open. Its outcome may be unknown.
+type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
+
+// external returns the runner of tool when its downstream is the HTTP
+// order API, or false when the tool runs on the embedded store.
+func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
+	if s.api == nil {
+		return nil, false, nil
+	}
+	switch tool {
+	case "create_order":
+		var a createOrderArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, true, err
+		}
+		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+			o, err := s.api.Create(ctx, tenant, rec.Key, a)
+			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec.Key, a, o)
+		}, true, nil
+	case "update_order":
+		var a updateOrderArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, true, err
+		}
+		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+			o, err := s.api.Update(ctx, tenant, rec.Key, a.OrderID, a.ExpectedVersion, a.Changes)
+			return outcomeOf(o, err, "changed order")
+		}, true, nil
+	case "cancel_order":
+		var a cancelOrderArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, true, err
+		}
+		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+			o, err := s.api.Cancel(ctx, tenant, rec.Key, a.OrderID, a.ExpectedVersion, a.Reason)
+			return outcomeOf(o, err, "cancelled order")
+		}, true, nil
+	}
+	return nil, false, nil
+}
+
+// withConfirmation adds the confirmation step to a succeeded create_order
+// of the order API: it is queued in the transaction that records the
+// order, exactly as with the embedded store.
+func withConfirmation(out ledger.Outcome, tenant, key string, a createOrderArgs, o *Order) ledger.Outcome {
+	if out.State != ledger.StateSucceeded || !a.NotifyCustomer {
+		return out
+	}
+	view, queue := confirmation(tenant, key, a, o)
+	out.Result = mustJSON(map[string]any{"order": o, "confirmation": view})
+	out.Also = queue
+	return out
+}
+
+// executeExternal is execute for an external downstream: claim with a
+// lease, call out with no transaction open, complete fenced by the claim's
+// generation. A record left unknown is reconciled before anything is sent
+// again.
+func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Claim, run runner) *Response {
+	claim.OnLeaseExpiry = ledger.StateUnknown // it may have been sent
+	for attempt := 0; attempt < 3; attempt++ {
+		d, err := s.ledger.Claim(ctx, claim)
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		switch {
+		case d.Kind == ledger.DecisionClaimed:
+			return s.respond(s.runClaimed(c.actor, d.Record, run))
+		case d.Kind == ledger.DecisionBusy:
+			rec, err := s.waitForOutcome(ctx, c, d.Record)
+			if err != nil {
+				return s.ledgerError(c, err)
+			}
+			if rec.State == ledger.StateUnknown || rec.State == ledger.StateRetryable {
+				continue // the owner left it unknown or retryable: reconcile or run it
+			}
+			return s.respond(decisionFor(rec))
+		case d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown:
+			d, err = s.reconcile(ctx, c.actor, d.Record)
+			if err != nil {
+				return s.ledgerError(c, err)
+			}
+			if d.Record.State == ledger.StateRetryable {
+				continue // proven absent and safe to resend: claim it again, once
+			}
+			return s.respond(d)
+		default:
+			return s.respond(d)
+		}
+	}
+	rec, err := s.ledger.Get(ctx, c.actor.Tenant, claim.Key)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	return s.respond(decisionFor(rec))
+}
+
+// runClaimed runs a claimed operation to its outcome. The downstream call
+// is detached from the caller's cancellation (a client that gives up does
+// not leave the call half-recorded) but bounded by the API timeout; the
+// lease is renewed while it runs. If the lease was lost meanwhile, the
+// completion is refused by the ledger (fencing) and the record as it now
+// stands is the answer.
+func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner) ledger.Decision {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
+	defer cancel()
+	renewed := make(chan struct{})
+	go func() { // exits when the call returns or the lease is lost
+		defer close(renewed)
+		t := time.NewTicker(s.opts.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := s.ledger.RenewLease(ctx, rec.Tenant, rec.Key, rec.Generation); err != nil {
+					s.log.Warn("lease renewal", "key", rec.Key, "err", err)
+					return
+				}
+			}
+		}
+	}()
+	started := time.Now()
+	out := run(ctx, rec)
+	cancel()
+	<-renewed
+	s.log.Debug("downstream call", "tool", rec.Tool, "key", rec.Key, "state", out.State, "duration", time.Since(started))
+	if out.State == ledger.StateSucceeded {
+		s.outbox.Kick()
+	}
+	done, err := s.ledger.Complete(context.Background(), actor, rec.Key, rec.Generation, out)
+	if err == nil {
+		return ledger.Decision{Kind: ledger.DecisionExecuted, Record: done}
+	}
+	cur, gerr := s.ledger.Get(context.Background(), rec.Tenant, rec.Key)
+	if gerr != nil {
+		s.log.Error("completion refused and record unreadable", "key", rec.Key, "err", err, "get", gerr)
+		return ledger.Decision{Kind: ledger.DecisionHeld, Record: &ledger.Record{Key: rec.Key, Tool: rec.Tool, State: ledger.StateUnknown}}
+	}
+	s.log.Warn("completion refused", "key", rec.Key, "err", err, "state now", cur.State)
+	if cur.State.Final() {
+		return ledger.Decision{Kind: ledger.DecisionReplay, Record: cur}
+	}
+	return ledger.Decision{Kind: ledger.DecisionHeld, Record: cur}
+}
+
+// reconcile asks the order API what became of an unknown operation and
+// settles it: the API's order makes it succeeded; proven absent makes it
+// retryable when the API guarantees safe same-key retries, and otherwise
+// holds it for an approver to allow a re-run. When the API cannot tell, it
+// stays unknown.
+func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger.Record) (ledger.Decision, error) {
+	if s.api == nil {
+		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
+	}
+	o, err := s.api.Lookup(ctx, rec.Tenant, rec.Key)
+	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
+	switch {
+	case err == nil:
+		req.Outcome = outcomeOf(o, nil, "order")
+		if rec.Tool == "create_order" {
+			var a createOrderArgs
+			if json.Unmarshal(rec.Args, &a) == nil {
+				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec.Key, a, o)
+			}
+		}
+		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
+	case errors.Is(err, errAbsent) && s.api.SafeRetry:
+		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
+		req.Why = "reconciled: the order system has nothing for this key, and same-key retries are safe"
+	case errors.Is(err, errAbsent):
+		req.Outcome = ledger.Outcome{State: ledger.StateAwaitingApproval}
+		req.Proposal = &ledger.Approval{Rule: "rerun_after_unknown",
+			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
+			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; the order system shows no trace of it)"}
+		req.Why = "reconciled: absent at the order system; re-run needs approval"
+	default:
+		s.log.Warn("reconciliation lookup failed", "key", rec.Key, "err", err)
+		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
+	}
+	settled, err := s.ledger.Settle(ctx, req)
+	if errors.Is(err, ledger.ErrWrongState) {
+		cur, gerr := s.ledger.Get(ctx, rec.Tenant, rec.Key)
+		if gerr != nil {
+			return ledger.Decision{}, gerr
+		}
+		settled = cur
+	} else if err != nil {
+		return ledger.Decision{}, err
+	}
+	if settled.State.Final() {
+		return ledger.Decision{Kind: ledger.DecisionReplay, Record: settled}, nil
+	}
+	return ledger.Decision{Kind: ledger.DecisionHeld, Record: settled}, nil
+}
+
+// Sweep is the background work of a server: expired leases become unknown
+// or retryable, and unknown operations are reconciled with the order API.
+// It returns how many of each it handled.
+func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error) {
+	expired, err = s.ledger.ExpireLeases(ctx)
+	if err != nil || s.api == nil {
+		return expired, 0, err
+	}
+	recs, err := s.ledger.OpenRecords(ctx, ledger.StateUnknown, 100)
+	if err != nil {
+		return expired, 0, err
+	}
+	sweeper := ledger.Actor{Principal: "idemgate-reconciler", Role: "system"}
+	for _, rec := range recs {
+		sweeper.Tenant = rec.Tenant
+		d, err := s.reconcile(ctx, sweeper, rec)
+		if err != nil {
+			return expired, reconciled, err
+		}
+		if d.Record.State != ledger.StateUnknown {
+			reconciled++
+		}
+	}
+	return expired, reconciled, nil
+}

@@ -1,0 +1,237 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"idemgate/ledger"
+)
+
+// OrderAPI is the HTTP order API downstream: orders live in another
+// system, reached over HTTP with the contract documented in the README.
+// Every call is bounded by Timeout and made exactly once: the transport
+// keeps no idle connections, so Go's HTTP client has no reused connection
+// to silently retry a request on; every retry is idemgate's own, visible in
+// the ledger's attempts and the audit log.
+type OrderAPI struct {
+	base   *url.URL
+	client *http.Client
+	// SafeRetry says the API guarantees that a request repeated with the
+	// same Idempotency-Key and body returns the first outcome instead of
+	// acting twice. Only then may an operation proven absent by the lookup
+	// be re-sent without a human.
+	SafeRetry bool
+}
+
+// NewOrderAPI returns a client for the API at base (http or https).
+func NewOrderAPI(base string, timeout time.Duration, safeRetry bool) (*OrderAPI, error) {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("orders API URL %q: want http(s)://host[:port][/path]", base)
+	}
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: timeout}).DialContext,
+		DisableKeepAlives:     true, // no reused connection, so no hidden transport retry
+		ResponseHeaderTimeout: timeout,
+	}
+	return &OrderAPI{base: u, client: &http.Client{Transport: tr, Timeout: timeout}, SafeRetry: safeRetry}, nil
+}
+
+// Failure classes of a downstream call.
+const (
+	// NotSent: the request never left (dial refused, DNS failure, not
+	// written) or was refused before any work (429): retryable.
+	NotSent = "not_sent"
+	// Definitive: the API answered that it did not and will not do it.
+	Definitive = "definitive"
+	// Indeterminate: it may or may not have happened (timeout after the
+	// request was written, connection reset, 5xx, 409 in progress).
+	Indeterminate = "indeterminate"
+)
+
+// APIError is a failed call to the order API, classified.
+type APIError struct {
+	Class  string
+	Status int    // HTTP status, 0 when none was received
+	Code   string // the ledger error code for a definitive failure
+	Msg    string
+}
+
+func (e *APIError) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("orders API: %s (HTTP %d): %s", e.Class, e.Status, e.Msg)
+	}
+	return fmt.Sprintf("orders API: %s: %s", e.Class, e.Msg)
+}
+
+// errAbsent is returned by Lookup when no request with the key took effect.
+var errAbsent = errors.New("orders API: no order for this idempotency key")
+
+// apiKey is the Idempotency-Key sent for an operation: the tenant is part
+// of it, so two tenants' keys never meet at a shared API.
+func apiKey(tenant, key string) string { return tenant + ":" + key }
+
+// do sends one request and decodes a 2xx JSON answer into out.
+func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) error {
+	u := *a.base
+	u.Path += path
+	u.RawQuery = query.Encode()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	wrote := false
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote = true },
+	})
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return &APIError{Class: NotSent, Msg: err.Error()}
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		if !wrote {
+			return &APIError{Class: NotSent, Msg: err.Error()}
+		}
+		return &APIError{Class: Indeterminate, Msg: err.Error()}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return &APIError{Class: Indeterminate, Status: resp.StatusCode, Msg: "reading the answer: " + err.Error()}
+	}
+	switch s := resp.StatusCode; {
+	case s >= 200 && s < 300:
+		if out != nil {
+			if err := json.Unmarshal(b, out); err != nil {
+				return &APIError{Class: Indeterminate, Status: s, Msg: "the answer is not the expected JSON: " + err.Error()}
+			}
+		}
+		return nil
+	case s == http.StatusNotFound:
+		return &APIError{Class: Definitive, Status: s, Code: "not_found", Msg: snippet(b)}
+	case s == http.StatusPreconditionFailed:
+		return &APIError{Class: Definitive, Status: s, Code: "precondition_failed", Msg: snippet(b)}
+	case s == http.StatusTooManyRequests:
+		return &APIError{Class: NotSent, Status: s, Msg: snippet(b)}
+	case s == http.StatusConflict || s >= 500:
+		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b)}
+	default:
+		return &APIError{Class: Definitive, Status: s, Code: "downstream_error", Msg: snippet(b)}
+	}
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+func writeHeaders(tenant, key string, version int) map[string]string {
+	h := map[string]string{"Idempotency-Key": apiKey(tenant, key), "X-Idemgate-Tenant": tenant}
+	if version > 0 {
+		h["If-Match"] = strconv.Itoa(version)
+	}
+	return h
+}
+
+// Create places an order.
+func (a *OrderAPI) Create(ctx context.Context, tenant, key string, args createOrderArgs) (*Order, error) {
+	var o Order
+	return &o, a.do(ctx, http.MethodPost, "/orders", nil, writeHeaders(tenant, key, 0), args, &o)
+}
+
+// Update changes an order at version.
+func (a *OrderAPI) Update(ctx context.Context, tenant, key, id string, version int, ch orderChanges) (*Order, error) {
+	var o Order
+	return &o, a.do(ctx, http.MethodPatch, "/orders/"+url.PathEscape(id), nil, writeHeaders(tenant, key, version), ch, &o)
+}
+
+// Cancel cancels an order at version.
+func (a *OrderAPI) Cancel(ctx context.Context, tenant, key, id string, version int, reason string) (*Order, error) {
+	var o Order
+	return &o, a.do(ctx, http.MethodPost, "/orders/"+url.PathEscape(id)+"/cancel", nil, writeHeaders(tenant, key, version), map[string]string{"reason": reason}, &o)
+}
+
+// Get reads an order; (nil, nil) when the API says 404.
+func (a *OrderAPI) Get(ctx context.Context, tenant, id string) (*Order, error) {
+	var o Order
+	err := a.do(ctx, http.MethodGet, "/orders/"+url.PathEscape(id), nil, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return nil, nil
+	}
+	return &o, err
+}
+
+// List returns a customer's orders, newest first.
+func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int) ([]*Order, error) {
+	var r struct {
+		Orders []*Order `json:"orders"`
+	}
+	q := url.Values{"customer_id": {customer}, "limit": {strconv.Itoa(limit)}}
+	err := a.do(ctx, http.MethodGet, "/orders", q, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &r)
+	return r.Orders, err
+}
+
+// Lookup asks which order the request with this operation's key created
+// or changed: the order, errAbsent when none took effect, or an error when
+// the API cannot tell now.
+func (a *OrderAPI) Lookup(ctx context.Context, tenant, key string) (*Order, error) {
+	var o Order
+	err := a.do(ctx, http.MethodGet, "/orders", url.Values{"idempotency_key": {apiKey(tenant, key)}}, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return nil, errAbsent
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// outcomeOf maps a write's answer to the operation's outcome.
+func outcomeOf(o *Order, err error, summary string) ledger.Outcome {
+	if err == nil {
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": o}), Summary: summary + " " + o.OrderID, DownstreamRef: o.OrderID}
+	}
+	var ae *APIError
+	if !errors.As(err, &ae) {
+		ae = &APIError{Class: Indeterminate, Msg: err.Error()}
+	}
+	switch ae.Class {
+	case NotSent:
+		return ledger.Outcome{State: ledger.StateRetryable, Error: &ledger.OpError{Code: "downstream_error", Message: "The order system could not be reached, and the request was never delivered (" + ae.Error() + "). Nothing happened; call again with the same operation_key."}}
+	case Definitive:
+		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: ae.Code, Message: "The order system refused the request: " + ae.Error() + ". Nothing was changed."}, Summary: ae.Code}
+	}
+	return ledger.Outcome{State: ledger.StateUnknown, Error: &ledger.OpError{Code: "outcome_unknown", Message: "The order system may or may not have done it (" + ae.Error() + "). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key."}}
+}

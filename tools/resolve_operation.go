@@ -1,0 +1,57 @@
+package tools
+
+import (
+	"context"
+	"errors"
+
+	"idemgate/ledger"
+)
+
+var specResolveOperation = Spec{
+	Name:         "resolve_operation",
+	ApproverOnly: true,
+	Title:        "Settle an unknown operation by hand",
+	Description: "For approvers: settle an operation whose outcome is unknown, with evidence (what you checked, e.g. the order system's admin screen or a carrier's record). " +
+		"outcome succeeded records it as done (give downstream_ref, e.g. the order id you found); not_executed records that it provably did not happen and makes it retryable under the same key. The evidence is kept in the audit log.",
+	Idempotent: true, Destructive: true, OpenWorld: false,
+}
+
+func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
+	if r := s.requireApprover(c); r != nil {
+		return r
+	}
+	key := c.req.OperationKey
+	outcome, _ := c.req.Args["outcome"].(string)
+	evidence, _ := c.req.Args["evidence"].(string)
+	ref, _ := c.req.Args["downstream_ref"].(string)
+	req := ledger.SettleRequest{
+		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown},
+		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
+	}
+	if outcome == "succeeded" {
+		req.Outcome = ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand",
+			Result: mustJSON(map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref})}
+	} else {
+		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
+	}
+	rec, err := s.ledger.Settle(ctx, req)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+	case errors.Is(err, ledger.ErrWrongState):
+		cur, gerr := s.ledger.Get(ctx, c.actor.Tenant, key)
+		if gerr != nil {
+			return s.ledgerError(c, gerr)
+		}
+		r := fromRecord(cur)
+		r.Error = &ledger.OpError{Code: "precondition_failed", Message: "Only an operation whose outcome is unknown can be resolved by hand; this one is " + string(cur.State) + "."}
+		r.IsError = true
+		return r
+	case err != nil:
+		return s.ledgerError(c, err)
+	}
+	r := fromRecord(rec)
+	r.IsError = false
+	r.Error = nil
+	return r
+}
