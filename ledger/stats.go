@@ -9,7 +9,7 @@ import (
 // computed from the audit log.
 type Stats struct {
 	Operations int `json:"operations"` // distinct (tenant, key) seen in transitions
-	Calls      int `json:"calls"`      // tool calls that reached the ledger with a key
+	Calls      int `json:"calls"`      // tool calls answered by the ledger (refusals before it excluded)
 	// RetryAmplification is calls per operation: how often the same intent
 	// was sent. 1.0 means nobody retried.
 	RetryAmplification float64 `json:"retry_amplification"`
@@ -58,8 +58,11 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 			k := opKey{e.Actor.Tenant, e.Key}
 			switch e.Event {
 			case "call":
-				if e.Decision == "refused" && e.ErrorCode == "invalid_arguments" {
-					st.InvalidRefused++
+				if e.Decision == "refused" {
+					if e.ErrorCode == "invalid_arguments" {
+						st.InvalidRefused++
+					}
+					continue // refused before the ledger: no operation to count it against
 				}
 				if e.Key == "" {
 					continue
