@@ -151,13 +151,14 @@ func toResult(resp *tools.Response) *mcp.CallToolResult {
 }
 
 // ServeStdio serves s on in/out until in is closed or ctx is done.
-// workers bounds concurrent tool calls (mcp-go's default is 5).
+// workers bounds concurrent tool calls (mcp-go's default is 5); a message
+// larger than MaxMessageBytes is answered with a parse error and dropped.
 func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, in io.Reader, out io.Writer, workers int, logger *slog.Logger) error {
 	std := mcpserver.NewStdioServer(s)
 	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
 	mcpserver.WithWorkerPoolSize(workers)(std)
 	mcpserver.WithQueueSize(1000)(std)
-	return std.Listen(ctx, in, out)
+	return std.Listen(ctx, newBoundedLines(in, MaxMessageBytes), out)
 }
 
 // slogWriter sends mcp-go's log lines to slog (stderr).
