@@ -417,7 +417,8 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	if resp.IsError && resp.Error != nil {
+	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && resp.Approval.DecidedBy == who.Principal
+	if resp.IsError && resp.Error != nil && !rejectedAsAsked {
 		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
 	}
 	return nil

@@ -137,8 +137,13 @@ func (p Policy) Evaluate(principal, tool string, args map[string]any) Verdict {
 		}
 	case "send_notification":
 		if len(p.AllowedRecipientDomains) > 0 {
+			channel, _ := args["channel"].(string)
 			for _, to := range recipients(args["to"]) {
-				if d := recipientDomain(to); d != "" && !slices.Contains(p.AllowedRecipientDomains, d) {
+				d, ok := recipientDomain(channel, to)
+				if !ok {
+					return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient %.64q is not one %s address whose domain can be checked against the allowed domains", to, channel)}
+				}
+				if d != "" && !slices.Contains(p.AllowedRecipientDomains, d) {
 					return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient domain %s is not allowed (allowed: %s)", d, strings.Join(p.AllowedRecipientDomains, ", "))}
 				}
 			}
@@ -208,16 +213,31 @@ func recipients(v any) []string {
 	return out
 }
 
-// recipientDomain is the e-mail domain or webhook host of a recipient, or
-// "" for recipients that have neither (phone numbers).
-func recipientDomain(to string) string {
-	if u, err := url.Parse(to); err == nil && u.Host != "" && (u.Scheme == "https" || u.Scheme == "http") {
-		return strings.ToLower(u.Hostname())
-	}
-	if a, err := mail.ParseAddress(to); err == nil {
-		if i := strings.LastIndexByte(a.Address, '@'); i >= 0 {
-			return strings.ToLower(a.Address[i+1:])
+// recipientDomain is the domain a recipient goes to, checked strictly so
+// that an allow-list fails closed: an e-mail recipient must be exactly one
+// address, a webhook one absolute http(s) URL with a host. SMS recipients
+// (phone numbers) have no domain: "", true. false means the recipient
+// cannot be checked and must be refused.
+func recipientDomain(channel, to string) (string, bool) {
+	switch channel {
+	case "email":
+		a, err := mail.ParseAddress(to)
+		if err != nil {
+			return "", false
 		}
+		i := strings.LastIndexByte(a.Address, '@')
+		if i < 0 || i == len(a.Address)-1 {
+			return "", false
+		}
+		return strings.ToLower(a.Address[i+1:]), true
+	case "webhook":
+		u, err := url.Parse(to)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Hostname() == "" || to != strings.TrimSpace(to) {
+			return "", false
+		}
+		return strings.ToLower(u.Hostname()), true
+	case "sms":
+		return "", true
 	}
-	return ""
+	return "", false
 }

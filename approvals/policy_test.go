@@ -28,12 +28,18 @@ func TestEvaluate(t *testing.T) {
 		{"cancel always needs approval", "a", "cancel_order", map[string]any{}, Approve, "always_approve"},
 		{"update always needs approval", "a", "update_order", map[string]any{}, Approve, "always_approve"},
 		{"denied tool wins over approval", "intern", "cancel_order", map[string]any{}, Deny, "denied_tool"},
-		{"allowed e-mail domain", "a", "send_notification", map[string]any{"to": []any{"Ann <ann@example.com>"}}, Allow, "default_allow"},
-		{"recipient domain not allowed", "a", "send_notification", map[string]any{"to": []any{"x@evil.test"}}, Deny, "recipient_domain_not_allowed"},
-		{"webhook host not allowed", "a", "send_notification", map[string]any{"to": []any{"https://evil.test/hook"}}, Deny, "recipient_domain_not_allowed"},
-		{"sms numbers have no domain", "a", "send_notification", map[string]any{"to": []any{"+15551234567"}}, Allow, "default_allow"},
-		{"too many recipients", "a", "send_notification", map[string]any{"to": manyRecipients(11)}, Approve, "max_recipients"},
-		{"exactly the maximum runs", "a", "send_notification", map[string]any{"to": manyRecipients(10)}, Allow, "default_allow"},
+		{"allowed e-mail domain", "a", "send_notification", email("Ann <ann@example.com>"), Allow, "default_allow"},
+		{"recipient domain not allowed", "a", "send_notification", email("x@evil.test"), Deny, "recipient_domain_not_allowed"},
+		{"a list in one recipient fails closed", "a", "send_notification", email("a@evil.test, b@example.com"), Deny, "recipient_domain_not_allowed"},
+		{"trailing junk fails closed", "a", "send_notification", email("a@evil.test;"), Deny, "recipient_domain_not_allowed"},
+		{"webhook host not allowed", "a", "send_notification", webhook("https://evil.test/hook"), Deny, "recipient_domain_not_allowed"},
+		{"allowed webhook host", "a", "send_notification", webhook("https://hooks.example.com/x"), Allow, "default_allow"},
+		{"scheme-relative webhook fails closed", "a", "send_notification", webhook("//evil.test/hook"), Deny, "recipient_domain_not_allowed"},
+		{"padded webhook fails closed", "a", "send_notification", webhook(" https://evil.test/x"), Deny, "recipient_domain_not_allowed"},
+		{"e-mail address on the webhook channel fails closed", "a", "send_notification", webhook("x@example.com"), Deny, "recipient_domain_not_allowed"},
+		{"sms numbers have no domain", "a", "send_notification", map[string]any{"channel": "sms", "to": []any{"+15551234567"}}, Allow, "default_allow"},
+		{"too many recipients", "a", "send_notification", map[string]any{"channel": "email", "to": manyRecipients(11)}, Approve, "max_recipients"},
+		{"exactly the maximum runs", "a", "send_notification", map[string]any{"channel": "email", "to": manyRecipients(10)}, Allow, "default_allow"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +52,14 @@ func TestEvaluate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func email(to string) map[string]any {
+	return map[string]any{"channel": "email", "to": []any{to}}
+}
+
+func webhook(to string) map[string]any {
+	return map[string]any{"channel": "webhook", "to": []any{to}}
 }
 
 func manyRecipients(n int) []any {

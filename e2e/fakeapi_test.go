@@ -399,8 +399,11 @@ func (f *fakeAPI) Accept() {
 	}
 	var ln net.Listener
 	var err error
-	for i := 0; i < 50; i++ { // the port may linger a moment
-		if ln, err = net.Listen("tcp", f.addr); err == nil {
+	// The port can stay busy for a while after the black-hole socket and
+	// its queued connection are closed (their teardown is asynchronous in
+	// the kernel); keep trying for long enough on a loaded machine.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if ln, err = net.Listen("tcp", f.addr); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -193,6 +193,7 @@ type gcJob struct {
 // run calls j.fn, turning a panic into an error so the batch is rolled
 // back and the lead is handed over; update re-panics in j's caller.
 func (j *gcJob) run(tx *bolt.Tx) (err error) {
+	j.panicked = nil // a re-run alone may succeed where the batch panicked
 	defer func() {
 		if r := recover(); r != nil {
 			j.panicked = r
@@ -471,6 +472,9 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 			d := s.answer(rec, kind)
 			return d, appendAudit(tx, s.callEntry(c, d))
 		}
+		if rec.Downstream != "" && rec.Downstream != c.Downstream {
+			return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, c.Downstream)
+		}
 		before = rec.State // retryable: run again
 		rec.Attempts++
 		rec.Generation++
@@ -499,7 +503,8 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
-			Args: c.Args, // a later re-run (after unknown, by approval) needs the request
+			Args:       c.Args, // a later re-run (after unknown, by approval) needs the request
+			Downstream: c.Downstream,
 		}
 		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
 			return Decision{}, err
@@ -577,7 +582,7 @@ func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Recor
 	a.CreatedAt, a.ExpiresAt = now, now.Add(s.opts.ApprovalTTL)
 	return &Record{
 		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
-		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args,
+		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args, Downstream: c.Downstream,
 		FirstSeenAt: now, UpdatedAt: now, Approval: &a,
 	}
 }
@@ -716,7 +721,9 @@ func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
 		if now.Before(r.LeaseExpires) {
 			continue
 		}
+		moved := false
 		err := s.update(func(tx *bolt.Tx) error {
+			moved = false // update may run this twice
 			rec, err := getRecord(tx, r.Tenant, r.Key)
 			if err != nil || rec == nil {
 				return err
@@ -726,11 +733,14 @@ func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
 			if why != "lease_expired" {
 				return nil // finished or renewed meanwhile
 			}
-			n++
+			moved = true
 			return s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now)
 		})
 		if err != nil {
 			return n, err
+		}
+		if moved {
+			n++
 		}
 	}
 	return n, nil
@@ -778,6 +788,12 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 				return err
 			}
 		} else {
+			if a := rec.Approval; before == StateAwaitingApproval && a != nil && a.Status == ApprovalPending {
+				// What the approval was for is settled without it.
+				sa := *a
+				sa.Status = ApprovalSuperseded
+				rec.Approval = &sa
+			}
 			s.finish(rec, r.Outcome, now)
 			if r.Outcome.Also != nil && rec.State == StateSucceeded {
 				if err := r.Outcome.Also(&boltTx{tx: tx, now: now}); err != nil {
@@ -857,6 +873,9 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 		}
 		return Decision{Kind: DecisionExecuted, Record: rec}, nil
 	}
+	if rec.Downstream != "" && rec.Downstream != r.Downstream {
+		return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, r.Downstream)
+	}
 	a.Status = ApprovalApproved
 	rec.State = StateInProgress
 	rec.Attempts++
@@ -934,8 +953,8 @@ func (s *BoltStore) ApprovalRecord(ctx context.Context, tenant, approvalID strin
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
-		return nil, ErrNotFound
+	if rec == nil || rec.Approval == nil || rec.Approval.ID != approvalID {
+		return nil, ErrNotFound // an approval superseded by a newer one is gone
 	}
 	return s.present(rec), nil
 }

@@ -32,6 +32,11 @@ var (
 	// the states the caller expected (someone else settled it first).
 	ErrWrongState = errors.New("ledger: record is not in the expected state")
 
+	// ErrDownstreamMismatch is returned when a process would run an
+	// operation against a downstream other than the one it was claimed for
+	// (an approver's command line without --orders-api, say).
+	ErrDownstreamMismatch = errors.New("ledger: operation belongs to another downstream")
+
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("ledger: closed")
 

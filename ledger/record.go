@@ -64,6 +64,9 @@ const (
 	ApprovalApproved = "approved"
 	ApprovalRejected = "rejected"
 	ApprovalExpired  = "expired"
+	// ApprovalSuperseded: the operation was settled (reconciled, resolved)
+	// while its approval was pending; the approval can no longer be used.
+	ApprovalSuperseded = "superseded"
 )
 
 // Record is the ledger row of one (tenant, key).
@@ -79,7 +82,8 @@ type Record struct {
 	LeaseExpires  time.Time       `json:"lease_expires_at,omitzero"`
 	OnLeaseExpiry State           `json:"on_lease_expiry,omitempty"`
 	Principal     string          `json:"principal"`
-	Args          json.RawMessage `json:"args,omitempty"` // the validated request, kept while it may still run
+	Args          json.RawMessage `json:"args,omitempty"`       // the validated request, kept while it may still run
+	Downstream    string          `json:"downstream,omitempty"` // where its side effect goes: "embedded" or "orders_api <url>"
 	ResultFormat  int             `json:"result_format,omitempty"`
 	Result        json.RawMessage `json:"result,omitempty"`
 	Error         *OpError        `json:"error,omitempty"`
@@ -131,6 +135,11 @@ type Claim struct {
 	Args json.RawMessage
 	// PolicyRule names the policy rule that allowed the call, for the audit.
 	PolicyRule string
+	// Downstream names where the side effect goes ("embedded", or
+	// "orders_api <base URL>"). It is saved in a new record; running an
+	// existing record again from a process configured for another
+	// downstream is refused with ErrDownstreamMismatch.
+	Downstream string
 }
 
 // SettleRequest moves a record that no caller owns (unknown, or in_progress
@@ -159,6 +168,7 @@ type DecideRequest struct {
 	ApprovalID string
 	Approve    bool
 	Comment    string
+	Downstream string // the deciding process's downstream; must match the record's to approve
 }
 
 // Outcome is what a side effect produced.

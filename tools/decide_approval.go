@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
@@ -45,7 +46,27 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 			return s.ledgerError(c, err)
 		}
 	}
-	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: decision == "approve", Comment: comment}, apply)
+	if external && decision == "approve" && rec.State == ledger.StateAwaitingApproval && rec.Approval != nil && rec.Approval.Rule == "rerun_after_unknown" {
+		// Look once more before re-sending: a late commit of the lost
+		// attempt must not be duplicated by the approved re-run.
+		if o, lerr := s.api.Lookup(ctx, rec.Tenant, rec.Key); lerr == nil {
+			var a createOrderArgs
+			json.Unmarshal(rec.Args, &a)
+			out := outcomeOf(o, nil, "order")
+			if rec.Tool == "create_order" {
+				out = withConfirmation(out, rec.Tenant, rec.Key, a, o)
+			}
+			settled, serr := s.ledger.Settle(ctx, ledger.SettleRequest{Actor: c.actor, Key: rec.Key, From: []ledger.State{ledger.StateAwaitingApproval}, Outcome: out,
+				Why: "reconciled at approval: the order system has order " + o.OrderID + " for this key; nothing re-sent"})
+			if serr == nil {
+				s.outbox.Kick()
+				r := fromRecord(settled)
+				r.Approval = settled.Approval
+				return r
+			}
+		}
+	}
+	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: decision == "approve", Comment: comment, Downstream: s.downstream(rec.Tool)}, apply)
 	if err == nil && d.Kind == ledger.DecisionClaimed {
 		// An external downstream: the approval claimed it; call out now.
 		d = s.runClaimed(c.actor, d.Record, run)
@@ -60,6 +81,9 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		return r
 	case errors.Is(err, ledger.ErrNotFound):
 		return notFoundApproval(id)
+	case errors.Is(err, ledger.ErrDownstreamMismatch):
+		c.req.OperationKey = rec.Key
+		return s.ledgerError(c, err)
 	case errors.Is(err, ledger.ErrSelfApproval):
 		return errorResponse(rec.Key, ledger.StateAwaitingApproval, "forbidden",
 			"You requested this operation yourself; another approver must decide it.", nextDoNotRetry)

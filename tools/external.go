@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"idemgate/ledger"
@@ -144,6 +145,21 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 	done, err := s.ledger.Complete(context.Background(), actor, rec.Key, rec.Generation, out)
 	if err == nil {
 		return ledger.Decision{Kind: ledger.DecisionExecuted, Record: done}
+	}
+	if errors.Is(err, ledger.ErrStaleGeneration) && (out.State == ledger.StateSucceeded || out.State == ledger.StateFailed) {
+		// The lease ran out while the call was in flight, and the record
+		// went unknown (or on to a re-run approval, or retryable). The
+		// answer that came back is what happened: settle the record with it
+		// rather than let a re-run send the request a second time.
+		settled, serr := s.ledger.Settle(context.Background(), ledger.SettleRequest{
+			Actor: actor, Key: rec.Key, Outcome: out,
+			From: []ledger.State{ledger.StateUnknown, ledger.StateAwaitingApproval, ledger.StateRetryable},
+			Why:  fmt.Sprintf("late answer of attempt %d, after its lease had passed: %s", rec.Attempts, out.State),
+		})
+		if serr == nil {
+			return ledger.Decision{Kind: ledger.DecisionExecuted, Record: settled}
+		}
+		s.log.Warn("late answer not recorded", "key", rec.Key, "err", serr)
 	}
 	cur, gerr := s.ledger.Get(context.Background(), rec.Tenant, rec.Key)
 	if gerr != nil {

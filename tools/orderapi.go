@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"idemgate/ledger"
@@ -99,9 +100,9 @@ func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values
 		}
 		rd = bytes.NewReader(b)
 	}
-	wrote := false
+	var wrote atomic.Bool // set by the transport's goroutine
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteRequest: func(httptrace.WroteRequestInfo) { wrote = true },
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
 	})
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
@@ -116,7 +117,7 @@ func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		if !wrote {
+		if !wrote.Load() {
 			return &APIError{Class: NotSent, Msg: err.Error()}
 		}
 		return &APIError{Class: Indeterminate, Msg: err.Error()}

@@ -146,8 +146,15 @@ func NewDirSink(dir string) (*DirSink, error) {
 func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 	final := filepath.Join(d.dir, m.MessageID+".json")
 	if _, err := os.Stat(final); err == nil {
-		d.remember(final) // may be a file of a delivery that crashed before its flush
-		return nil
+		if wholeMessage(final, m.MessageID) {
+			d.remember(final) // may be a file of a delivery that crashed before its flush
+			return nil
+		}
+		// A crash (power loss before the flush) left it empty or cut
+		// short: write it again, replacing it whole.
+		if err := os.Remove(final); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	b, err := json.MarshalIndent(map[string]any{
 		"message_id": m.MessageID, "channel": m.Channel, "to": m.To, "subject": m.Subject,
@@ -173,6 +180,18 @@ func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 	}
 	d.remember(final)
 	return nil
+}
+
+// wholeMessage reports whether path holds a complete message file for id.
+func wholeMessage(path, id string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	var m struct {
+		MessageID string `json:"message_id"`
+	}
+	return json.Unmarshal(b, &m) == nil && m.MessageID == id
 }
 
 func (d *DirSink) remember(path string) {
@@ -231,7 +250,7 @@ type Deliverer struct {
 	RetryCap  time.Duration // default 5 min
 	// RetryBudget is how many failed attempts a message gets before it is
 	// dead-lettered.
-	RetryBudget int // default 8
+	RetryBudget int // default DefaultRetryBudget (12)
 	// Rand returns a number in [0, 1) for the jitter; tests fix it.
 	Rand func() float64 // default math/rand/v2 Float64
 }

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
@@ -29,8 +30,7 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
 	}
 	if outcome == "succeeded" {
-		req.Outcome = ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand",
-			Result: mustJSON(map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref})}
+		req.Outcome = s.resolvedOutcome(ctx, c, key, ref, evidence)
 	} else {
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
 	}
@@ -54,4 +54,31 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	r.IsError = false
 	r.Error = nil
 	return r
+}
+
+// resolvedOutcome is the saved result of an operation settled by hand as
+// succeeded. For order tools it keeps the shape every replay of them has
+// ({"order": …}), read from the order system when it can be, and a
+// create_order still gets its confirmation step.
+func (s *Service) resolvedOutcome(ctx context.Context, c *call, key, ref, evidence string) ledger.Outcome {
+	resolution := map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref}
+	out := ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand", Result: mustJSON(resolution)}
+	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
+	if err != nil || ref == "" || (rec.Tool != "create_order" && rec.Tool != "update_order" && rec.Tool != "cancel_order") {
+		return out
+	}
+	o, err := s.readOrder(ctx, c.actor.Tenant, ref)
+	if err != nil || o == nil {
+		o = &Order{OrderID: ref}
+	}
+	out.Result = mustJSON(map[string]any{"order": o, "resolution": resolution})
+	if rec.Tool == "create_order" {
+		var a createOrderArgs
+		if json.Unmarshal(rec.Args, &a) == nil && a.NotifyCustomer {
+			view, queue := confirmation(rec.Tenant, key, a, o)
+			out.Result = mustJSON(map[string]any{"order": o, "confirmation": view, "resolution": resolution})
+			out.Also = queue
+		}
+	}
+	return out
 }

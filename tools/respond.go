@@ -112,7 +112,7 @@ func (s *Service) respond(d ledger.Decision) *Response {
 		case ledger.StateUnknown:
 			r.Error = &ledger.OpError{Code: "outcome_unknown", Message: "The outcome of this operation is unknown: it may or may not have taken effect. It will not be re-sent automatically. Do NOT retry under a new key — that is how duplicate orders happen. Check with get_operation_status or get_order/list_orders, or ask an operator to reconcile it."}
 		case ledger.StateRetryable:
-			r.Error = &ledger.OpError{Code: "operation_in_progress", Message: "The earlier attempt stopped before it could take effect; call again with the same key and arguments to run it."}
+			r.Error = &ledger.OpError{Code: "downstream_error", Message: "The earlier attempt stopped before it could take effect (nothing happened); call again with the same key and arguments to run it."}
 		}
 		r.IsError = true
 		return r

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"time"
 
 	"idemgate/approvals"
@@ -270,6 +271,7 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		Proposal:          &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion},
 		Args:              args,
 		PolicyRule:        v.Rule,
+		Downstream:        s.downstream(c.req.Tool),
 	}
 	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {
 		if err != nil {
@@ -338,6 +340,20 @@ func decisionFor(rec *ledger.Record) ledger.Decision {
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}
 }
 
+// downstream names where tool's side effect goes from this process: the
+// embedded store, or the order API at its base URL. Notifications always go
+// through the outbox.
+func (s *Service) downstream(tool string) string {
+	switch tool {
+	case "create_order", "update_order", "cancel_order":
+		if s.api != nil {
+			return "orders_api " + s.api.base.String()
+		}
+		return "embedded"
+	}
+	return "outbox"
+}
+
 // ledgerError maps a ledger error to a response; unknown errors are logged
 // whole and answered as internal.
 func (s *Service) ledgerError(c *call, err error) *Response {
@@ -347,6 +363,12 @@ func (s *Service) ledgerError(c *call, err error) *Response {
 		return errorResponse(key, ledger.StateRejected, "invalid_arguments",
 			"This server only accepts operation keys issued by new_operation_key, and this key was not issued to you. Call new_operation_key once for this intent and reuse that key on every retry.",
 			"fix_arguments_and_retry_same_key")
+	case errors.Is(err, ledger.ErrDownstreamMismatch):
+		s.log.Error("downstream mismatch", "tool", c.req.Tool, "key", key, "err", err)
+		return errorResponse(key, ledger.StateRejected, "internal",
+			"Nothing was run: "+strings.TrimPrefix(err.Error(), ledger.ErrDownstreamMismatch.Error()+": ")+
+				". The server handling this call is configured for a different order system than the one this operation was recorded for; an operator must fix the configuration (--orders-api / --config).",
+			nextDoNotRetry)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return errorResponse(key, ledger.StateInProgress, "operation_in_progress",
 			"The call was cancelled before the ledger answered. Nothing is lost: call get_operation_status with this operation_key, or call again with the same key and arguments.",
