@@ -420,3 +420,34 @@ func TestBoltLockFilesBesideLedger(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleSupersedesPendingApproval: settling an operation while its
+// re-run approval is pending (a late answer, a reconciliation) retires the
+// approval, so it can no longer be used to send the request again.
+func TestSettleSupersedesPendingApproval(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, Options{})
+	a := Actor{Tenant: "t1", Principal: "agent"}
+	d, err := s.Claim(ctx, Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1", OnLeaseExpiry: StateUnknown})
+	if err != nil || d.Kind != DecisionClaimed {
+		t.Fatalf("Claim = %v, %v", d.Kind, err)
+	}
+	if _, err := s.Complete(ctx, a, "k1", d.Record.Generation, Outcome{State: StateUnknown}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := s.Settle(ctx, SettleRequest{Actor: a, Key: "k1", From: []State{StateUnknown}, Outcome: Outcome{State: StateAwaitingApproval}, Why: "absent"})
+	if err != nil || held.Approval == nil || held.Approval.Status != ApprovalPending {
+		t.Fatalf("Settle to awaiting_approval = %+v, %v", held, err)
+	}
+	done, err := s.Settle(ctx, SettleRequest{Actor: a, Key: "k1", From: []State{StateAwaitingApproval}, Outcome: Outcome{State: StateSucceeded, Result: []byte(`{"order":{"order_id":"o1"}}`)}, Why: "late answer"})
+	if err != nil || done.State != StateSucceeded || done.Approval.Status != ApprovalSuperseded {
+		t.Fatalf("late Settle = %+v, %v; want succeeded with the approval superseded", done, err)
+	}
+	if pending, err := s.PendingApprovals(ctx, "t1", 10); err != nil || len(pending) != 0 {
+		t.Errorf("pending approvals after the settle = %d, %v; want none", len(pending), err)
+	}
+	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: held.Approval.ID, Approve: true}, nil)
+	if !errors.Is(err, ErrAlreadyDecided) {
+		t.Errorf("Decide on the superseded approval: %v, want ErrAlreadyDecided", err)
+	}
+}

@@ -148,3 +148,32 @@ func TestExternalAbsentRunsAgainWithSafeRetry(t *testing.T) {
 		t.Errorf("the API created %d orders, want 1", fake.creates)
 	}
 }
+
+// TestApprovalRefusedOnAnotherDownstream: an operation held by a server
+// that keeps orders at the order API is not run in the embedded store by
+// an approver whose process lacks --orders-api (and the reverse).
+func TestApprovalRefusedOnAnotherDownstream(t *testing.T) {
+	ctx := context.Background()
+	withAPI, fake := externalService(t, false)
+	held := withAPI.Call(ctx, agent, "create_order", orderArgs(uuid.NewString(), 1000), nil) // above the threshold
+	if held.Status != ledger.StateAwaitingApproval {
+		t.Fatalf("large order = %+v, want awaiting_approval", held)
+	}
+	v, _ := schemas.New()
+	embedded, err := New(withAPI.ledger, v, Options{OutboxDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := embedded.Call(ctx, approver, "decide_approval", map[string]any{"approval_id": held.Approval.ID, "decision": "approve"}, nil)
+	if r.Error == nil || r.Error.Code != "internal" || !strings.Contains(r.Error.Message, "orders_api") {
+		t.Fatalf("approval from an embedded-store process = %+v, want a refusal naming the order API", r)
+	}
+	list := embedded.Call(ctx, agent, "list_orders", map[string]any{"customer_id": "c1"}, nil)
+	if strings.Contains(string(list.Result), "ord_") {
+		t.Errorf("an order was placed in the embedded store: %s", list.Result)
+	}
+	ok := withAPI.Call(ctx, approver, "decide_approval", map[string]any{"approval_id": held.Approval.ID, "decision": "approve"}, nil)
+	if ok.Status != ledger.StateSucceeded || fake.creates != 1 {
+		t.Fatalf("approval from the right process = %+v (API creates %d), want succeeded once", ok, fake.creates)
+	}
+}
