@@ -683,7 +683,7 @@ func indexOpen(tx *bolt.Tx, rec *Record) error {
 }
 
 // OpenRecords implements Store.
-func (s *BoltStore) OpenRecords(ctx context.Context, st State, limit int) ([]*Record, error) {
+func (s *BoltStore) OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -694,7 +694,14 @@ func (s *BoltStore) OpenRecords(ctx context.Context, st State, limit int) ([]*Re
 	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketOpen).Cursor()
 		prefix := []byte(string(st) + "\x00")
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+		k, _ := c.Seek(prefix)
+		if after != "" {
+			start := append(bytes.Clone(prefix), after...)
+			if k, _ = c.Seek(start); bytes.Equal(k, start) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
 			tenant, key, _ := bytes.Cut(k[len(prefix):], []byte{0})
 			rec, err := getRecord(tx, string(tenant), string(key))
 			if err != nil {
@@ -711,7 +718,7 @@ func (s *BoltStore) OpenRecords(ctx context.Context, st State, limit int) ([]*Re
 
 // ExpireLeases implements Store.
 func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
-	stale, err := s.OpenRecords(ctx, StateInProgress, 1000)
+	stale, err := s.OpenRecords(ctx, StateInProgress, "", 1000)
 	if err != nil {
 		return 0, err
 	}

@@ -451,3 +451,38 @@ func TestSettleSupersedesPendingApproval(t *testing.T) {
 		t.Errorf("Decide on the superseded approval: %v, want ErrAlreadyDecided", err)
 	}
 }
+
+// TestOpenRecordsPages: the sweep's pages cover every unknown record once,
+// in order, whatever the page size.
+func TestOpenRecordsPages(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, Options{})
+	a := Actor{Tenant: "t1", Principal: "agent"}
+	for _, k := range []string{"k1", "k2", "k3", "k4", "k5"} {
+		d, err := s.Claim(ctx, Claim{Actor: a, Key: k, Tool: "create_order", Fingerprint: "f-" + k, OnLeaseExpiry: StateUnknown})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, a, k, d.Record.Generation, Outcome{State: StateUnknown}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []string
+	after := ""
+	for page := 0; page < 10; page++ {
+		recs, err := s.OpenRecords(ctx, StateUnknown, after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			seen = append(seen, r.Key)
+		}
+		if len(recs) < 2 {
+			break
+		}
+		after = recs[len(recs)-1].Tenant + "\x00" + recs[len(recs)-1].Key
+	}
+	if got := strings.Join(seen, ","); got != "k1,k2,k3,k4,k5" {
+		t.Errorf("pages covered %s, want k1,k2,k3,k4,k5", got)
+	}
+}

@@ -294,8 +294,12 @@ type Store interface {
 	// with its audit entry. Errors: ErrNotFound, ErrWrongState.
 	Settle(ctx context.Context, r SettleRequest) (*Record, error)
 	// OpenRecords lists records in state st (in_progress, unknown or
-	// retryable), for the background sweeps.
-	OpenRecords(ctx context.Context, st State, limit int) ([]*Record, error)
+	// retryable), for the background sweeps: at most limit, in (tenant,
+	// key) order, starting after the record after (a "tenant\x00key"
+	// cursor from a previous page; "" starts at the beginning). A sweep
+	// that pages on with the last record's cursor, wrapping around, reaches
+	// every record however many stay stuck at the front.
+	OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error)
 	// ExpireLeases moves in_progress records whose lease expired to their
 	// OnLeaseExpiry state and returns how many it moved.
 	ExpireLeases(ctx context.Context) (int, error)

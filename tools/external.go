@@ -223,7 +223,7 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: settled}, nil
 }
 
-// Sweep is the background work of a server: expired leases become unknown
+// Sweep is the background work of a server (one goroutine calls it): expired leases become unknown
 // or retryable, and unknown operations are reconciled with the order API.
 // It returns how many of each it handled.
 func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error) {
@@ -231,9 +231,17 @@ func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error
 	if err != nil || s.api == nil {
 		return expired, 0, err
 	}
-	recs, err := s.ledger.OpenRecords(ctx, ledger.StateUnknown, 100)
+	// Page through the unknown records, a hundred per pass, wrapping
+	// around, so records whose lookups keep failing cannot starve the rest.
+	recs, err := s.ledger.OpenRecords(ctx, ledger.StateUnknown, s.sweepAfter, 100)
 	if err != nil {
 		return expired, 0, err
+	}
+	if len(recs) < 100 {
+		s.sweepAfter = ""
+	} else {
+		last := recs[len(recs)-1]
+		s.sweepAfter = last.Tenant + "\x00" + last.Key
 	}
 	sweeper := ledger.Actor{Principal: "idemgate-reconciler", Role: "system"}
 	for _, rec := range recs {

@@ -49,7 +49,10 @@ type Service struct {
 	outbox  *Deliverer
 	policy  approvals.Policy
 	api     *OrderAPI // nil: orders live in the embedded store
-	tools   map[string]tool
+	// sweepAfter is where the next Sweep pass continues in the unknown
+	// records; only the sweeping goroutine touches it.
+	sweepAfter string
+	tools      map[string]tool
 	// appliers build the side effect of a side-effecting tool from its
 	// saved arguments, both at the call and when an approver approves it.
 	appliers map[string]applier
