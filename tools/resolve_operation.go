@@ -13,7 +13,7 @@ var specResolveOperation = Spec{
 	ApproverOnly: true,
 	Title:        "Settle an unknown operation by hand",
 	Description: "For approvers: settle an operation whose outcome is unknown, with evidence (what you checked, e.g. the order system's admin screen or a carrier's record). " +
-		"outcome succeeded records it as done (give downstream_ref, e.g. the order id you found); not_executed records that it provably did not happen and makes it retryable under the same key. The evidence is kept in the audit log.",
+		"outcome succeeded records it as done (give downstream_ref, e.g. the order id you found); not_executed records that it provably did not happen and makes it retryable under the same key. The evidence is kept in the audit log. You cannot settle your own requests.",
 	Idempotent: true, Destructive: true, OpenWorld: false,
 }
 
@@ -22,6 +22,10 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 		return r
 	}
 	key := c.req.OperationKey
+	if rec, err := s.ledger.Get(ctx, c.actor.Tenant, key); err == nil && rec.Principal == c.actor.Principal {
+		return errorResponse(key, rec.State, "forbidden",
+			"You requested this operation yourself; another approver must settle it.", nextDoNotRetry)
+	}
 	outcome, _ := c.req.Args["outcome"].(string)
 	evidence, _ := c.req.Args["evidence"].(string)
 	ref, _ := c.req.Args["downstream_ref"].(string)
