@@ -54,8 +54,9 @@ type settings struct {
 	ordersTimeout      time.Duration
 	notifyWebhook      string
 
-	fs   *flag.FlagSet
-	file fileConfig // after load: the file with the set flags applied
+	fs      *flag.FlagSet
+	file    fileConfig              // after load: the file with the set flags applied
+	observe func(ledger.AuditEntry) // metrics hook, when metrics are served
 }
 
 func (l *settings) register(fs *flag.FlagSet) {

@@ -29,7 +29,9 @@ import (
 const usage = `idemgate — an MCP server whose side-effecting tools are safe to call twice
 
 Usage:
-  idemgate serve [flags]          serve MCP over stdio (embedded ledger)
+  idemgate serve [flags]          serve MCP over stdio (embedded ledger), or --http ADDR
+  idemgate tokens add --principal P --tenant T --role agent|approver
+                                  create a bearer token for --http (shown once; stored hashed)
   idemgate ops list [flags]       list recent operations
   idemgate ops show KEY [flags]   show one operation's record
   idemgate approvals list|show ID|approve ID|reject ID [--comment C]
@@ -72,6 +74,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = outboxCmd(args[1:], stdout, stderr)
 	case "reconcile", "resolve":
 		err = settleCmd(args[0], args[1:], stdout, stderr)
+	case "tokens":
+		err = tokensCmd(args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -110,7 +114,7 @@ func (l *settings) open() (*ledger.BoltStore, error) {
 	return ledger.OpenBolt(l.db, ledger.Options{
 		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
 		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
-		ApprovalTTL: l.file.ApprovalTTL.Duration, Lease: l.lease,
+		ApprovalTTL: l.file.ApprovalTTL.Duration, Lease: l.lease, Observe: l.observe,
 	})
 }
 
@@ -150,6 +154,8 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	wait := fs.Duration("wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
 	workers := fs.Int("workers", 32, "concurrent tool calls (1-100)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	httpAddr := fs.String("http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
+	tokensFile := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -171,6 +177,19 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	var tokens *server.Tokens
+	var metrics *server.Metrics
+	if *httpAddr != "" {
+		if *tokensFile == "" {
+			*tokensFile = filepath.Join(filepath.Dir(lf.db), "tokens.json")
+		}
+		var err error
+		if tokens, err = server.LoadTokens(*tokensFile); err != nil {
+			return usageError{fmt.Errorf("%w (create one with: idemgate tokens add --principal P --tenant T --role agent --tokens %s)", err, *tokensFile)}
+		}
+		metrics = server.NewMetrics()
+		lf.observe = metrics.ObserveAudit
+	}
 	store, svc, err := lf.openService(*outbox, *wait, logger)
 	if err != nil {
 		return err
@@ -183,8 +202,18 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	go func() { defer close(done); svc.Deliverer().Run(bg) }()
 	go sweepLoop(bg, store, logger)
 	go reconcileLoop(bg, svc, lf.lease, logger)
-	logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
-	err = server.ServeStdio(ctx, server.New(svc, id, logger), stdin, stdout, *workers, logger)
+	if *httpAddr != "" {
+		// Over HTTP every request acts for its token's identity; the
+		// --principal/--tenant/--role of stdio do not apply.
+		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
+			Tokens: tokens, Metrics: metrics, Logger: logger,
+			Ready: func(ctx context.Context) error { return store.View(ctx, func(ledger.Tx) error { return nil }) },
+		})
+		err = server.ServeHTTP(ctx, h, *httpAddr, logger)
+	} else {
+		logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
+		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, logger)
+	}
 	cancelBg()
 	<-done
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
@@ -588,5 +617,37 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 	if resp.IsError && resp.Error != nil {
 		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
 	}
+	return nil
+}
+
+// tokensCmd creates bearer tokens for the HTTP transport.
+func tokensCmd(args []string, stdout, stderr io.Writer) error {
+	const use = "usage: idemgate tokens add --principal P --tenant T --role agent|approver [--tokens FILE] [--note TEXT]"
+	if len(args) == 0 || args[0] != "add" {
+		return usageError{errors.New(use)}
+	}
+	fs := flag.NewFlagSet("tokens add", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var id server.Identity
+	fs.StringVar(&id.Principal, "principal", "", "who the token acts for")
+	fs.StringVar(&id.Tenant, "tenant", "default", "the token's tenant")
+	fs.StringVar(&id.Role, "role", "agent", "agent or approver")
+	file := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "tokens file (default: tokens.json beside the default ledger)")
+	note := fs.String("note", "", "what the token is for (at most 200 characters)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *file == "" {
+		*file = filepath.Join(filepath.Dir(env("IDEMGATE_DB", defaultDB())), "tokens.json")
+	}
+	if err := id.Validate(); err != nil {
+		return usageError{err}
+	}
+	token, err := server.AddToken(*file, id, *note)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "added a token for %s (tenant %s, role %s) to %s; it is shown only now:\n", id.Principal, id.Tenant, id.Role, *file)
+	fmt.Fprintln(stdout, token)
 	return nil
 }

@@ -32,6 +32,8 @@ type BoltStore struct {
 	auditMu  sync.Mutex
 	auditBuf []AuditEntry
 
+	observed []AuditEntry // entries of the transaction being committed; only the commit leader touches it
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -154,6 +156,9 @@ func (s *BoltStore) Audit(e AuditEntry) {
 	s.auditMu.Lock()
 	s.auditBuf = append(s.auditBuf, e)
 	s.auditMu.Unlock()
+	if s.opts.Observe != nil {
+		s.opts.Observe(e)
+	}
 }
 
 func (s *BoltStore) takeAudit() []AuditEntry {
@@ -262,6 +267,7 @@ func (s *BoltStore) commit(batch []*gcJob) {
 	}
 	defer s.h.release()
 	audits := s.takeAudit()
+	s.observed = s.observed[:0]
 	err = db.Update(func(tx *bolt.Tx) error {
 		if err := appendAudit(tx, audits...); err != nil {
 			return err
@@ -275,6 +281,7 @@ func (s *BoltStore) commit(batch []*gcJob) {
 	})
 	switch {
 	case err == nil:
+		s.observe()
 		return
 	case !errors.Is(err, errBatchRetry):
 		for _, b := range batch {
@@ -289,6 +296,7 @@ func (s *BoltStore) commit(batch []*gcJob) {
 	for _, b := range batch {
 		var carried []AuditEntry
 		carried, audits = audits, nil
+		s.observed = s.observed[:0]
 		b.err = db.Update(func(tx *bolt.Tx) error {
 			if err := appendAudit(tx, carried...); err != nil {
 				return err
@@ -297,9 +305,34 @@ func (s *BoltStore) commit(batch []*gcJob) {
 		})
 		if b.err != nil {
 			audits = carried
+		} else {
+			s.observe()
 		}
 	}
 	s.restoreAudit(audits)
+}
+
+// appendObserved appends entries written by a transition; Options.Observe
+// sees them once their transaction has committed. The caller holds tx,
+// inside commit.
+func (s *BoltStore) appendObserved(tx *bolt.Tx, entries ...AuditEntry) error {
+	if err := appendAudit(tx, entries...); err != nil {
+		return err
+	}
+	if s.opts.Observe != nil {
+		s.observed = append(s.observed, entries...)
+	}
+	return nil
+}
+
+// observe hands the entries of a committed transaction to Options.Observe.
+func (s *BoltStore) observe() {
+	if s.opts.Observe != nil {
+		for _, e := range s.observed {
+			s.opts.Observe(e)
+		}
+	}
+	s.observed = s.observed[:0]
 }
 
 // appendAudit adds entries to the hash chain; the caller holds tx.
@@ -470,7 +503,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		}
 		if st == stepAnswer {
 			d := s.answer(rec, kind)
-			return d, appendAudit(tx, s.callEntry(c, d))
+			return d, s.appendObserved(tx, s.callEntry(c, d))
 		}
 		if rec.Downstream != "" && rec.Downstream != c.Downstream {
 			return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, c.Downstream)
@@ -528,7 +561,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 	if err != nil {
 		return Decision{}, err
 	}
-	if err := appendAudit(tx, transitionEntry(now, c.Actor, rec, before, "claimed")); err != nil {
+	if err := s.appendObserved(tx, transitionEntry(now, c.Actor, rec, before, "claimed")); err != nil {
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)
@@ -652,7 +685,7 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 			return err
 		}
 	}
-	return appendAudit(tx, transitionEntry(now, a, rec, before, why))
+	return s.appendObserved(tx, transitionEntry(now, a, rec, before, why))
 }
 
 // openStates are the states a record can be stuck in without a caller:
@@ -898,7 +931,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 	if err != nil {
 		return Decision{}, err
 	}
-	if err := appendAudit(tx, transitionEntry(now, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal)); err != nil {
+	if err := s.appendObserved(tx, transitionEntry(now, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal)); err != nil {
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)

@@ -23,6 +23,11 @@ type Options struct {
 	RequireIssuedKeys bool
 	// Now is the clock; tests swap it. Default time.Now.
 	Now func() time.Time
+	// Observe, when set, sees every audit entry: a transition's once its
+	// transaction has committed, a call's (replay, refusal) when it is
+	// recorded. It runs on the committing goroutine and must not block;
+	// metrics use it.
+	Observe func(AuditEntry)
 }
 
 func (o Options) withDefaults() Options {

@@ -97,7 +97,7 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 				}
 				if e.StateBefore == StateUnknown && e.StateAfter != StateUnknown {
 					delete(unknownNow, k)
-					st.Settled[settledHow(e.Decision)]++
+					st.Settled[SettledHow(e.Decision)]++
 				}
 			}
 		}
@@ -117,7 +117,9 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 	return st, nil
 }
 
-func settledHow(decision string) string {
+// SettledHow names how a transition out of unknown settled it, from its
+// audit decision.
+func SettledHow(decision string) string {
 	switch {
 	case strings.HasPrefix(decision, "reconciled: the order system has order"):
 		return "reconciled_found"

@@ -13,6 +13,7 @@ import (
 	"log"
 	"log/slog"
 	"regexp"
+	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
@@ -50,8 +51,27 @@ func (id Identity) Validate() error {
 	return nil
 }
 
-// New returns the MCP server for svc, acting for id.
-func New(svc *tools.Service, id Identity, logger *slog.Logger) *mcpserver.MCPServer {
+type identityKey struct{}
+
+// WithIdentity returns ctx carrying the identity of the caller of one
+// request (the HTTP transport sets it from the bearer token).
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// identityOf is the request's identity, or fallback (the stdio process's
+// own) when the request carries none.
+func identityOf(ctx context.Context, fallback Identity) Identity {
+	if id, ok := ctx.Value(identityKey{}).(Identity); ok {
+		return id
+	}
+	return fallback
+}
+
+// New returns the MCP server for svc. Calls act for the identity their
+// context carries (WithIdentity), or for id when it carries none (stdio:
+// one process, one principal). metrics may be nil.
+func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics) *mcpserver.MCPServer {
 	approverOnly := map[string]bool{}
 	for _, spec := range svc.Specs() {
 		approverOnly[spec.Name] = spec.ApproverOnly
@@ -61,7 +81,7 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger) *mcpserver.MCPSer
 		// Approver tools are neither listed nor callable for other roles
 		// (mcp-go refuses calls to filtered-out tools); the tools re-check.
 		mcpserver.WithToolFilter(func(ctx context.Context, ts []mcp.Tool) []mcp.Tool {
-			if id.Role == "approver" {
+			if identityOf(ctx, id).Role == "approver" {
 				return ts
 			}
 			out := ts[:0:0]
@@ -89,14 +109,16 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger) *mcpserver.MCPSer
 			IdempotentHint:  mcp.ToBoolPtr(spec.Idempotent),
 			OpenWorldHint:   mcp.ToBoolPtr(spec.OpenWorld),
 		}
-		s.AddTool(t, handler(s, svc, id, spec.Name))
+		s.AddTool(t, handler(s, svc, id, spec.Name, metrics))
 	}
 	return s
 }
 
 // handler adapts one tool of svc to mcp-go.
-func handler(s *mcpserver.MCPServer, svc *tools.Service, id Identity, name string) mcpserver.ToolHandlerFunc {
+func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name string, metrics *Metrics) mcpserver.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		started := time.Now()
+		id := identityOf(ctx, fallback)
 		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
 		var progress tools.Progress
@@ -113,6 +135,7 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, id Identity, name strin
 			}
 		}
 		resp := svc.Call(ctx, actor, name, req.Params.Arguments, progress)
+		metrics.observeCall(name, resp, time.Since(started))
 		return toResult(resp), nil
 	}
 }

@@ -1,0 +1,125 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"idemgate/ledger"
+	"idemgate/tools"
+)
+
+// Metrics are the numbers DESIGN §7 asks for, each on its own, for
+// Prometheus. Ledger counters come from the audit entries this process
+// writes (ledger.Options.Observe), so they count exactly what `idemgate
+// stats` counts from the log; with several processes on one ledger,
+// Prometheus sums their series. Duplicate side effects need the whole
+// history of a key and are reported by `idemgate stats`, not here.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	calls    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+
+	ledgerCalls, operations, executions, replays, mismatches, invalid,
+	suspected, lateReplays, unknown prometheus.Counter
+	settled *prometheus.CounterVec
+}
+
+// NewMetrics registers the metrics (and the Go runtime's) in a registry
+// of their own.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "idemgate", Name: name, Help: help})
+		reg.MustRegister(c)
+		return c
+	}
+	m := &Metrics{
+		reg: reg,
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "tool_calls_total",
+			Help: "Tool calls answered, by tool, resulting status and error code."}, []string{"tool", "status", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "idemgate", Name: "tool_call_duration_seconds",
+			Help: "Time to answer a tool call.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"tool"}),
+		ledgerCalls: f("ledger_calls_total", "Calls with an operation key answered by the ledger (retry amplification = this / operations_total)."),
+		operations:  f("operations_total", "Operations first seen (new operation keys claimed or held)."),
+		executions:  f("executions_total", "Operations that reached succeeded."),
+		replays:     f("replays_served_total", "Duplicates answered from a saved result."),
+		mismatches:  f("fingerprint_mismatches_total", "Calls refused because the key belongs to a different request."),
+		invalid:     f("invalid_arguments_total", "Calls refused before the ledger for invalid arguments."),
+		suspected:   f("suspected_duplicates_total", "New keys held for approval because the same request ran moments ago."),
+		lateReplays: f("late_replays_total", "Replays after retention, answered key_expired instead of running again."),
+		unknown:     f("unknown_outcomes_total", "Operations whose outcome became unknown."),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "unknown_settled_total",
+			Help: "Unknown outcomes settled, by how."}, []string{"how"}),
+	}
+	reg.MustRegister(m.calls, m.duration, m.settled)
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// observeCall counts one answered tool call.
+func (m *Metrics) observeCall(tool string, resp *tools.Response, took time.Duration) {
+	if m == nil {
+		return
+	}
+	code := ""
+	if resp.Error != nil {
+		code = resp.Error.Code
+	}
+	m.calls.WithLabelValues(tool, string(resp.Status), code).Inc()
+	m.duration.WithLabelValues(tool).Observe(took.Seconds())
+}
+
+// ObserveAudit counts one audit entry; it is ledger.Options.Observe.
+func (m *Metrics) ObserveAudit(e ledger.AuditEntry) {
+	switch e.Event {
+	case "call":
+		if e.Decision == "refused" {
+			if e.ErrorCode == "invalid_arguments" {
+				m.invalid.Inc()
+			}
+			return
+		}
+		if e.Key == "" {
+			return
+		}
+		m.ledgerCalls.Inc()
+		switch ledger.DecisionKind(e.Decision) {
+		case ledger.DecisionReplay:
+			m.replays.Inc()
+		case ledger.DecisionMismatch:
+			m.mismatches.Inc()
+		case ledger.DecisionExpired:
+			m.lateReplays.Inc()
+		}
+	case "transition":
+		if e.StateBefore == "" {
+			m.operations.Inc()
+		}
+		if e.StateBefore == "" || e.StateBefore == ledger.StateRetryable {
+			m.ledgerCalls.Inc()
+		}
+		if strings.HasPrefix(e.Decision, "suspected_duplicate") {
+			m.suspected.Inc()
+		}
+		if e.StateAfter == ledger.StateSucceeded && e.StateBefore != ledger.StateSucceeded {
+			m.executions.Inc()
+		}
+		if e.StateAfter == ledger.StateUnknown && e.StateBefore != ledger.StateUnknown {
+			m.unknown.Inc()
+		}
+		if e.StateBefore == ledger.StateUnknown && e.StateAfter != ledger.StateUnknown {
+			m.settled.WithLabelValues(ledger.SettledHow(e.Decision)).Inc()
+		}
+	}
+}
