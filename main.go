@@ -42,7 +42,8 @@ Usage:
   idemgate outbox requeue MESSAGE_ID   retry a dead-lettered notification
   idemgate stats [--tenant T] [--json]
                                   reliability numbers: duplicates, replays, unknown outcomes, retries
-  idemgate audit verify|tail      check the audit hash chain, or print recent entries
+  idemgate audit verify|tail|export
+                                  check the audit hash chain, print recent entries, or export it as JSON lines
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
@@ -335,14 +336,15 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 }
 
 func audit(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail") {
-		return usageError{errors.New("usage: idemgate audit verify | idemgate audit tail [-n N]")}
+	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail" && args[0] != "export") {
+		return usageError{errors.New("usage: idemgate audit verify | tail [-n N] | export [--after SEQ]")}
 	}
 	fs := flag.NewFlagSet("audit "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var lf settings
 	lf.register(fs)
 	n := fs.Int("n", 20, "tail: how many of the newest entries (1-10000)")
+	after := fs.Uint64("after", 0, "export: only entries with a sequence number above this (resume an earlier export)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -363,11 +365,31 @@ func audit(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "audit chain intact: %d entries\n", count)
 		return nil
 	}
+	enc := json.NewEncoder(stdout)
+	if args[0] == "export" {
+		// The whole log (or what follows --after) as JSON lines, oldest
+		// first, paged so that a long log is never held in memory; each
+		// line keeps its hash chain fields for an external verifier.
+		for seq := *after; ; {
+			page, err := store.AuditLog(ctx, seq, 10000)
+			if err != nil {
+				return err
+			}
+			for _, e := range page {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+				seq = e.Seq
+			}
+			if len(page) < 10000 {
+				return nil
+			}
+		}
+	}
 	entries, err := store.AuditTail(ctx, *n)
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(stdout)
 	for _, e := range entries {
 		if err := enc.Encode(e); err != nil {
 			return err

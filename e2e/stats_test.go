@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -47,5 +49,47 @@ func TestStats(t *testing.T) {
 	// 5 calls with a valid key over 2 operations.
 	if st.Calls != 5 || st.RetryAmplification != 2.5 {
 		t.Errorf("calls %d, amplification %.2f; want 5 and 2.50", st.Calls, st.RetryAmplification)
+	}
+}
+
+// TestAuditExportAndVerify: the exported audit log is the whole hash
+// chain, oldest first, and verify agrees with it.
+func TestAuditExportAndVerify(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "ledger.db")
+	s := startServer(t, mcpGoModern, serverConfig{DB: db})
+	args := orderArgs(newKey(), "cust-audit", coffee, nil)
+	s.mustSucceed(t, "create_order", args)
+	s.mustSucceed(t, "create_order", args)
+	s.Close()
+	v := runCLI(t, 20*time.Second, "audit", "verify", "--db", db)
+	if v.Code != 0 || !strings.Contains(v.Stdout, "intact") {
+		t.Fatalf("audit verify: exit %d %s%s", v.Code, v.Stdout, v.Stderr)
+	}
+	x := runCLI(t, 20*time.Second, "audit", "export", "--db", db)
+	if x.Code != 0 {
+		t.Fatalf("audit export: exit %d %s", x.Code, x.Stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(x.Stdout), "\n")
+	prev := ""
+	for i, line := range lines {
+		var e struct {
+			Seq      uint64 `json:"seq"`
+			PrevHash string `json:"prev_hash"`
+			Hash     string `json:"hash"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("line %d: %v", i+1, err)
+		}
+		if e.Seq != uint64(i+1) || e.PrevHash != prev {
+			t.Fatalf("line %d: seq %d prev %.8s, want seq %d prev %.8s", i+1, e.Seq, e.PrevHash, i+1, prev)
+		}
+		prev = e.Hash
+	}
+	if want := fmt.Sprintf("%d entries", len(lines)); !strings.Contains(v.Stdout, want) {
+		t.Errorf("verify says %q, export has %d lines", v.Stdout, len(lines))
+	}
+	tail := runCLI(t, 20*time.Second, "audit", "export", "--db", db, "--after", fmt.Sprint(len(lines)-1))
+	if got := strings.Count(strings.TrimSpace(tail.Stdout), "\n") + 1; got != 1 {
+		t.Errorf("export --after %d gave %d lines, want 1", len(lines)-1, got)
 	}
 }
