@@ -2,7 +2,9 @@
 // its JSON Schemas and behaviour hints, attaches the caller's identity to
 // each call, turns progress into MCP notifications and every answer into a
 // tool result (isError for anything the model must act on, never a
-// JSON-RPC error), and serves the stdio transport.
+// JSON-RPC error), and serves the transports: stdio (one process, one
+// principal) and Streamable HTTP (bearer tokens → identities, /healthz,
+// Prometheus /metrics).
 package server
 
 import (
