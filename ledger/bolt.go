@@ -389,6 +389,11 @@ func getRecord(tx *bolt.Tx, tenant, key string) (*Record, error) {
 	if err := json.Unmarshal(v, &r); err != nil {
 		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
 	}
+	if r.ResultFormat > ResultFormat {
+		// Written by a newer idemgate: replaying a result this build does
+		// not understand could hand back something it never returned.
+		return nil, fmt.Errorf("%w: record %s/%s has result format %d, this build reads up to %d", ErrSchemaVersion, tenant, key, r.ResultFormat, ResultFormat)
+	}
 	return &r, nil
 }
 

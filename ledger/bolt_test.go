@@ -486,3 +486,48 @@ func TestOpenRecordsPages(t *testing.T) {
 		t.Errorf("pages covered %s, want k1,k2,k3,k4,k5", got)
 	}
 }
+
+// TestNewerResultFormatIsRefused: a record written by a newer build (a
+// higher result format) is not replayed by this one.
+func TestNewerResultFormatIsRefused(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s, err := OpenBolt(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := Actor{Tenant: "t1", Principal: "p"}
+	c := Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1"}
+	apply := func(tx Tx, rec *Record) (Outcome, error) {
+		return Outcome{State: StateSucceeded, Result: []byte(`{"order":{}}`)}, nil
+	}
+	if _, err := s.Execute(ctx, c, apply); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRecords)
+		var rec map[string]any
+		if err := json.Unmarshal(b.Get(recordKey("t1", "k1")), &rec); err != nil {
+			return err
+		}
+		rec["result_format"] = ResultFormat + 1
+		v, _ := json.Marshal(rec)
+		return b.Put(recordKey("t1", "k1"), v)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpenPath(t, path, Options{})
+	if _, err := s.Execute(ctx, c, apply); !errors.Is(err, ErrSchemaVersion) {
+		t.Errorf("replay of a newer-format record: %v, want ErrSchemaVersion", err)
+	}
+	if _, err := s.Get(ctx, "t1", "k1"); !errors.Is(err, ErrSchemaVersion) {
+		t.Errorf("Get of a newer-format record: %v, want ErrSchemaVersion", err)
+	}
+}

@@ -27,7 +27,9 @@ func (s State) Final() bool {
 
 // ResultFormat is the version of the saved result encoding written by this
 // build. Records carry the format they were written with, so a newer build
-// can still replay results saved by an older one.
+// can still replay results saved by an older one, and an older build
+// refuses (ErrSchemaVersion) a record from a newer one instead of replaying
+// a result it does not understand.
 const ResultFormat = 1
 
 // OpError is a saved, model-facing error of an operation.

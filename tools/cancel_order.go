@@ -3,7 +3,6 @@ package tools
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
@@ -47,21 +46,9 @@ func applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return nil, err
 	}
-	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		o, err := getOrderTx(tx, tenant, a.OrderID)
-		if err != nil {
-			return ledger.Outcome{}, err
-		}
-		if out, stop := staleOutcome(rec.Key, o, a.OrderID, a.ExpectedVersion); stop {
-			return out, nil
-		}
-		o.Status = "cancelled"
-		o.CancelReason = a.Reason
-		o.Version++
-		o.UpdatedAt = tx.Now()
-		if err := replaceOrder(tx, tenant, o); err != nil {
-			return ledger.Outcome{}, err
-		}
-		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": o}), Summary: fmt.Sprintf("order %s cancelled", o.OrderID), DownstreamRef: o.OrderID}, nil
-	}, nil
+	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "cancelled", func(o *Order) (*Order, error) {
+		n := *o
+		n.Status, n.CancelReason = "cancelled", a.Reason
+		return &n, nil
+	}), nil
 }

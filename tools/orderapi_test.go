@@ -115,7 +115,7 @@ func TestOrderAPILookup(t *testing.T) {
 		case "t1:absent":
 			http.NotFound(w, r)
 		default:
-			http.Error(w, "down", 503)
+			http.Error(w, "down", http.StatusServiceUnavailable)
 		}
 	}))
 	defer srv.Close()

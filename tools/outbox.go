@@ -113,6 +113,26 @@ func messagesOf(tx ledger.Tx, tenant, key string) ([]*Message, error) {
 	return out, err
 }
 
+// deliveryPayload is what every sink hands over for a message: the file
+// the directory sink writes, the body the webhook sink POSTs.
+type deliveryPayload struct {
+	MessageID    string   `json:"message_id"`
+	Channel      string   `json:"channel"`
+	To           []string `json:"to"`
+	Subject      string   `json:"subject"`
+	Body         string   `json:"body"`
+	OrderID      string   `json:"order_id"`
+	OperationKey string   `json:"operation_key"`
+	Step         string   `json:"step"`
+}
+
+func payloadOf(m *Message) deliveryPayload {
+	return deliveryPayload{
+		MessageID: m.MessageID, Channel: m.Channel, To: m.To, Subject: m.Subject,
+		Body: m.Body, OrderID: m.OrderID, OperationKey: m.OperationKey, Step: m.Step,
+	}
+}
+
 // Sink hands a message to the outside world. Deliver must be idempotent
 // per MessageID: the deliverer may call it more than once for a message
 // (after a crash, or from two processes at once). Flush makes everything
@@ -156,10 +176,7 @@ func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 			return err
 		}
 	}
-	b, err := json.MarshalIndent(map[string]any{
-		"message_id": m.MessageID, "channel": m.Channel, "to": m.To, "subject": m.Subject,
-		"body": m.Body, "order_id": m.OrderID, "operation_key": m.OperationKey, "step": m.Step,
-	}, "", "  ")
+	b, err := json.MarshalIndent(payloadOf(m), "", "  ")
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,14 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 		return r
 	}
 	key := c.req.OperationKey
-	if rec, err := s.ledger.Get(ctx, c.actor.Tenant, key); err == nil && rec.Principal == c.actor.Principal {
+	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+	}
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	if rec.Principal == c.actor.Principal {
 		return errorResponse(key, rec.State, "forbidden",
 			"You requested this operation yourself; another approver must settle it.", nextDoNotRetry)
 	}
@@ -34,11 +41,11 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
 	}
 	if outcome == "succeeded" {
-		req.Outcome = s.resolvedOutcome(ctx, c, key, ref, evidence)
+		req.Outcome = s.resolvedOutcome(ctx, c, rec, ref, evidence)
 	} else {
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
 	}
-	rec, err := s.ledger.Settle(ctx, req)
+	rec, err = s.ledger.Settle(ctx, req)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
@@ -64,11 +71,11 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 // succeeded. For order tools it keeps the shape every replay of them has
 // ({"order": …}), read from the order system when it can be, and a
 // create_order still gets its confirmation step.
-func (s *Service) resolvedOutcome(ctx context.Context, c *call, key, ref, evidence string) ledger.Outcome {
+func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Record, ref, evidence string) ledger.Outcome {
 	resolution := map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref}
 	out := ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand", Result: mustJSON(resolution)}
-	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
-	if err != nil || ref == "" || (rec.Tool != "create_order" && rec.Tool != "update_order" && rec.Tool != "cancel_order") {
+	key := rec.Key
+	if ref == "" || (rec.Tool != "create_order" && rec.Tool != "update_order" && rec.Tool != "cancel_order") {
 		return out
 	}
 	o, err := s.readOrder(ctx, c.actor.Tenant, ref)

@@ -86,7 +86,6 @@ type call struct {
 	actor    ledger.Actor
 	req      *schemas.Request
 	progress Progress
-	started  time.Time
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -170,7 +169,6 @@ func (s *Service) Deliverer() *Deliverer { return s.outbox }
 // validated before anything touches the ledger, so invalid calls leave no
 // record and the key may be reused with corrected arguments.
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
-	started := time.Now()
 	t, ok := s.tools[name]
 	if !ok {
 		return errorResponse("", ledger.StateRejected, "invalid_arguments", fmt.Sprintf("there is no tool named %q", name), "fix_arguments_and_retry_same_key")
@@ -215,7 +213,7 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 	if progress == nil {
 		progress = func(float64, float64, string) {}
 	}
-	return t.run(ctx, &call{actor: actor, req: req, progress: progress, started: started})
+	return t.run(ctx, &call{actor: actor, req: req, progress: progress})
 }
 
 // keyRefused reports whether the operation key itself was refused

@@ -138,15 +138,25 @@ func applyUpdateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return nil, err
 	}
+	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "changed", func(o *Order) (*Order, error) {
+		return changedOrder(o, a.Changes)
+	}), nil
+}
+
+// applyOrderChange is the side effect shared by update_order and
+// cancel_order: inside the ledger's transaction, re-read the order, refuse
+// a vanished, cancelled or moved one (a saved failure, nothing applied),
+// otherwise write change's result as the next version.
+func applyOrderChange(tenant, id string, expected int, verb string, change func(*Order) (*Order, error)) ledger.ApplyFunc {
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		o, err := getOrderTx(tx, tenant, a.OrderID)
+		o, err := getOrderTx(tx, tenant, id)
 		if err != nil {
 			return ledger.Outcome{}, err
 		}
-		if out, stop := staleOutcome(rec.Key, o, a.OrderID, a.ExpectedVersion); stop {
+		if out, stop := staleOutcome(rec.Key, o, id, expected); stop {
 			return out, nil
 		}
-		n, err := changedOrder(o, a.Changes)
+		n, err := change(o)
 		if err != nil {
 			return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "invalid_arguments", Message: err.Error()}}, nil
 		}
@@ -155,8 +165,9 @@ func applyUpdateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 		if err := replaceOrder(tx, tenant, n); err != nil {
 			return ledger.Outcome{}, err
 		}
-		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": n}), Summary: fmt.Sprintf("order %s version %d", n.OrderID, n.Version), DownstreamRef: n.OrderID}, nil
-	}, nil
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": n}),
+			Summary: fmt.Sprintf("order %s %s, version %d", n.OrderID, verb, n.Version), DownstreamRef: n.OrderID}, nil
+	}
 }
 
 // staleOutcome is the saved failure of a change whose order vanished,

@@ -83,19 +83,6 @@ type WebhookSink struct {
 	client *http.Client
 }
 
-// webhookPayload is the JSON body of a delivery, the same fields the
-// directory sink writes.
-type webhookPayload struct {
-	MessageID    string   `json:"message_id"`
-	Channel      string   `json:"channel"`
-	To           []string `json:"to"`
-	Subject      string   `json:"subject"`
-	Body         string   `json:"body"`
-	OrderID      string   `json:"order_id"`
-	OperationKey string   `json:"operation_key"`
-	Step         string   `json:"step"`
-}
-
 // NewWebhookSink returns a sink that POSTs to rawURL, an absolute http or
 // https URL with a host. timeout bounds one delivery, from connecting to
 // reading the answer (10s when <= 0).
@@ -143,10 +130,7 @@ func redactURL(u *url.URL) string {
 // *PermanentError means it refused the message; any other error is worth
 // retrying.
 func (w *WebhookSink) Deliver(ctx context.Context, m *Message) error {
-	b, err := json.Marshal(webhookPayload{
-		MessageID: m.MessageID, Channel: m.Channel, To: m.To, Subject: m.Subject,
-		Body: m.Body, OrderID: m.OrderID, OperationKey: m.OperationKey, Step: m.Step,
-	})
+	b, err := json.Marshal(payloadOf(m))
 	if err != nil {
 		return &PermanentError{Err: fmt.Errorf("encode message: %w", err)}
 	}

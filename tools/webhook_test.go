@@ -17,7 +17,7 @@ import (
 // gatewayRequest is one request as the fake gateway saw it.
 type gatewayRequest struct {
 	Method, Key, ContentType string
-	Payload                  webhookPayload
+	Payload                  deliveryPayload
 	DecodeErr                error
 }
 
@@ -42,14 +42,14 @@ type idemGateway struct {
 	mu       sync.Mutex
 	script   []gatewayAnswer
 	requests []gatewayRequest
-	stored   map[string]webhookPayload // Idempotency-Key → the message stored
-	accepted int                       // 2xx answers given
-	conns    int                       // connections opened
+	stored   map[string]deliveryPayload // Idempotency-Key → the message stored
+	accepted int                        // 2xx answers given
+	conns    int                        // connections opened
 }
 
 func newIdemGateway(t *testing.T, script ...gatewayAnswer) *idemGateway {
 	t.Helper()
-	g := &idemGateway{t: t, script: script, stored: map[string]webhookPayload{}}
+	g := &idemGateway{t: t, script: script, stored: map[string]deliveryPayload{}}
 	g.srv = httptest.NewUnstartedServer(http.HandlerFunc(g.serve))
 	g.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
@@ -103,10 +103,10 @@ func (g *idemGateway) Requests() []gatewayRequest {
 	return append([]gatewayRequest(nil), g.requests...)
 }
 
-func (g *idemGateway) Stored() map[string]webhookPayload {
+func (g *idemGateway) Stored() map[string]deliveryPayload {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make(map[string]webhookPayload, len(g.stored))
+	out := make(map[string]deliveryPayload, len(g.stored))
 	for k, v := range g.stored {
 		out[k] = v
 	}
@@ -188,7 +188,7 @@ func TestWebhookSinkRequest(t *testing.T) {
 	if r.Method != http.MethodPost || r.Key != m.MessageID || r.ContentType != "application/json" || r.DecodeErr != nil {
 		t.Errorf("request = %s key=%q content-type=%q decode=%v; want POST key=%q application/json", r.Method, r.Key, r.ContentType, r.DecodeErr, m.MessageID)
 	}
-	want := webhookPayload{MessageID: m.MessageID, Channel: "email", To: m.To, Subject: m.Subject, Body: m.Body,
+	want := deliveryPayload{MessageID: m.MessageID, Channel: "email", To: m.To, Subject: m.Subject, Body: m.Body,
 		OrderID: "ord_1", OperationKey: "op-1", Step: "confirmation"}
 	got, _ := json.Marshal(r.Payload)
 	wantJSON, _ := json.Marshal(want)
