@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"idemgate/approvals"
+	"idemgate/ledger"
+	"idemgate/server"
+	"io"
+	"strings"
+)
+
+// settleCmd runs reconcile_operation or resolve_operation from a
+// terminal, through the same code as the tools.
+func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
+	use := "usage: idemgate reconcile KEY [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T]"
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return usageError{errors.New(use)}
+	}
+	key, rest := args[0], args[1:]
+	fs := flag.NewFlagSet(sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf settings
+	lf.register(fs)
+	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", "operator"), "who acts (env IDEMGATE_PRINCIPAL); resolve needs an approver's name")
+	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (env IDEMGATE_TENANT)")
+	outcome := fs.String("outcome", "", "resolve: succeeded or not_executed")
+	evidence := fs.String("evidence", "", "resolve: what you checked and what it showed (10-2000 characters)")
+	ref := fs.String("downstream-ref", "", "resolve: the order system's id for what was done")
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
+	}
+	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := who.Validate(); err != nil {
+		return usageError{err}
+	}
+	store, svc, err := lf.openService("", 0, quietLogger(stderr))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
+	tool, callArgs := "reconcile_operation", map[string]any{"operation_key": key}
+	if sub == "resolve" {
+		tool = "resolve_operation"
+		callArgs["outcome"], callArgs["evidence"] = *outcome, *evidence
+		if *ref != "" {
+			callArgs["downstream_ref"] = *ref
+		}
+	}
+	ctx := context.Background()
+	resp := svc.Call(ctx, actor, tool, callArgs, nil)
+	svc.Deliverer().DeliverPending(ctx) // a settled order's confirmation goes out now
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(resp); err != nil {
+		return err
+	}
+	if resp.IsError && resp.Error != nil {
+		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"idemgate/server"
+	"io"
+	"path/filepath"
+)
+
+// tokensCmd creates bearer tokens for the HTTP transport.
+func tokensCmd(args []string, stdout, stderr io.Writer) error {
+	const use = "usage: idemgate tokens add --principal P --tenant T --role agent|approver [--tokens FILE] [--note TEXT]"
+	if len(args) == 0 || args[0] != "add" {
+		return usageError{errors.New(use)}
+	}
+	fs := flag.NewFlagSet("tokens add", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var id server.Identity
+	fs.StringVar(&id.Principal, "principal", "", "who the token acts for")
+	fs.StringVar(&id.Tenant, "tenant", "default", "the token's tenant")
+	fs.StringVar(&id.Role, "role", "agent", "agent or approver")
+	file := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "tokens file (default: tokens.json beside the default ledger)")
+	note := fs.String("note", "", "what the token is for (at most 200 characters)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *file == "" {
+		*file = filepath.Join(filepath.Dir(env("IDEMGATE_DB", defaultDB())), "tokens.json")
+	}
+	if err := id.Validate(); err != nil {
+		return usageError{err}
+	}
+	token, err := server.AddToken(*file, id, *note)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "added a token for %s (tenant %s, role %s) to %s; it is shown only now:\n", id.Principal, id.Tenant, id.Role, *file)
+	fmt.Fprintln(stdout, token)
+	return nil
+}
