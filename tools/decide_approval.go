@@ -45,6 +45,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		if apply, err = build(rec.Tenant, rec.Args); err != nil {
 			return s.ledgerError(c, err)
 		}
+		apply = audited(s.downstream(rec.Tool), apply)
 	}
 	if external && decision == "approve" && rec.State == ledger.StateAwaitingApproval && rec.Approval != nil && rec.Approval.Rule == "rerun_after_unknown" {
 		// Look once more before re-sending: a late commit of the lost

@@ -135,10 +135,16 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 		}
 	}()
 	started := time.Now()
-	out := run(ctx, rec)
+	trace := &httpTrace{}
+	out := run(withHTTPTrace(ctx, trace), rec)
 	cancel()
 	<-renewed
 	s.log.Debug("downstream call", "tool", rec.Tool, "key", rec.Key, "state", out.State, "duration", time.Since(started))
+	if out.Call == nil {
+		out.Call = trace.downstreamCall(rec.Attempts)
+		noteOrder(out.Call, out.Result)
+		auditedAlso(&out)
+	}
 	if out.State == ledger.StateSucceeded {
 		s.outbox.Kick()
 	}
@@ -171,6 +177,23 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 		return ledger.Decision{Kind: ledger.DecisionReplay, Record: cur}
 	}
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: cur}
+}
+
+// noteOrder copies the order id and version of an order API answer
+// ({"order": {...}}) onto c.
+func noteOrder(c *ledger.DownstreamCall, result json.RawMessage) {
+	if c == nil || result == nil {
+		return
+	}
+	var r struct {
+		Order struct {
+			OrderID string `json:"order_id"`
+			Version int    `json:"version"`
+		} `json:"order"`
+	}
+	if json.Unmarshal(result, &r) == nil {
+		c.OrderID, c.Version = r.Order.OrderID, r.Order.Version
+	}
 }
 
 // reconcile asks the order API what became of an unknown operation and
