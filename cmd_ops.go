@@ -145,9 +145,19 @@ func opsShow(ctx context.Context, store *ledger.BoltStore, tenant, key string, l
 	fmt.Fprintln(w, "SEQ\tAT\tEVENT\tWHO\tMODEL\tSESSION\tREQUEST\tWHAT\tANSWER\tDETAIL")
 	for _, e := range hist {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Seq, stamp(e.At), e.Event, who(e.Actor), model(e.Actor),
-			orDash(oneLine(e.Actor.SessionID, 16)), orDash(oneLine(e.Actor.RequestID, 16)), what(e), answer(e), detail(e))
+			orDash(tail(e.Actor.SessionID, 12)), orDash(oneLine(e.Actor.RequestID, 16)), what(e), answer(e), detail(e))
 	}
 	return w.Flush()
+}
+
+// tail is the last n runes of s, marked "…" when cut: session ids differ
+// at their end, not at their common prefix.
+func tail(s string, n int) string {
+	s = oneLine(s, len(s)+1)
+	if r := []rune(s); len(r) > n {
+		return "…" + string(r[len(r)-n:])
+	}
+	return s
 }
 
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
