@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 )
 
@@ -260,5 +261,30 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 	}
 	if fc == nil || fc.Method != "POST" || fc.Status != 500 || fc.Failure != Indeterminate || fc.OrderID != "" {
 		t.Errorf("failed downstream call = %+v, want POST → 500 indeterminate, no order", fc)
+	}
+}
+
+// TestAuditFieldsPolicyDeny: a call the policy denies is audited as a
+// refusal with the rule, the deny action and the digest of the answer.
+func TestAuditFieldsPolicyDeny(t *testing.T) {
+	ctx := context.Background()
+	p := approvals.Default()
+	p.AllowedCurrencies = []string{"USD"}
+	svc := newService(t, nil, &p)
+	key := uuid.NewString()
+	caller := callerOf(agent, "30")
+	r := svc.Call(ctx, caller, "create_order", orderArgs(key, 1), nil)
+	if r.Error == nil || r.Error.Code != "forbidden" {
+		t.Fatalf("EUR order = %+v, want forbidden", r)
+	}
+	h := history(t, svc, key)
+	if len(h) != 1 {
+		t.Fatalf("history = %+v, want exactly the refusal", h)
+	}
+	e := h[0]
+	checkRequest(t, e, caller)
+	if e.Event != "call" || e.Decision != "refused" || e.ErrorCode != "forbidden" || e.PolicyAction != "deny" ||
+		e.PolicyRule != "currency_not_allowed" || e.ResponseSHA256 != digest(t, r) || e.DurationMS <= 0 {
+		t.Errorf("refusal entry = %+v, want forbidden by deny/currency_not_allowed with the answer's digest", e)
 	}
 }
