@@ -172,3 +172,20 @@ func (t *httpTrace) downstreamCall(attempt int) *ledger.DownstreamCall {
 	return &ledger.DownstreamCall{System: "orders_api", Method: t.method, Path: t.path, Status: t.status,
 		Attempt: attempt, DurationMS: ms(t.duration), Failure: t.failure}
 }
+
+// noteOrder copies the order id and version of an order API answer
+// ({"order": {...}}) onto c.
+func noteOrder(c *ledger.DownstreamCall, result json.RawMessage) {
+	if c == nil || result == nil {
+		return
+	}
+	var r struct {
+		Order struct {
+			OrderID string `json:"order_id"`
+			Version int    `json:"version"`
+		} `json:"order"`
+	}
+	if json.Unmarshal(result, &r) == nil {
+		c.OrderID, c.Version = r.Order.OrderID, r.Order.Version
+	}
+}

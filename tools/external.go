@@ -179,23 +179,6 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: cur}
 }
 
-// noteOrder copies the order id and version of an order API answer
-// ({"order": {...}}) onto c.
-func noteOrder(c *ledger.DownstreamCall, result json.RawMessage) {
-	if c == nil || result == nil {
-		return
-	}
-	var r struct {
-		Order struct {
-			OrderID string `json:"order_id"`
-			Version int    `json:"version"`
-		} `json:"order"`
-	}
-	if json.Unmarshal(result, &r) == nil {
-		c.OrderID, c.Version = r.Order.OrderID, r.Order.Version
-	}
-}
-
 // reconcile asks the order API what became of an unknown operation and
 // settles it: the API's order makes it succeeded; proven absent makes it
 // retryable when the API guarantees safe same-key retries, and otherwise
