@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"idemgate/ledger"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
 
 func ops(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
-		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] | idemgate ops show KEY [--tenant T]")}
+		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] [--json] | idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
 	}
 	sub := args[0]
 	fs := flag.NewFlagSet("ops "+sub, flag.ContinueOnError)
@@ -23,18 +24,21 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	lf.register(fs)
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (\"\" with list: every tenant)")
 	state := fs.String("state", "", "list only this state")
-	limit := fs.Int("limit", 50, "list at most this many (1-10000)")
+	limit := fs.Int("limit", 50, "list: at most this many records; show: the newest this many history entries (1-10000; show's default 1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	rest := args[1:]
 	var key string
 	if sub == "show" {
 		if len(rest) == 0 || len(rest[0]) == 0 || rest[0][0] == '-' {
-			return usageError{errors.New("usage: idemgate ops show KEY [--tenant T]")}
+			return usageError{errors.New("usage: idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
 		}
 		key, rest = rest[0], rest[1:]
 	}
 	if err := fs.Parse(rest); err != nil {
 		return err
+	}
+	if sub == "show" && !flagSet(fs, "limit") {
+		*limit = 1000
 	}
 	if *limit < 1 || *limit > 10000 {
 		return usageError{fmt.Errorf("--limit must be 1-10000, got %d", *limit)}
@@ -46,16 +50,7 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	defer store.Close()
 	ctx := context.Background()
 	if sub == "show" {
-		rec, err := store.Get(ctx, *tenant, key)
-		if errors.Is(err, ledger.ErrNotFound) {
-			return fmt.Errorf("no operation %q in tenant %q", key, *tenant)
-		}
-		if err != nil {
-			return err
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rec)
+		return opsShow(ctx, store, *tenant, key, *limit, *asJSON, stdout)
 	}
 	recs, err := store.List(ctx, ledger.Filter{Tenant: *tenant, State: ledger.State(*state), Limit: *limit})
 	if err != nil {
@@ -70,4 +65,215 @@ func ops(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.FirstSeenAt.UTC().Format(time.RFC3339), r.Tenant, r.Key, r.Tool, r.State, r.Attempts, r.Summary)
 	}
 	return w.Flush()
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// opsHistory is `ops show --json`: the record (null when there is none any
+// more, or never was) and its audit history, oldest first.
+type opsHistory struct {
+	Tenant string              `json:"tenant"`
+	Key    string              `json:"operation_key"`
+	Record *ledger.Record      `json:"record"`
+	Total  int                 `json:"history_total"` // entries in all; History holds the newest --limit
+	Hist   []ledger.AuditEntry `json:"history"`
+}
+
+// opsShow prints one operation: its record and every audit entry of its
+// key — each call, replay and refusal with who, when and what was
+// answered, and each state transition.
+func opsShow(ctx context.Context, store *ledger.BoltStore, tenant, key string, limit int, asJSON bool, stdout io.Writer) error {
+	rec, err := store.Get(ctx, tenant, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		rec, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	hist, total, err := store.AuditForKey(ctx, tenant, key, limit)
+	if err != nil {
+		return err
+	}
+	if rec == nil && total == 0 {
+		return fmt.Errorf("no operation %q in tenant %q, and no call with that key in the audit log", key, tenant)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(opsHistory{Tenant: tenant, Key: key, Record: rec, Total: total, Hist: hist})
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "operation\t%s\n", key)
+	fmt.Fprintf(w, "tenant\t%s\n", tenant)
+	if rec == nil {
+		fmt.Fprintf(w, "record\tnone (never recorded, or deleted after its retention)\n")
+	} else {
+		fmt.Fprintf(w, "tool\t%s\n", rec.Tool)
+		fmt.Fprintf(w, "state\t%s (attempts %d)%s\n", rec.State, rec.Attempts, map[bool]string{true: ", tombstone: result no longer kept"}[rec.Tombstone])
+		fmt.Fprintf(w, "requested by\t%s\n", rec.Principal)
+		fmt.Fprintf(w, "first seen\t%s\n", stamp(rec.FirstSeenAt))
+		if !rec.CompletedAt.IsZero() {
+			fmt.Fprintf(w, "completed\t%s\n", stamp(rec.CompletedAt))
+		}
+		if rec.Summary != "" {
+			fmt.Fprintf(w, "summary\t%s\n", rec.Summary)
+		}
+		if rec.Error != nil {
+			fmt.Fprintf(w, "error\t%s: %s\n", rec.Error.Code, oneLine(rec.Error.Message, 120))
+		}
+		if rec.Downstream != "" {
+			fmt.Fprintf(w, "downstream\t%s\n", rec.Downstream)
+		}
+		if a := rec.Approval; a != nil {
+			fmt.Fprintf(w, "approval\t%s %s (%s)%s\n", a.ID, a.Status, a.Rule, map[bool]string{true: " by " + a.DecidedBy}[a.DecidedBy != ""])
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nhistory: %d entries", total)
+	if len(hist) < total {
+		fmt.Fprintf(stdout, ", the newest %d shown (--limit)", len(hist))
+	}
+	fmt.Fprintln(stdout)
+	w = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SEQ\tAT\tEVENT\tWHO\tMODEL\tSESSION\tREQUEST\tWHAT\tANSWER\tDETAIL")
+	for _, e := range hist {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Seq, stamp(e.At), e.Event, who(e.Actor), model(e.Actor),
+			orDash(tail(e.Actor.SessionID, 12)), orDash(oneLine(e.Actor.RequestID, 16)), what(e), answer(e), detail(e))
+	}
+	return w.Flush()
+}
+
+// tail is the last n runes of s, marked "…" when cut: session ids differ
+// at their end, not at their common prefix.
+func tail(s string, n int) string {
+	s = oneLine(s, len(s)+1)
+	if r := []rune(s); len(r) > n {
+		return "…" + string(r[len(r)-n:])
+	}
+	return s
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// oneLine makes s fit a table cell: no tabs or newlines, at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// who is the principal and the user it acts for; what the client stated
+// is marked as such.
+func who(a ledger.Actor) string {
+	s := a.Principal
+	if a.OnBehalfOf != "" {
+		s += " for " + oneLine(a.OnBehalfOf, 40)
+	}
+	if cs := a.ClientStated; cs != nil && cs.OnBehalfOf != "" {
+		s += " (client says for " + oneLine(cs.OnBehalfOf, 40) + ")"
+	}
+	return orDash(s)
+}
+
+func model(a ledger.Actor) string {
+	s := oneLine(a.Model, 40)
+	if cs := a.ClientStated; cs != nil && cs.Model != "" {
+		if s != "" {
+			s += " "
+		}
+		s += "(client says " + oneLine(cs.Model, 40) + ")"
+	}
+	return orDash(s)
+}
+
+// what is what the entry records: the ledger's decision, the transition,
+// or the answer's status.
+func what(e ledger.AuditEntry) string {
+	var s string
+	switch e.Event {
+	case "transition":
+		s = oneLine(e.Decision, 60) + ": " + orDash(string(e.StateBefore)) + " → " + string(e.StateAfter)
+	case "answer":
+		s = string(e.StateAfter)
+		if e.Replayed {
+			s += " (replayed)"
+		}
+	default:
+		s = e.Decision
+	}
+	if e.ErrorCode != "" && e.Event != "answer" {
+		s += " " + e.ErrorCode
+	}
+	return s
+}
+
+// answer is what the client was sent: error code, digest, duration.
+func answer(e ledger.AuditEntry) string {
+	if e.ResponseSHA256 == "" {
+		return "-"
+	}
+	s := ""
+	if e.Event == "answer" && e.ErrorCode != "" {
+		s = e.ErrorCode + " "
+	}
+	s += "sha256:" + e.ResponseSHA256[:min(12, len(e.ResponseSHA256))]
+	if e.DurationMS > 0 {
+		s += fmt.Sprintf(" %.1fms", e.DurationMS)
+	}
+	return s
+}
+
+// detail is the policy check, the approval and the downstream call.
+func detail(e ledger.AuditEntry) string {
+	var parts []string
+	if e.PolicyAction != "" {
+		parts = append(parts, "policy "+e.PolicyAction+" ("+e.PolicyRule+")")
+	}
+	if e.ApprovalID != "" {
+		a := "approval " + e.ApprovalID + " " + e.ApprovalStatus
+		if e.Approver != "" {
+			a += " by " + e.Approver
+		}
+		parts = append(parts, a)
+	}
+	if c := e.Call; c != nil {
+		d := c.System
+		if c.Method != "" {
+			d += " " + c.Method + " " + c.Path
+			if c.Status != 0 {
+				d += fmt.Sprintf(" → %d", c.Status)
+			}
+		}
+		if c.Failure != "" {
+			d += " " + c.Failure
+		}
+		if c.OrderID != "" {
+			d += fmt.Sprintf(" order %s v%d", c.OrderID, c.Version)
+		}
+		if len(c.MessageIDs) > 0 {
+			d += " messages " + strings.Join(c.MessageIDs, ",")
+		}
+		d += fmt.Sprintf(" (attempt %d, %.1fms)", c.Attempt, c.DurationMS)
+		parts = append(parts, d)
+	}
+	if e.Event == "call" && e.Decision == "refused" && e.Detail != "" {
+		parts = append(parts, oneLine(e.Detail, 80))
+	}
+	return orDash(strings.Join(parts, "; "))
 }

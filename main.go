@@ -22,7 +22,7 @@ Usage:
   idemgate tokens add --principal P --tenant T --role agent|approver
                                   create a bearer token for --http (shown once; stored hashed)
   idemgate ops list [flags]       list recent operations
-  idemgate ops show KEY [flags]   show one operation's record
+  idemgate ops show KEY [flags]   show one operation's record and its whole audit history
   idemgate approvals list|show ID|approve ID|reject ID [--comment C]
                                   decide approvals as an approver, on the same ledger
   idemgate reconcile KEY          ask the order API what became of an unknown operation

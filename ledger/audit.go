@@ -9,8 +9,22 @@ import (
 )
 
 // AuditEntry is one line of the audit log: a tool call (accepted, replayed
-// or refused) or a state transition. Seq, PrevHash and Hash are set by the
-// store when the entry is appended.
+// or refused), a state transition, or the answer a side-effecting call was
+// sent. Seq, PrevHash and Hash are set by the store when the entry is
+// appended.
+//
+// Events:
+//   - "call": what the ledger (or, with decision "refused", the policy or
+//     argument validation) decided for a call that changed nothing.
+//   - "transition": a state change of an operation, written in the
+//     transaction that made it.
+//   - "answer": the end of a side-effecting tool call: what the client was
+//     sent (status, error code, SHA-256 of the result's JSON text) and how
+//     long the call took.
+//
+// Every field added after the first release is omitted when empty, so the
+// JSON of an entry written before — and with it the hash chain — is
+// unchanged.
 type AuditEntry struct {
 	Seq         uint64    `json:"seq"`
 	At          time.Time `json:"at"`
@@ -27,8 +41,52 @@ type AuditEntry struct {
 	DurationMS  float64   `json:"duration_ms,omitempty"`
 	ErrorCode   string    `json:"error_code,omitempty"`
 	Detail      string    `json:"detail,omitempty"`
-	PrevHash    string    `json:"prev_hash"`
-	Hash        string    `json:"hash"`
+	// PolicyRule and PolicyAction are the policy check of the call: the
+	// rule that decided and its action (allow, approve, deny).
+	PolicyRule   string `json:"policy_rule,omitempty"`
+	PolicyAction string `json:"policy_action,omitempty"`
+	// ApprovalID, ApprovalStatus and Approver describe the operation's
+	// approval when it has one: on the entries after an approval, the
+	// approval that authorised the execution and who decided it.
+	ApprovalID     string `json:"approval_id,omitempty"`
+	ApprovalStatus string `json:"approval_status,omitempty"`
+	Approver       string `json:"approver,omitempty"`
+	// Call is what the operation did at its downstream, on the transition
+	// that recorded its outcome.
+	Call *DownstreamCall `json:"downstream_call,omitempty"`
+	// Replayed and ResponseSHA256 are on answer entries (ResponseSHA256
+	// also on refusals): whether the answer was a replay, and the SHA-256
+	// (hex) of the tool result's JSON text as sent to the client.
+	Replayed       bool   `json:"replayed,omitempty"`
+	ResponseSHA256 string `json:"response_sha256,omitempty"`
+	PrevHash       string `json:"prev_hash"`
+	Hash           string `json:"hash"`
+}
+
+// DownstreamCall is what one execution of an operation did at its
+// downstream, for the audit: the HTTP request to the order API, or the
+// writes to the embedded store and the outbox.
+type DownstreamCall struct {
+	// System is "embedded" (the order store in the ledger's file),
+	// "outbox" (a notification queued) or "orders_api".
+	System string `json:"system"`
+	// Method, Path and Status are the order API's HTTP request and answer
+	// (Status 0: no answer was received).
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Status int    `json:"status,omitempty"`
+	// Attempt is the operation's attempt this call was (1 for the first).
+	Attempt    int     `json:"attempt,omitempty"`
+	DurationMS float64 `json:"duration_ms,omitempty"`
+	// Failure is the class of a failed order API call: not_sent,
+	// definitive or indeterminate.
+	Failure string `json:"failure,omitempty"`
+	// OrderID and Version are the order written (embedded store) or
+	// returned (order API); MessageIDs the outbox messages queued in the
+	// same transaction.
+	OrderID    string   `json:"order_id,omitempty"`
+	Version    int      `json:"version,omitempty"`
+	MessageIDs []string `json:"message_ids,omitempty"`
 }
 
 // chain fills e's PrevHash and Hash from the previous entry's hash. The
@@ -69,8 +127,33 @@ func transitionEntry(now time.Time, a Actor, rec *Record, before State, decision
 		StateAfter: rec.State, Attempt: rec.Attempts,
 	}
 	e.Actor.Tenant = rec.Tenant
+	e.Downstream = rec.Downstream
 	if rec.Error != nil {
 		e.ErrorCode = rec.Error.Code
 	}
+	e.noteApproval(rec)
 	return e
+}
+
+// noteApproval copies rec's approval, if any, onto e.
+func (e *AuditEntry) noteApproval(rec *Record) {
+	if a := rec.Approval; a != nil {
+		e.ApprovalID, e.ApprovalStatus, e.Approver = a.ID, a.Status, a.DecidedBy
+	}
+}
+
+// withCall puts an outcome's downstream call on a transition entry.
+func withCall(c *DownstreamCall) func(*AuditEntry) {
+	return func(e *AuditEntry) {
+		if c != nil {
+			cc := *c
+			cc.MessageIDs = append([]string(nil), c.MessageIDs...)
+			e.Call = &cc
+		}
+	}
+}
+
+// policyOf puts a claim's policy check on an entry.
+func (c Claim) policyOf(e *AuditEntry) {
+	e.PolicyRule, e.PolicyAction = c.PolicyRule, c.PolicyAction
 }

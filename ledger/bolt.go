@@ -83,6 +83,11 @@ func initSchema(db *bolt.DB) error {
 		for _, name := range allBuckets {
 			missing = missing || tx.Bucket(name) == nil
 		}
+		if b := tx.Bucket(bucketAudit); b != nil && !missing {
+			if k, _ := b.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) > auditIndexed(tx) {
+				missing = true // audit entries the per-key index lacks
+			}
+		}
 		return nil
 	}); err != nil {
 		return err
@@ -100,6 +105,12 @@ func initSchema(db *bolt.DB) error {
 	return db.Update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		// A file written before the per-key audit index: index its log.
+		if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); k != nil {
+			if err := indexAudit(tx, binary.BigEndian.Uint64(k)); err != nil {
 				return err
 			}
 		}
@@ -335,7 +346,8 @@ func (s *BoltStore) observe() {
 	s.observed = s.observed[:0]
 }
 
-// appendAudit adds entries to the hash chain; the caller holds tx.
+// appendAudit adds entries to the hash chain and to the per-key index;
+// the caller holds tx.
 func appendAudit(tx *bolt.Tx, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
@@ -350,6 +362,12 @@ func appendAudit(tx *bolt.Tx, entries ...AuditEntry) error {
 		}
 		seq, prev = last.Seq, last.Hash
 	}
+	// Entries a build without the index appended (another process on the
+	// same file) are indexed now, before the new ones.
+	if err := indexAudit(tx, seq); err != nil {
+		return err
+	}
+	idx := tx.Bucket(bucketAuditByKey)
 	for _, e := range entries {
 		seq++
 		e.Seq = seq
@@ -363,9 +381,58 @@ func appendAudit(tx *bolt.Tx, entries ...AuditEntry) error {
 		if err := b.Put(be64(seq), v); err != nil {
 			return err
 		}
+		if e.Key != "" {
+			if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, seq), nil); err != nil {
+				return err
+			}
+		}
 		prev = e.Hash
 	}
-	return nil
+	return tx.Bucket(bucketMeta).Put(keyAuditIndexed, be64(seq))
+}
+
+// auditKeyIndex is the per-key audit index key of entry seq of (tenant,
+// key): tenant \x00 key \x00 seq (8 bytes BE).
+func auditKeyIndex(tenant, key string, seq uint64) []byte {
+	return append(recordKey(tenant, key+"\x00"), be64(seq)...)
+}
+
+// auditIndexed is the sequence number up to which every audit entry is in
+// the per-key index.
+func auditIndexed(tx *bolt.Tx) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(keyAuditIndexed); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+// indexAudit adds the entries after the index's watermark, up to through,
+// to the per-key index and moves the watermark; the caller holds tx.
+func indexAudit(tx *bolt.Tx, through uint64) error {
+	done := auditIndexed(tx)
+	if done >= through {
+		return nil
+	}
+	idx := tx.Bucket(bucketAuditByKey)
+	c := tx.Bucket(bucketAudit).Cursor()
+	for k, v := c.Seek(be64(done + 1)); k != nil && binary.BigEndian.Uint64(k) <= through; k, v = c.Next() {
+		var e struct {
+			Seq   uint64 `json:"seq"`
+			Key   string `json:"key"`
+			Actor struct {
+				Tenant string `json:"tenant"`
+			} `json:"actor"`
+		}
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("ledger: audit entry %x: %w", k, err)
+		}
+		if e.Key != "" {
+			if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, binary.BigEndian.Uint64(k)), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return tx.Bucket(bucketMeta).Put(keyAuditIndexed, be64(through))
 }
 
 func be64(v uint64) []byte {
@@ -480,8 +547,11 @@ func (s *BoltStore) answer(rec *Record, kind DecisionKind) Decision {
 
 func (s *BoltStore) callEntry(c Claim, d Decision) AuditEntry {
 	e := AuditEntry{At: s.opts.Now(), Event: "call", Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: string(d.Kind)}
+	c.policyOf(&e)
 	if d.Record != nil {
 		e.StateBefore, e.StateAfter, e.Attempt = d.Record.State, d.Record.State, d.Record.Attempts
+		e.Downstream = d.Record.Downstream
+		e.noteApproval(d.Record)
 	}
 	if d.Kind == DecisionMismatch {
 		e.ErrorCode = "key_reused_with_different_request"
@@ -529,7 +599,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		}
 		if c.RequireApproval {
 			rec := s.heldRecord(c, now, "")
-			if err := s.saveNew(tx, c.Actor, rec, "held: "+rec.Approval.Rule, now); err != nil {
+			if err := s.saveNew(tx, c.Actor, rec, "held: "+rec.Approval.Rule, now, c.policyOf); err != nil {
 				return Decision{}, err
 			}
 			fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
@@ -557,7 +627,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		return Decision{}, err
 	}
 	if apply == nil {
-		if err := s.saveTransition(tx, c.Actor, rec, before, "claimed", now); err != nil {
+		if err := s.saveTransition(tx, c.Actor, rec, before, "claimed", now, c.policyOf); err != nil {
 			return Decision{}, err
 		}
 		return Decision{Kind: DecisionClaimed, Record: rec}, nil
@@ -566,11 +636,13 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 	if err != nil {
 		return Decision{}, err
 	}
-	if err := s.appendObserved(tx, transitionEntry(now, c.Actor, rec, before, "claimed")); err != nil {
+	claimed := transitionEntry(now, c.Actor, rec, before, "claimed")
+	c.policyOf(&claimed)
+	if err := s.appendObserved(tx, claimed); err != nil {
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, "executed", now); err != nil {
+	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, "executed", now, c.policyOf, withCall(out.Call)); err != nil {
 		return Decision{}, err
 	}
 	return Decision{Kind: DecisionExecuted, Record: rec}, nil
@@ -598,7 +670,7 @@ func (s *BoltStore) holdSuspect(tx *bolt.Tx, c Claim, now time.Time) (Decision, 
 		earlier = tombstone(earlier)
 	}
 	rec := s.heldRecord(c, now, fe.Key)
-	if err := s.saveNew(tx, c.Actor, rec, "suspected_duplicate of "+fe.Key, now); err != nil {
+	if err := s.saveNew(tx, c.Actor, rec, "suspected_duplicate of "+fe.Key, now, c.policyOf); err != nil {
 		return Decision{}, false, err
 	}
 	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
@@ -627,7 +699,7 @@ func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Recor
 
 // saveNew writes a record that did not exist, with its time index and,
 // for a held record, the sweep that expires its approval.
-func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now time.Time) error {
+func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now time.Time, more ...func(*AuditEntry)) error {
 	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
 		return err
 	}
@@ -637,7 +709,7 @@ func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now t
 			return err
 		}
 	}
-	return s.saveTransition(tx, a, rec, "", why, now)
+	return s.saveTransition(tx, a, rec, "", why, now, more...)
 }
 
 // finish applies out to an in_progress rec.
@@ -661,7 +733,7 @@ func (s *BoltStore) finish(rec *Record, out Outcome, now time.Time) {
 
 // saveTransition writes rec, its audit entry and, for a final state, its
 // retention schedule; the caller holds tx.
-func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before State, why string, now time.Time) error {
+func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before State, why string, now time.Time, more ...func(*AuditEntry)) error {
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
@@ -690,7 +762,11 @@ func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before Sta
 			return err
 		}
 	}
-	return s.appendObserved(tx, transitionEntry(now, a, rec, before, why))
+	e := transitionEntry(now, a, rec, before, why)
+	for _, f := range more {
+		f(&e)
+	}
+	return s.appendObserved(tx, e)
 }
 
 // openStates are the states a record can be stuck in without a caller:
@@ -846,7 +922,7 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 				}
 			}
 		}
-		return s.saveTransition(tx, r.Actor, rec, before, r.Why, now)
+		return s.saveTransition(tx, r.Actor, rec, before, r.Why, now, withCall(r.Outcome.Call))
 	})
 	if err != nil {
 		return nil, err
@@ -940,7 +1016,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, r.Approver, rec, StateInProgress, "executed after approval", now); err != nil {
+	if err := s.saveTransition(tx, r.Approver, rec, StateInProgress, "executed after approval", now, withCall(out.Call)); err != nil {
 		return Decision{}, err
 	}
 	fp, _ := json.Marshal(fpEntry{Key: rec.Key, At: now})
@@ -1029,7 +1105,7 @@ func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint6
 				return err
 			}
 		}
-		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now)
+		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now, withCall(out.Call))
 	})
 	if err != nil {
 		return nil, err
@@ -1295,6 +1371,66 @@ func (s *BoltStore) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) 
 	})
 	slices.Reverse(out)
 	return out, err
+}
+
+// AuditForKey returns the audit entries of (tenant, key) — its calls,
+// replays, refusals, transitions and answers — oldest first: the newest
+// limit of them (limit <= 0: all), and how many there are in all. It reads
+// the per-key index, so its cost is that of the key's own entries, not of
+// the whole log (plus a scan of the entries appended since the index's
+// watermark, which only a build without the index leaves behind).
+// Buffered entries are written first, so the history is complete.
+func (s *BoltStore) AuditForKey(ctx context.Context, tenant, key string, limit int) ([]AuditEntry, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if err := s.flushAudit(); err != nil {
+		return nil, 0, err
+	}
+	var out []AuditEntry
+	total := 0
+	err := s.view(func(tx *bolt.Tx) error {
+		out, total = nil, 0
+		audit := tx.Bucket(bucketAudit)
+		var seqs []uint64
+		prefix := recordKey(tenant, key+"\x00")
+		c := tx.Bucket(bucketAuditByKey).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if len(k) == len(prefix)+8 {
+				seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+			}
+		}
+		done := auditIndexed(tx)
+		ac := audit.Cursor()
+		for k, v := ac.Seek(be64(done + 1)); k != nil; k, v = ac.Next() {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("ledger: audit entry %x: %w", k, err)
+			}
+			if e.Key == key && e.Actor.Tenant == tenant {
+				seqs = append(seqs, e.Seq)
+			}
+		}
+		total = len(seqs)
+		if limit > 0 && len(seqs) > limit {
+			seqs = seqs[len(seqs)-limit:]
+		}
+		for _, seq := range seqs {
+			v := audit.Get(be64(seq))
+			if v == nil {
+				continue
+			}
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("ledger: audit entry %d: %w", seq, err)
+			}
+			if e.Key == key && e.Actor.Tenant == tenant {
+				out = append(out, e)
+			}
+		}
+		return nil
+	})
+	return out, total, err
 }
 
 // VerifyAudit checks the whole hash chain and returns the number of

@@ -16,7 +16,9 @@ var (
 	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
+	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → ""
 	keySchemaVersion = []byte("schema_version")
+	keyAuditIndexed  = []byte("audit_indexed") // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending, bucketOpen}
+var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey}

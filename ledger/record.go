@@ -98,7 +98,9 @@ type Record struct {
 	CompletedAt   time.Time       `json:"completed_at,omitzero"`
 }
 
-// Actor is who made a call, for records and audit entries. Client names are
+// Actor is who made a call, for records and audit entries. Tenant,
+// Principal and Role are the authenticated identity (the bearer token, or
+// the stdio process's configuration). Client names and ClientStated are
 // self-reported by the client: recorded, never trusted for identity.
 type Actor struct {
 	Tenant        string `json:"tenant"`
@@ -106,8 +108,32 @@ type Actor struct {
 	Role          string `json:"role,omitempty"`
 	ClientName    string `json:"client_name,omitempty"`
 	ClientVersion string `json:"client_version,omitempty"`
-	RequestID     string `json:"request_id,omitempty"`
-	Trace         string `json:"trace,omitempty"`
+	// RequestID is the JSON-RPC id of the tools/call request (numbers in
+	// decimal, strings as sent; at most 64 bytes).
+	RequestID string `json:"request_id,omitempty"`
+	// Trace is the W3C traceparent the client sent in _meta, when it is
+	// well-formed.
+	Trace string `json:"trace,omitempty"`
+	// SessionID is the MCP session (Streamable HTTP: Mcp-Session-Id) or,
+	// over stdio, an id the process generates at start.
+	SessionID string `json:"session_id,omitempty"`
+	// OnBehalfOf and Model are the user the agent acts for and the model
+	// driving it, as the operator configured them: on the bearer token
+	// (tokens add --on-behalf-of --model) or the stdio server
+	// (serve --on-behalf-of --model).
+	OnBehalfOf string `json:"on_behalf_of,omitempty"`
+	Model      string `json:"model,omitempty"`
+	// ClientStated is what the client said about itself in the request's
+	// _meta: recorded as stated, never checked.
+	ClientStated *ClientStated `json:"client_stated,omitempty"`
+}
+
+// ClientStated is what a client claims in a request's _meta
+// (idemgate/on_behalf_of, idemgate/model). Nobody verified it: it is not an
+// identity.
+type ClientStated struct {
+	OnBehalfOf string `json:"on_behalf_of,omitempty"`
+	Model      string `json:"model,omitempty"`
 }
 
 // Claim asks the ledger to run one operation.
@@ -135,8 +161,10 @@ type Claim struct {
 	// run — an approver's decision, a re-run after an unknown outcome — can
 	// perform exactly it. Dropped with the rest of the result at retention.
 	Args json.RawMessage
-	// PolicyRule names the policy rule that allowed the call, for the audit.
-	PolicyRule string
+	// PolicyRule names the policy rule that decided the call, and
+	// PolicyAction its action (allow, approve), for the audit.
+	PolicyRule   string
+	PolicyAction string
 	// Downstream names where the side effect goes ("embedded", or
 	// "orders_api <base URL>"). It is saved in a new record; running an
 	// existing record again from a process configured for another
@@ -184,6 +212,10 @@ type Outcome struct {
 	// succeeded outcome (Complete, Settle): the writes of the steps that
 	// follow — an order's confirmation in the outbox — commit with it.
 	Also func(tx Tx) error
+	// Call, when set, is what the side effect did at its downstream; it is
+	// written on the audit entry that records the outcome (read after Also
+	// has run, so Also may add to it).
+	Call *DownstreamCall
 }
 
 // DecisionKind says what a claim decided.

@@ -33,6 +33,11 @@ type Identity struct {
 	Principal string
 	Tenant    string
 	Role      string // agent, approver
+	// OnBehalfOf and Model are the user the agent acts for and its model,
+	// as the operator configured them (token, serve flags); recorded in the
+	// audit log, optional.
+	OnBehalfOf string
+	Model      string
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$`)
@@ -50,7 +55,7 @@ func (id Identity) Validate() error {
 	default:
 		return fmt.Errorf("role %q: must be agent or approver", id.Role)
 	}
-	return nil
+	return validateDelegation(id.OnBehalfOf, id.Model)
 }
 
 type identityKey struct{}
@@ -113,6 +118,7 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics)
 		}
 		s.AddTool(t, handler(s, svc, id, spec.Name, metrics))
 	}
+	addRequestIDHook(s)
 	return s
 }
 
@@ -121,13 +127,12 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		started := time.Now()
 		id := identityOf(ctx, fallback)
-		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role}
+		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role,
+			OnBehalfOf: id.OnBehalfOf, Model: id.Model, SessionID: sessionID(ctx)}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
+		requestOf(&actor, req.Params.Meta)
 		var progress tools.Progress
 		if meta := req.Params.Meta; meta != nil {
-			if tp, ok := meta.AdditionalFields["traceparent"].(string); ok && len(tp) <= 128 {
-				actor.Trace = tp
-			}
 			if token := meta.ProgressToken; token != nil {
 				progress = func(done, total float64, msg string) {
 					_ = s.SendNotificationToClient(ctx, "notifications/progress", map[string]any{

@@ -30,12 +30,16 @@ type Tokens struct {
 
 // tokenEntry is one line of the tokens file.
 type tokenEntry struct {
-	SHA256    string    `json:"sha256"` // hex SHA-256 of the token
-	Principal string    `json:"principal"`
-	Tenant    string    `json:"tenant"`
-	Role      string    `json:"role"`
-	CreatedAt time.Time `json:"created_at"`
-	Note      string    `json:"note,omitempty"`
+	SHA256    string `json:"sha256"` // hex SHA-256 of the token
+	Principal string `json:"principal"`
+	Tenant    string `json:"tenant"`
+	Role      string `json:"role"`
+	// OnBehalfOf and Model are the user the token's agent acts for and its
+	// model, recorded on every audit entry of the token's calls.
+	OnBehalfOf string    `json:"on_behalf_of,omitempty"`
+	Model      string    `json:"model,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	Note       string    `json:"note,omitempty"`
 }
 
 type tokenFile struct {
@@ -90,7 +94,7 @@ func (t *Tokens) reload() error {
 	}
 	byHash := make(map[string]Identity, len(f.Tokens))
 	for i, e := range f.Tokens {
-		id := Identity{Principal: e.Principal, Tenant: e.Tenant, Role: e.Role}
+		id := Identity{Principal: e.Principal, Tenant: e.Tenant, Role: e.Role, OnBehalfOf: e.OnBehalfOf, Model: e.Model}
 		if err := id.Validate(); err != nil {
 			return fmt.Errorf("tokens file %s: entry %d: %w", t.path, i+1, err)
 		}
@@ -139,7 +143,8 @@ func AddToken(path string, id Identity, note string) (string, error) {
 	}
 	token := "igt_" + base64.RawURLEncoding.EncodeToString(raw)
 	sum := sha256.Sum256([]byte(token))
-	f.Tokens = append(f.Tokens, tokenEntry{SHA256: hex.EncodeToString(sum[:]), Principal: id.Principal, Tenant: id.Tenant, Role: id.Role, CreatedAt: time.Now().UTC(), Note: note})
+	f.Tokens = append(f.Tokens, tokenEntry{SHA256: hex.EncodeToString(sum[:]), Principal: id.Principal, Tenant: id.Tenant, Role: id.Role,
+		OnBehalfOf: id.OnBehalfOf, Model: id.Model, CreatedAt: time.Now().UTC(), Note: note})
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return "", err

@@ -135,10 +135,16 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 		}
 	}()
 	started := time.Now()
-	out := run(ctx, rec)
+	trace := &httpTrace{}
+	out := run(withHTTPTrace(ctx, trace), rec)
 	cancel()
 	<-renewed
 	s.log.Debug("downstream call", "tool", rec.Tool, "key", rec.Key, "state", out.State, "duration", time.Since(started))
+	if out.Call == nil {
+		out.Call = trace.downstreamCall(rec.Attempts)
+		noteOrder(out.Call, out.Result)
+		auditedAlso(&out)
+	}
 	if out.State == ledger.StateSucceeded {
 		s.outbox.Kick()
 	}

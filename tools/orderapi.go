@@ -87,8 +87,20 @@ var errAbsent = errors.New("orders API: no order for this idempotency key")
 // of it, so two tenants' keys never meet at a shared API.
 func apiKey(tenant, key string) string { return tenant + ":" + key }
 
-// do sends one request and decodes a 2xx JSON answer into out.
-func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) error {
+// do sends one request and decodes a 2xx JSON answer into out. The
+// request's method, path, status and duration are noted on the context's
+// audit trace (noteHTTP).
+func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) (err error) {
+	started := time.Now()
+	status := 0
+	defer func() {
+		failure := ""
+		var ae *APIError
+		if errors.As(err, &ae) {
+			failure = ae.Class
+		}
+		noteHTTP(ctx, method, a.base.Path+path, status, failure, time.Since(started))
+	}()
 	u := *a.base
 	u.Path += path
 	u.RawQuery = query.Encode()
@@ -123,6 +135,7 @@ func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values
 		return &APIError{Class: Indeterminate, Msg: err.Error()}
 	}
 	defer resp.Body.Close()
+	status = resp.StatusCode
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
 		return &APIError{Class: Indeterminate, Status: resp.StatusCode, Msg: "reading the answer: " + err.Error()}

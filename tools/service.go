@@ -86,6 +86,11 @@ type call struct {
 	actor    ledger.Actor
 	req      *schemas.Request
 	progress Progress
+	started  time.Time
+	// policy is the policy's verdict, for the audit (zero: not evaluated).
+	policy approvals.Verdict
+	// refused is set when the call was refused before the ledger was asked.
+	refused *refusal
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -167,17 +172,21 @@ func (s *Service) Deliverer() *Deliverer { return s.outbox }
 // Call runs one tool call for actor. It never returns nil and never panics
 // into the caller: a panic becomes an internal-error Response. Arguments are
 // validated before anything touches the ledger, so invalid calls leave no
-// record and the key may be reused with corrected arguments.
+// record and the key may be reused with corrected arguments. Every call of a
+// side-effecting tool, and every refusal, ends with an audit entry of what
+// was answered (see audit).
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
 	t, ok := s.tools[name]
 	if !ok {
 		return errorResponse("", ledger.StateRejected, "invalid_arguments", fmt.Sprintf("there is no tool named %q", name), "fix_arguments_and_retry_same_key")
 	}
+	c := &call{actor: actor, progress: progress, started: time.Now()}
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.Error("tool panicked", "tool", name, "panic", r)
 			resp = internalError("")
 		}
+		s.audit(c, name, t.ReadOnly, resp)
 	}()
 	req, err := s.schemas.Prepare(name, args)
 	if err != nil {
@@ -193,7 +202,7 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 				key = ""
 			}
 		}
-		s.auditRefusal(actor, name, key, "invalid_arguments", ve.Error())
+		c.refused = &refusal{code: "invalid_arguments", detail: ve.Error(), key: key}
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
 		next := nextFixRetry
 		switch {
@@ -210,10 +219,11 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
 		return r
 	}
-	if progress == nil {
-		progress = func(float64, float64, string) {}
+	if c.progress == nil {
+		c.progress = func(float64, float64, string) {}
 	}
-	return t.run(ctx, &call{actor: actor, req: req, progress: progress})
+	c.req = req
+	return t.run(ctx, c)
 }
 
 // keyRefused reports whether the operation key itself was refused
@@ -225,16 +235,6 @@ func keyRefused(ve *schemas.ValidationError) bool {
 		}
 	}
 	return false
-}
-
-// auditRefusal records a call refused before the ledger was asked.
-func (s *Service) auditRefusal(actor ledger.Actor, tool, key, code, detail string) {
-	if a, ok := s.ledger.(interface{ Audit(ledger.AuditEntry) }); ok {
-		if len(detail) > 500 {
-			detail = detail[:500] + "…"
-		}
-		a.Audit(ledger.AuditEntry{Event: "call", Actor: actor, Tool: tool, Key: key, Decision: "refused", ErrorCode: code, Detail: detail})
-	}
 }
 
 // proposal is what an approver would be shown for a call.
@@ -250,8 +250,9 @@ type proposal struct {
 func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	key := c.req.OperationKey
 	v := s.policy.Evaluate(c.actor.Principal, c.req.Tool, c.req.Args)
+	c.policy = v
 	if v.Action == approvals.Deny {
-		s.auditRefusal(c.actor, c.req.Tool, key, "forbidden", v.Rule+": "+v.Reason)
+		c.refused = &refusal{code: "forbidden", detail: v.Rule + ": " + v.Reason, key: key}
 		return errorResponse(key, ledger.StateRejected, "forbidden",
 			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", nextDoNotRetry)
 	}
@@ -263,6 +264,7 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
+	apply = audited(s.downstream(c.req.Tool), apply)
 	diff, _ := json.Marshal(p.diff.Changes)
 	claim := ledger.Claim{
 		Actor: c.actor, Key: key, Tool: c.req.Tool, Fingerprint: c.req.Fingerprint,
@@ -272,6 +274,7 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		Proposal:          &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion},
 		Args:              args,
 		PolicyRule:        v.Rule,
+		PolicyAction:      v.Action,
 		Downstream:        s.downstream(c.req.Tool),
 	}
 	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {

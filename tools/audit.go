@@ -1,0 +1,191 @@
+package tools
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"idemgate/ledger"
+)
+
+// What the audit log learns from the tools: the policy check of a call,
+// what its side effect did at the downstream, and what the client was sent.
+
+// auditor is the ledger's buffered audit append (BoltStore.Audit).
+type auditor interface{ Audit(ledger.AuditEntry) }
+
+// refusal is a call refused before the ledger was asked (invalid
+// arguments, policy deny): its audit entry is written once the answer is
+// known, with the answer's digest.
+type refusal struct {
+	code, detail string
+	key          string // the operation_key as sent, even when it was the thing refused
+}
+
+// audit writes the entry that ends a tool call: a refusal's "call" entry,
+// or the "answer" entry of a side-effecting tool (read-only tools are not
+// audited). It never fails the call: an answer that cannot be encoded is
+// audited without a digest.
+func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
+	a, ok := s.ledger.(auditor)
+	if !ok || (readOnly && c.refused == nil) {
+		return
+	}
+	e := ledger.AuditEntry{
+		Event: "answer", Actor: c.actor, Tool: tool, Key: resp.OperationKey,
+		StateAfter: resp.Status, Attempt: resp.Attempts, Replayed: resp.Replayed,
+		DurationMS: ms(time.Since(c.started)),
+	}
+	if e.Key == "" && c.req != nil {
+		e.Key = c.req.OperationKey
+	}
+	if c.policy.Action != "" {
+		e.PolicyRule, e.PolicyAction = c.policy.Rule, c.policy.Action
+	}
+	if resp.Error != nil {
+		e.ErrorCode = resp.Error.Code
+	}
+	if ap := resp.Approval; ap != nil {
+		e.ApprovalID, e.ApprovalStatus, e.Approver = ap.ID, ap.Status, ap.DecidedBy
+	}
+	if b, err := json.Marshal(resp); err == nil {
+		sum := sha256.Sum256(b) // the bytes the server sends as the result's text
+		e.ResponseSHA256 = hex.EncodeToString(sum[:])
+	}
+	if r := c.refused; r != nil {
+		e.Event, e.Decision, e.ErrorCode, e.Detail = "call", "refused", r.code, clipDetail(r.detail)
+		e.Key, e.StateAfter, e.Attempt = r.key, "", 0
+	}
+	a.Audit(e)
+}
+
+func clipDetail(s string) string {
+	if len(s) > 500 {
+		return s[:500] + "…"
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// recordingTx is a ledger.Tx that notes what an embedded side effect wrote:
+// the order (id, version) and the outbox messages.
+type recordingTx struct {
+	ledger.Tx
+	call *ledger.DownstreamCall
+}
+
+func (t *recordingTx) Put(collection, key string, value []byte) error {
+	if err := t.Tx.Put(collection, key, value); err != nil {
+		return err
+	}
+	switch collection {
+	case collOrders:
+		var o struct {
+			OrderID string `json:"order_id"`
+			Version int    `json:"version"`
+		}
+		if json.Unmarshal(value, &o) == nil {
+			t.call.OrderID, t.call.Version = o.OrderID, o.Version
+		}
+	case collOutbox:
+		if !slices.Contains(t.call.MessageIDs, key) {
+			t.call.MessageIDs = append(t.call.MessageIDs, key)
+		}
+	}
+	return nil
+}
+
+// audited wraps an embedded side effect so that its outcome carries what
+// it wrote (Outcome.Call): system is "embedded" or "outbox".
+func audited(system string, apply ledger.ApplyFunc) ledger.ApplyFunc {
+	if apply == nil {
+		return nil
+	}
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		started := time.Now()
+		call := &ledger.DownstreamCall{System: system, Attempt: rec.Attempts}
+		out, err := apply(&recordingTx{Tx: tx, call: call}, rec)
+		call.DurationMS = ms(time.Since(started))
+		if out.Call == nil {
+			out.Call = call
+		}
+		return out, err
+	}
+}
+
+// auditedAlso wraps an outcome's Also step so the messages it queues are
+// added to the outcome's Call.
+func auditedAlso(out *ledger.Outcome) {
+	also := out.Also
+	if also == nil || out.Call == nil {
+		return
+	}
+	call := out.Call
+	base := len(call.MessageIDs)
+	out.Also = func(tx ledger.Tx) error {
+		call.MessageIDs = call.MessageIDs[:base] // a re-run of the transaction starts over
+		return also(&recordingTx{Tx: tx, call: call})
+	}
+}
+
+// httpTrace collects the order API request of one downstream call, for
+// the audit; OrderAPI.do fills it when the context carries one.
+type httpTrace struct {
+	mu       sync.Mutex
+	method   string
+	path     string
+	status   int
+	failure  string
+	duration time.Duration
+}
+
+type httpTraceKey struct{}
+
+func withHTTPTrace(ctx context.Context, t *httpTrace) context.Context {
+	return context.WithValue(ctx, httpTraceKey{}, t)
+}
+
+// noteHTTP records one request's method, path, answer and duration on the
+// context's trace, if any; the last request of a call wins.
+func noteHTTP(ctx context.Context, method, path string, status int, failure string, d time.Duration) {
+	t, _ := ctx.Value(httpTraceKey{}).(*httpTrace)
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.method, t.path, t.status, t.failure, t.duration = method, path, status, failure, d
+}
+
+// downstreamCall is the trace as an audit record of attempt.
+func (t *httpTrace) downstreamCall(attempt int) *ledger.DownstreamCall {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.method == "" {
+		return nil
+	}
+	return &ledger.DownstreamCall{System: "orders_api", Method: t.method, Path: t.path, Status: t.status,
+		Attempt: attempt, DurationMS: ms(t.duration), Failure: t.failure}
+}
+
+// noteOrder copies the order id and version of an order API answer
+// ({"order": {...}}) onto c.
+func noteOrder(c *ledger.DownstreamCall, result json.RawMessage) {
+	if c == nil || result == nil {
+		return
+	}
+	var r struct {
+		Order struct {
+			OrderID string `json:"order_id"`
+			Version int    `json:"version"`
+		} `json:"order"`
+	}
+	if json.Unmarshal(result, &r) == nil {
+		c.OrderID, c.Version = r.Order.OrderID, r.Order.Version
+	}
+}
