@@ -3,6 +3,8 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -541,6 +543,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
+			Incarnation: newIncarnation(),
 			Args:       c.Args, // a later re-run (after unknown, by approval) needs the request
 			Downstream: c.Downstream,
 		}
@@ -621,8 +624,19 @@ func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Recor
 	return &Record{
 		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args, Downstream: c.Downstream,
-		FirstSeenAt: now, UpdatedAt: now, Approval: &a,
+		FirstSeenAt: now, UpdatedAt: now, Approval: &a, Incarnation: newIncarnation(),
 	}
+}
+
+// newIncarnation returns a fresh Record.Incarnation: 64 random bits, so
+// two operations under one key (the second after the first's tombstone
+// was deleted) never share one.
+func newIncarnation() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("ledger: no randomness for an incarnation: " + err.Error()) // crypto/rand does not fail on supported systems
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // saveNew writes a record that did not exist, with its time index and,
@@ -1166,6 +1180,12 @@ func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err erro
 		var c, d, n int
 		err := s.update(func(tx *bolt.Tx) error {
 			c, d, n = 0, 0, 0
+			var deletedEntries []AuditEntry
+			defer func() {
+				if len(deletedEntries) > 0 && err == nil {
+					err = s.appendObserved(tx, deletedEntries...)
+				}
+			}()
 			now := s.opts.Now()
 			exp := tx.Bucket(bucketExpiry)
 			cur := exp.Cursor()
@@ -1218,6 +1238,10 @@ func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err erro
 					if err := s.deleteRecordLocked(tx, rec); err != nil {
 						return err
 					}
+					deletedEntries = append(deletedEntries, AuditEntry{At: now, Event: EventDeleted,
+						Actor: Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, Tool: rec.Tool, Key: rec.Key,
+						Fingerprint: rec.Fingerprint, StateBefore: rec.State, Decision: "tombstone deleted after retention; the key is free",
+						Detail: "incarnation " + rec.Incarnation})
 					d++
 				}
 			}

@@ -49,12 +49,12 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 	if external && decision == "approve" && rec.State == ledger.StateAwaitingApproval && rec.Approval != nil && rec.Approval.Rule == "rerun_after_unknown" {
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
-		if o, lerr := s.api.Lookup(ctx, rec.Tenant, rec.Key); lerr == nil {
+		if o, lerr := s.api.Lookup(ctx, rec.Tenant, opRef(rec)); lerr == nil {
 			var a createOrderArgs
 			json.Unmarshal(rec.Args, &a)
 			out := outcomeOf(o, nil, "order")
 			if rec.Tool == "create_order" {
-				out = withConfirmation(out, rec.Tenant, rec.Key, a, o)
+				out = withConfirmation(out, rec.Tenant, rec, a, o)
 			}
 			settled, serr := s.ledger.Settle(ctx, ledger.SettleRequest{Actor: c.actor, Key: rec.Key, From: []ledger.State{ledger.StateAwaitingApproval}, Outcome: out,
 				Why: "reconciled at approval: the order system has order " + o.OrderID + " for this key; nothing re-sent"})
