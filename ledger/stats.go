@@ -12,7 +12,7 @@ type Stats struct {
 	// key), or more than one when the key was used again after the sweep
 	// deleted its tombstone (an "deleted" audit entry) — a new operation.
 	Operations int `json:"operations"`
-	Calls      int `json:"calls"`      // tool calls answered by the ledger (refusals before it excluded)
+	Calls      int `json:"calls"` // tool calls answered by the ledger (refusals before it excluded)
 	// RetryAmplification is calls per operation: how often the same intent
 	// was sent. 1.0 means nobody retried.
 	RetryAmplification float64 `json:"retry_amplification"`
