@@ -157,3 +157,39 @@ func TestStatsKeyReuseIsNotADuplicate(t *testing.T) {
 		t.Errorf("stats %+v, want 2 operations, 2 executions, 0 duplicates", st)
 	}
 }
+
+// TestIncarnationStableAcrossReruns: a retryable re-run and an approved
+// run keep the incarnation the record was created with, so they name the
+// same downstream order; a record without one (written before incarnations
+// existed) keeps none.
+func TestIncarnationStableAcrossReruns(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	o := clockOpts(clock)
+	s := mustOpen(t, o)
+	c := newClaim("t1", "create_order", "fp-1")
+	d, err := s.Claim(ctx, c)
+	if err != nil || d.Kind != DecisionClaimed || d.Record.Incarnation == "" {
+		t.Fatalf("claim: %v %v %q", d.Kind, err, d.Record.Incarnation)
+	}
+	first := d.Record.Incarnation
+	clock.Advance(o.Lease) // the lease expires into retryable
+	d, err = s.Claim(ctx, c)
+	if err != nil || d.Kind != DecisionClaimed || d.Record.Attempts != 2 || d.Record.Incarnation != first {
+		t.Fatalf("re-run: %v %v attempts %d incarnation %q, want the first's %q", d.Kind, err, d.Record.Attempts, d.Record.Incarnation, first)
+	}
+
+	held := newClaim("t1", "cancel_order", "fp-held")
+	held.RequireApproval = true
+	held.Proposal = &Approval{Reason: "policy", Rule: "always"}
+	hd, err := s.Execute(ctx, held, (&applier{}).succeed(`{}`))
+	if err != nil || hd.Record.Incarnation == "" {
+		t.Fatalf("held: %v %q", err, hd.Record.Incarnation)
+	}
+	var ranWith string
+	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: hd.Record.Approval.ID, Approve: true},
+		func(tx Tx, rec *Record) (Outcome, error) { ranWith = rec.Incarnation; return Outcome{State: StateSucceeded}, nil })
+	if err != nil || ranWith != hd.Record.Incarnation {
+		t.Fatalf("approved run: %v, incarnation %q, want %q", err, ranWith, hd.Record.Incarnation)
+	}
+}
