@@ -1593,15 +1593,22 @@ func (s *BoltStore) ledgerTime(tx *bolt.Tx) (now, high, trusted time.Time, err e
 	s.clock.seen, s.clock.trusted, s.clock.at = true, trusted, elapsed
 	s.clock.high = later(s.clock.high, high)
 	s.clock.mu.Unlock()
-	if !high.Equal(getTime(meta, keyClockHigh)) {
+	// Written when they moved by clockGrain or more, so most transactions
+	// of a busy ledger do not rewrite the meta bucket.
+	if stored := getTime(meta, keyClockHigh); stored.IsZero() || high.Sub(stored) >= clockGrain {
 		if err := meta.Put(keyClockHigh, be64(uint64(high.UnixNano()))); err != nil {
 			return now, high, trusted, err
 		}
 	}
-	if !trusted.Equal(getTime(meta, keyClockTrusted)) {
+	if stored := getTime(meta, keyClockTrusted); stored.IsZero() || trusted.Sub(stored) >= clockGrain {
 		if err := meta.Put(keyClockTrusted, be64(uint64(trusted.UnixNano()))); err != nil {
 			return now, high, trusted, err
 		}
 	}
 	return now, high, trusted, nil
 }
+
+// clockGrain is how far the ledger's clocks move before they are written
+// again: they are that much behind at most, which only delays (never
+// hastens) an expiry or a deletion by them.
+const clockGrain = time.Second
