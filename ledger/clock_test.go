@@ -188,7 +188,10 @@ func TestIncarnationStableAcrossReruns(t *testing.T) {
 	}
 	var ranWith string
 	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: hd.Record.Approval.ID, Approve: true},
-		func(tx Tx, rec *Record) (Outcome, error) { ranWith = rec.Incarnation; return Outcome{State: StateSucceeded}, nil })
+		func(tx Tx, rec *Record) (Outcome, error) {
+			ranWith = rec.Incarnation
+			return Outcome{State: StateSucceeded}, nil
+		})
 	if err != nil || ranWith != hd.Record.Incarnation {
 		t.Fatalf("approved run: %v, incarnation %q, want %q", err, ranWith, hd.Record.Incarnation)
 	}
