@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 func clockOpts(clock *fakeClock) Options {
@@ -194,5 +196,34 @@ func TestIncarnationStableAcrossReruns(t *testing.T) {
 		})
 	if err != nil || ranWith != hd.Record.Incarnation {
 		t.Fatalf("approved run: %v, incarnation %q, want %q", err, ranWith, hd.Record.Incarnation)
+	}
+}
+
+// TestLegacyRecordKeepsNoIncarnation: a record written before
+// incarnations existed (no "incarnation" in its JSON) is re-run without
+// one, so its downstream identities stay the key-only ones it had.
+func TestLegacyRecordKeepsNoIncarnation(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	o := clockOpts(clock)
+	s := mustOpen(t, o)
+	c := newClaim("t1", "create_order", "fp-1")
+	if _, err := s.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.update(func(tx *bolt.Tx) error { // as an older build wrote it
+		rec, err := getRecord(tx, "t1", c.Key)
+		if err != nil {
+			return err
+		}
+		rec.Incarnation = ""
+		return putRecord(tx, rec)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(o.Lease)
+	d, err := s.Claim(ctx, c)
+	if err != nil || d.Kind != DecisionClaimed || d.Record.Incarnation != "" {
+		t.Fatalf("re-run of a legacy record: %v %v incarnation %q, want none", d.Kind, err, d.Record.Incarnation)
 	}
 }
