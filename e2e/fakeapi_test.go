@@ -78,7 +78,7 @@ const (
 type fault struct {
 	Kind         faultKind
 	Match        string        // a match* class
-	Key          string        // only requests with this Idempotency-Key; "" any
+	Key          string        // only requests with this Idempotency-Key (or it + ":<incarnation>"); "" any
 	Delay        time.Duration // DelayAfterCommit, DelayBeforeCommit
 	CommitAnyway bool          // DelayBeforeCommit, HoldBeforeCommit, Return409InProgress
 	hold         *hold
@@ -454,12 +454,38 @@ func (f *fakeAPI) Stats() apiStats {
 	return s
 }
 
-// OrderForKey is the order the write with Idempotency-Key k created or
-// changed, or nil.
+// resolveKey maps k to the Idempotency-Key the fake saw: k itself, or
+// the one key k + ":" + <incarnation> that idemgate sends for an operation
+// (tests know the tenant and operation key, not the incarnation). The
+// caller holds f.mu.
+func (f *fakeAPI) resolveKey(k string) string {
+	if _, ok := f.writesFor[k]; ok {
+		return k
+	}
+	if _, ok := f.byKey[k]; ok {
+		return k
+	}
+	for _, m := range []map[string]int{f.writesFor, f.commits} {
+		for cand := range m {
+			if strings.HasPrefix(cand, k+":") {
+				return cand
+			}
+		}
+	}
+	for cand := range f.byKey {
+		if strings.HasPrefix(cand, k+":") {
+			return cand
+		}
+	}
+	return k
+}
+
+// OrderForKey is the order the write with Idempotency-Key k (see
+// resolveKey) created or changed, or nil.
 func (f *fakeAPI) OrderForKey(k string) *fakeOrder {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	e := f.byKey[k]
+	e := f.byKey[f.resolveKey(k)]
 	if e == nil {
 		return nil
 	}
@@ -495,14 +521,14 @@ func (f *fakeAPI) CommittedKeys() []string {
 func (f *fakeAPI) WritesFor(k string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.writesFor[k]
+	return f.writesFor[f.resolveKey(k)]
 }
 
 // CommitsFor is how many side effects were committed under k.
 func (f *fakeAPI) CommitsFor(k string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.commits[k]
+	return f.commits[f.resolveKey(k)]
 }
 
 func (f *fakeAPI) countFault(kind faultKind) {
@@ -514,7 +540,9 @@ func (f *fakeAPI) countFault(kind faultKind) {
 // a random one); f.mu is held.
 func (f *fakeAPI) takeFault(class, key string) *fault {
 	for i, ft := range f.faults {
-		if ft.Key != "" && ft.Key != key {
+		// A fault's Key is "<tenant>:<operation key>"; idemgate sends
+		// that, or that and ":<incarnation>".
+		if ft.Key != "" && ft.Key != key && !strings.HasPrefix(key, ft.Key+":") {
 			continue
 		}
 		if ft.Match == class || (ft.Match == matchWrite && class != matchLookup) {

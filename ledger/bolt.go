@@ -3,7 +3,9 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +35,8 @@ type BoltStore struct {
 	auditBuf []AuditEntry
 
 	observed []AuditEntry // entries of the transaction being committed; only the commit leader touches it
+
+	clock clockState
 
 	stop chan struct{}
 	done chan struct{}
@@ -518,7 +522,7 @@ func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decisi
 			return err
 		}
 		now := s.opts.Now()
-		if st, kind := s.opts.decide(rec, c, now); st == stepAnswer {
+		if st, kind := s.opts.decide(rec, c, now, s.highWater()); st == stepAnswer {
 			d, answered = s.answer(rec, kind), true
 		}
 		return nil
@@ -561,20 +565,23 @@ func (s *BoltStore) callEntry(c Claim, d Decision) AuditEntry {
 
 // claimLocked is the atomic claim; the caller holds the write tx.
 func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision, error) {
-	now := s.opts.Now()
+	now, high, _, err := s.ledgerTime(tx)
+	if err != nil {
+		return Decision{}, err
+	}
 	rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
 	if err != nil {
 		return Decision{}, err
 	}
 	before := State("")
 	if rec != nil {
-		st, kind := s.opts.decide(rec, c, now)
+		st, kind := s.opts.decide(rec, c, now, high)
 		if st == stepWrite {
-			prev, why := s.opts.expireTransition(rec, now)
+			prev, why := s.opts.expireTransition(rec, now, high)
 			if err := s.saveTransition(tx, c.Actor, rec, prev, why, now); err != nil {
 				return Decision{}, err
 			}
-			st, kind = s.opts.decide(rec, c, now)
+			st, kind = s.opts.decide(rec, c, now, high)
 		}
 		if st == stepAnswer {
 			d := s.answer(rec, kind)
@@ -611,8 +618,9 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
-			Args:       c.Args, // a later re-run (after unknown, by approval) needs the request
-			Downstream: c.Downstream,
+			Incarnation: newIncarnation(),
+			Args:        c.Args, // a later re-run (after unknown, by approval) needs the request
+			Downstream:  c.Downstream,
 		}
 		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
 			return Decision{}, err
@@ -693,8 +701,19 @@ func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Recor
 	return &Record{
 		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args, Downstream: c.Downstream,
-		FirstSeenAt: now, UpdatedAt: now, Approval: &a,
+		FirstSeenAt: now, UpdatedAt: now, Approval: &a, Incarnation: newIncarnation(),
 	}
+}
+
+// newIncarnation returns a fresh Record.Incarnation: 64 random bits, so
+// two operations under one key (the second after the first's tombstone
+// was deleted) never share one.
+func newIncarnation() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("ledger: no randomness for an incarnation: " + err.Error()) // crypto/rand does not fail on supported systems
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // saveNew writes a record that did not exist, with its time index and,
@@ -849,8 +868,11 @@ func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
 			if err != nil || rec == nil {
 				return err
 			}
-			now := s.opts.Now()
-			prev, why := s.opts.expireTransition(rec, now)
+			now, high, _, err := s.ledgerTime(tx)
+			if err != nil {
+				return err
+			}
+			prev, why := s.opts.expireTransition(rec, now, high)
 			if why != "lease_expired" {
 				return nil // finished or renewed meanwhile
 			}
@@ -882,8 +904,11 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 		if rec == nil {
 			return ErrNotFound
 		}
-		now := s.opts.Now()
-		if prev, why := s.opts.expireTransition(rec, now); why == "lease_expired" {
+		now, high, _, err := s.ledgerTime(tx)
+		if err != nil {
+			return err
+		}
+		if prev, why := s.opts.expireTransition(rec, now, high); why == "lease_expired" {
 			if err := s.saveTransition(tx, r.Actor, rec, prev, why, now); err != nil {
 				return err
 			}
@@ -950,7 +975,10 @@ func (s *BoltStore) Decide(ctx context.Context, r DecideRequest, apply ApplyFunc
 }
 
 func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) (Decision, error) {
-	now := s.opts.Now()
+	now, high, _, err := s.ledgerTime(tx)
+	if err != nil {
+		return Decision{}, err
+	}
 	tenant := r.Approver.Tenant
 	key := tx.Bucket(bucketApprovals).Get(recordKey(tenant, r.ApprovalID))
 	if key == nil {
@@ -963,7 +991,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 	if rec == nil || rec.Approval == nil || rec.Approval.ID != r.ApprovalID {
 		return Decision{refusal: ErrNotFound}, nil
 	}
-	if prev, why := s.opts.expireTransition(rec, now); why == "approval_expired" {
+	if prev, why := s.opts.expireTransition(rec, now, high); why == "approval_expired" {
 		if err := s.saveTransition(tx, r.Approver, rec, prev, why, now); err != nil {
 			return Decision{}, err
 		}
@@ -1159,7 +1187,7 @@ func (s *BoltStore) Get(ctx context.Context, tenant, key string) (*Record, error
 
 func (s *BoltStore) present(rec *Record) *Record {
 	now := s.opts.Now()
-	s.opts.expireTransition(rec, now)
+	s.opts.expireTransition(rec, now, s.highWater())
 	if s.opts.expired(rec, now) {
 		return tombstone(rec)
 	}
@@ -1230,77 +1258,139 @@ func (s *BoltStore) Update(ctx context.Context, fn func(Tx) error) error {
 	return s.update(func(tx *bolt.Tx) error { return fn(&boltTx{tx: tx, now: s.opts.Now()}) })
 }
 
-// sweepChunk bounds the work of one sweep transaction.
-const sweepChunk = 1000
+// sweepChunk bounds the work of one sweep transaction, and sweepScan the
+// index entries it reads past (tombstones not yet due by the trusted time).
+const (
+	sweepChunk = 1000
+	sweepScan  = 20 * sweepChunk
+)
 
-// Sweep implements Store.
+// Sweep implements Store. Pending approvals expire, and issued keys are
+// forgotten, by the later of the wall clock and the ledger's high-water
+// time; records past retention become tombstones by that time too. A
+// tombstone is deleted — freeing its key — only once its age is past
+// Retention+TombstoneRetention by both the wall clock and the ledger's
+// trusted time (see ledgerTime): a clock set forward does not free keys
+// early, a clock set back does not either. Each deletion is audited
+// (EventDeleted). Index entries are checked against their record, so an
+// entry of an earlier operation under a reused key never touches the new
+// one, and a changed retention reschedules rather than loses an entry.
 func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return compacted, deleted, err
 		}
-		var c, d, n int
+		var c, d int
+		var more bool
 		err := s.update(func(tx *bolt.Tx) error {
-			c, d, n = 0, 0, 0
-			now := s.opts.Now()
+			c, d, more = 0, 0, false
+			now, high, trusted, err := s.ledgerTime(tx)
+			if err != nil {
+				return err
+			}
+			cutoff := later(now, high)
+			freeBy := now
+			if trusted.Before(freeBy) {
+				freeBy = trusted
+			}
 			exp := tx.Bucket(bucketExpiry)
+			type entry struct {
+				k      []byte
+				due    time.Time
+				action byte
+			}
+			var due []entry
 			cur := exp.Cursor()
-			for k, v := cur.First(); k != nil && n < sweepChunk; k, v = cur.First() {
-				if time.Unix(0, int64(binary.BigEndian.Uint64(k[:8]))).After(now) {
+			scanned := 0
+			for k, v := cur.First(); k != nil && len(v) > 0 && scanned < sweepScan; k, v = cur.Next() {
+				scanned++
+				at := time.Unix(0, int64(binary.BigEndian.Uint64(k[:8])))
+				if at.After(cutoff) {
 					break
 				}
-				n++
-				tenant, key, _ := bytes.Cut(k[9:], []byte{0})
-				if err := cur.Delete(); err != nil {
+				if v[0] == dueDeleteTomb && at.After(freeBy) {
+					continue // due by the wall clock, not yet by the trusted time
+				}
+				due = append(due, entry{bytes.Clone(k), at, v[0]})
+				if len(due) == sweepChunk {
+					break
+				}
+			}
+			// What this pass does may make more due now (an expired
+			// approval's compaction, a compaction's deletion): another
+			// pass looks, until one finds nothing.
+			more = len(due) > 0
+			var deletedEntries []AuditEntry
+			for _, e := range due {
+				if err := exp.Delete(e.k); err != nil {
 					return err
 				}
-				switch v[0] {
-				case dueDeleteIssued:
-					if err := tx.Bucket(bucketIssued).Delete(k[9:]); err != nil {
+				tenant, key, _ := bytes.Cut(e.k[9:], []byte{0})
+				if e.action == dueDeleteIssued {
+					if err := tx.Bucket(bucketIssued).Delete(e.k[9:]); err != nil {
 						return err
 					}
+					continue
+				}
+				rec, err := getRecord(tx, string(tenant), string(key))
+				if err != nil {
+					return err
+				}
+				if rec == nil {
+					continue
+				}
+				switch e.action {
 				case dueApproval:
-					rec, err := getRecord(tx, string(tenant), string(key))
-					if err != nil {
-						return err
-					}
-					if rec == nil || rec.State != StateAwaitingApproval {
+					if rec.State != StateAwaitingApproval {
 						continue
 					}
-					if prev, why := s.opts.expireTransition(rec, now); why != "" {
+					if prev, why := s.opts.expireTransition(rec, now, high); why != "" {
 						if err := s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now); err != nil {
 							return err
 						}
 					}
-				case dueCompact, dueDeleteTomb:
-					rec, err := getRecord(tx, string(tenant), string(key))
-					if err != nil {
-						return err
+				case dueCompact:
+					if rec.Tombstone || !rec.State.Final() || rec.CompletedAt.IsZero() {
+						continue // not this entry's record (an earlier operation's entry), or done
 					}
-					if rec == nil {
+					if want := rec.CompletedAt.Add(s.opts.Retention); want.After(cutoff) {
+						if err := exp.Put(dueKey(want, dueCompact, rec.Tenant, rec.Key), []byte{dueCompact}); err != nil {
+							return err
+						}
 						continue
 					}
-					if v[0] == dueCompact {
-						if err := putRecord(tx, tombstone(rec)); err != nil {
+					if err := putRecord(tx, tombstone(rec)); err != nil {
+						return err
+					}
+					at := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
+					if err := exp.Put(at, []byte{dueDeleteTomb}); err != nil {
+						return err
+					}
+					c++
+				case dueDeleteTomb:
+					if !rec.Tombstone {
+						continue // a newer operation under the key, or not yet compacted
+					}
+					if want := rec.CompletedAt.Add(s.opts.Retention + s.opts.TombstoneRetention); want.After(freeBy) {
+						if err := exp.Put(dueKey(want, dueDeleteTomb, rec.Tenant, rec.Key), []byte{dueDeleteTomb}); err != nil {
 							return err
 						}
-						due := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
-						if err := exp.Put(due, []byte{dueDeleteTomb}); err != nil {
-							return err
-						}
-						c++
 						continue
 					}
 					if err := s.deleteRecordLocked(tx, rec); err != nil {
 						return err
 					}
+					deletedEntries = append(deletedEntries, AuditEntry{At: now, Event: EventDeleted,
+						Actor: Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, Tool: rec.Tool, Key: rec.Key,
+						Fingerprint: rec.Fingerprint, StateBefore: rec.State,
+						Decision: "tombstone deleted after retention; the key is free", Detail: "incarnation " + rec.Incarnation})
 					d++
 				}
 			}
-			return nil
+			return s.appendObserved(tx, deletedEntries...)
 		})
 		compacted, deleted = compacted+c, deleted+d
-		if err != nil || n < sweepChunk {
+		if err != nil || !more {
 			return compacted, deleted, err
 		}
 	}
@@ -1540,3 +1630,121 @@ func seekLast(c *bolt.Cursor, p []byte) ([]byte, []byte) {
 	}
 	return c.Prev()
 }
+
+// The ledger's clocks (see ledgerTime), kept in the meta bucket.
+var (
+	keyClockHigh    = []byte("clock_high_water") // 8 bytes BE unix ns: the latest wall time a write recorded
+	keyClockTrusted = []byte("clock_trusted")    // 8 bytes BE unix ns: the ledger's trusted time
+)
+
+// EventDeleted is the audit event of a tombstone deleted by the sweep:
+// from then on its key is free, and a call under it is a new operation.
+const EventDeleted = "deleted"
+
+// clockState is what this process knows of the ledger's clocks.
+type clockState struct {
+	mu       sync.Mutex
+	seen     bool          // this process has read the trusted time at least once
+	trusted  time.Time     // the trusted time it last read or wrote
+	at       time.Duration // Options.Elapsed then
+	high     time.Time     // the latest high-water time it has read or written
+	warnedAt time.Duration // Options.Elapsed at the last clock warning
+}
+
+func (s *BoltStore) highWater() time.Time {
+	s.clock.mu.Lock()
+	defer s.clock.mu.Unlock()
+	return s.clock.high
+}
+
+func getTime(b *bolt.Bucket, k []byte) time.Time {
+	v := b.Get(k)
+	if len(v) != 8 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v)))
+}
+
+// ledgerTime reads the clocks for a write transaction and moves them on.
+// It returns the wall clock (now), the high-water time (the latest wall
+// time any write has recorded: a clock set back is never believed below
+// it for approvals, see Options.decide) and the trusted time, which is
+// what deletes tombstones and so frees keys:
+//
+//   - the trusted time never goes back;
+//   - it follows the wall clock while the wall clock moves ahead of it by
+//     at most MaxClockJump;
+//   - beyond that (a jump forward, or a gap while no process used the
+//     ledger) it advances only by the time this process has measured
+//     passing with the monotonic clock since it last looked, never past
+//     the wall clock;
+//   - it never falls more than MaxClockLag behind the wall clock.
+//
+// Both are kept in the meta bucket, written in the caller's transaction
+// only when they move (no fsync of their own).
+func (s *BoltStore) ledgerTime(tx *bolt.Tx) (now, high, trusted time.Time, err error) {
+	now = s.opts.Now()
+	elapsed := s.opts.Elapsed()
+	meta := tx.Bucket(bucketMeta)
+	h0, t0 := getTime(meta, keyClockHigh), getTime(meta, keyClockTrusted)
+	if h0.IsZero() {
+		h0 = now
+	}
+	if t0.IsZero() { // a new ledger, or one written before the clocks were kept
+		t0 = now
+	}
+	s.clock.mu.Lock()
+	trusted = t0
+	if now.After(t0) {
+		next := now
+		if now.Sub(t0) > s.opts.MaxClockJump {
+			next = t0
+			if s.clock.seen {
+				if measured := s.clock.trusted.Add(elapsed - s.clock.at); measured.After(next) {
+					next = measured
+				}
+			}
+			if floor := now.Add(-s.opts.MaxClockLag); floor.After(next) {
+				next = floor
+			}
+			if next.After(now) {
+				next = now
+			}
+		}
+		trusted = later(t0, next)
+	}
+	high = later(h0, now)
+	warn := ""
+	var by time.Duration
+	switch {
+	case h0.Sub(now) > time.Second:
+		warn, by = "the wall clock is behind the latest time this ledger recorded (set back?): approvals expire by the recorded time; tombstones are deleted only when both clocks agree", h0.Sub(now)
+	case now.Sub(trusted) > s.opts.MaxClockJump:
+		warn, by = "the wall clock is ahead of the ledger's trusted time (a jump forward, or the ledger was idle): tombstones are deleted, and keys freed, only by the trusted time, which follows the time measured passing", now.Sub(trusted)
+	}
+	if warn != "" && (s.clock.warnedAt == 0 || elapsed-s.clock.warnedAt >= time.Minute) {
+		s.clock.warnedAt = max(elapsed, 1)
+		s.opts.Log.Warn("ledger clock: "+warn, "by", by.Round(time.Second).String(), "wall", now.UTC(), "trusted", trusted.UTC(), "high_water", high.UTC())
+	}
+	s.clock.seen, s.clock.trusted, s.clock.at = true, trusted, elapsed
+	s.clock.high = later(s.clock.high, high)
+	s.clock.mu.Unlock()
+	// Written when they moved by clockGrain or more, so most transactions
+	// of a busy ledger do not rewrite the meta bucket.
+	if stored := getTime(meta, keyClockHigh); stored.IsZero() || high.Sub(stored) >= clockGrain {
+		if err := meta.Put(keyClockHigh, be64(uint64(high.UnixNano()))); err != nil {
+			return now, high, trusted, err
+		}
+	}
+	if stored := getTime(meta, keyClockTrusted); stored.IsZero() || trusted.Sub(stored) >= clockGrain {
+		if err := meta.Put(keyClockTrusted, be64(uint64(trusted.UnixNano()))); err != nil {
+			return now, high, trusted, err
+		}
+	}
+	return now, high, trusted, nil
+}
+
+// clockGrain is how far the ledger's clocks move before they are written
+// again: they are that much behind at most, which only delays (never
+// hastens) an expiry or a deletion by them.
+const clockGrain = time.Second

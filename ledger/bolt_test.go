@@ -39,7 +39,7 @@ func TestBoltDurableAcrossReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	clock := newFakeClock()
 	o := contractOpts()
-	o.Now = clock.Now
+	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	ctx := context.Background()
 	ap := &applier{}
 
@@ -336,7 +336,7 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	clock := newFakeClock()
 	o := contractOpts()
-	o.Now = clock.Now
+	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	o.RequireIssuedKeys = true
 	ctx := context.Background()
 	s := mustOpenPath(t, path, o)

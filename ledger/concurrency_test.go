@@ -220,7 +220,7 @@ func runBatchWithOneFailure(t *testing.T, e *env, queued func()) {
 func TestBoltGroupCommitBatchMemberFails(t *testing.T) {
 	clock := newFakeClock()
 	o := contractOpts()
-	o.Now = clock.Now
+	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	s := mustOpen(t, o)
 	e := &env{t: t, ctx: context.Background(), clock: clock, opts: o, s: s, ap: &applier{}}
 	runBatchWithOneFailure(t, e, func() {

@@ -57,7 +57,7 @@ func newEnv(t *testing.T, open func(t *testing.T, o Options) Store, mod func(*Op
 	if mod != nil {
 		mod(&o)
 	}
-	o.Now = clock.Now
+	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	return &env{t: t, ctx: context.Background(), clock: clock, opts: o, s: open(t, o), ap: &applier{}}
 }
 

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"log/slog"
 	"time"
 )
 
@@ -23,6 +24,23 @@ type Options struct {
 	RequireIssuedKeys bool
 	// Now is the clock; tests swap it. Default time.Now.
 	Now func() time.Time
+	// Elapsed is a monotonic count of the time since this store was
+	// opened, unaffected by changes of the wall clock; tests swap it.
+	// Default: Go's monotonic clock (time.Since of the opening instant).
+	Elapsed func() time.Duration
+	// MaxClockJump is how far the wall clock may move ahead of the
+	// ledger's trusted time in one step and still be believed at once: a
+	// larger step — a clock jump, or a gap while no process had the file
+	// open, which the ledger cannot tell apart — lets the trusted time
+	// advance only with the time this process has measured passing
+	// (Elapsed). See ledgerTime.
+	MaxClockJump time.Duration // default 10 min
+	// MaxClockLag bounds how far the trusted time may fall behind the wall
+	// clock: after long idle periods the ledger catches up, and a forward
+	// jump larger than this is believed beyond it.
+	MaxClockLag time.Duration // default 30 days
+	// Log receives the warnings of clock jumps. Default: slog.Default().
+	Log *slog.Logger
 	// Observe, when set, sees every audit entry: a transition's once its
 	// transaction has committed, a call's (replay, refusal) when it is
 	// recorded. It runs on the committing goroutine and must not block;
@@ -49,6 +67,19 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Elapsed == nil {
+		opened := time.Now() // carries Go's monotonic clock reading
+		o.Elapsed = func() time.Duration { return time.Since(opened) }
+	}
+	if o.MaxClockJump <= 0 {
+		o.MaxClockJump = 10 * time.Minute
+	}
+	if o.MaxClockLag <= 0 {
+		o.MaxClockLag = 30 * 24 * time.Hour
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
 	return o
 }
 
@@ -62,8 +93,11 @@ const (
 )
 
 // decide maps an existing record and a claim to what happens, without
-// writing. It is shared by every backend so they answer alike.
-func (o Options) decide(rec *Record, c Claim, now time.Time) (step, DecisionKind) {
+// writing. It is shared by every backend so they answer alike. now is the
+// wall clock; high is the ledger's high-water time (the latest wall time
+// it has recorded), by which approvals expire too, so that a clock set
+// back does not keep an approval valid past its time.
+func (o Options) decide(rec *Record, c Claim, now, high time.Time) (step, DecisionKind) {
 	if rec.Tool != c.Tool || rec.Fingerprint != c.Fingerprint {
 		return stepAnswer, DecisionMismatch
 	}
@@ -81,7 +115,7 @@ func (o Options) decide(rec *Record, c Claim, now time.Time) (step, DecisionKind
 		}
 		return stepWrite, ""
 	case StateAwaitingApproval:
-		if rec.Approval != nil && !now.Before(rec.Approval.ExpiresAt) {
+		if rec.Approval != nil && !later(now, high).Before(rec.Approval.ExpiresAt) {
 			return stepWrite, ""
 		}
 		return stepAnswer, DecisionHeld
@@ -115,9 +149,19 @@ func tombstone(rec *Record) *Record {
 	return &t
 }
 
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // expireTransition applies a due lease or approval expiry to rec in place
-// and returns the state it left, or "" when nothing was due.
-func (o Options) expireTransition(rec *Record, now time.Time) (State, string) {
+// and returns the state it left, or "" when nothing was due. Leases expire
+// by the wall clock now; approvals by the later of now and high, the
+// ledger's high-water time.
+func (o Options) expireTransition(rec *Record, now, high time.Time) (State, string) {
 	before := rec.State
 	switch {
 	case rec.State == StateInProgress && !now.Before(rec.LeaseExpires):
@@ -128,7 +172,7 @@ func (o Options) expireTransition(rec *Record, now time.Time) (State, string) {
 		rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
 		rec.UpdatedAt = now
 		return before, "lease_expired"
-	case rec.State == StateAwaitingApproval && rec.Approval != nil && !now.Before(rec.Approval.ExpiresAt):
+	case rec.State == StateAwaitingApproval && rec.Approval != nil && !later(now, high).Before(rec.Approval.ExpiresAt):
 		rec.State = StateRejected
 		a := *rec.Approval
 		a.Status = "expired"

@@ -21,16 +21,34 @@ var epoch = time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
 // fakeClock is an injectable clock for Options.Now. It is safe for
 // concurrent use.
 type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu   sync.Mutex
+	now  time.Time     // the time that really passed (Elapsed follows it)
+	jump time.Duration // how far the wall clock was set off it (Jump)
 }
 
 func newFakeClock() *fakeClock { return &fakeClock{now: epoch} }
 
+// Now is the wall clock, for Options.Now.
 func (c *fakeClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.now
+	return c.now.Add(c.jump)
+}
+
+// Elapsed is the monotonic clock, for Options.Elapsed: it follows Advance
+// and ignores Jump.
+func (c *fakeClock) Elapsed() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now.Sub(epoch)
+}
+
+// Jump sets the wall clock off by d (forward or back) without time
+// passing.
+func (c *fakeClock) Jump(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.jump += d
 }
 
 // Advance moves the clock forward by d.

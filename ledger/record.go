@@ -73,13 +73,22 @@ const (
 
 // Record is the ledger row of one (tenant, key).
 type Record struct {
-	Tenant        string          `json:"tenant"`
-	Key           string          `json:"key"`
-	Tool          string          `json:"tool"`
-	Fingerprint   string          `json:"fingerprint"`
-	State         State           `json:"state"`
-	Attempts      int             `json:"attempts"`
-	Generation    uint64          `json:"generation"`
+	Tenant      string `json:"tenant"`
+	Key         string `json:"key"`
+	Tool        string `json:"tool"`
+	Fingerprint string `json:"fingerprint"`
+	State       State  `json:"state"`
+	Attempts    int    `json:"attempts"`
+	Generation  uint64 `json:"generation"`
+	// Incarnation tells apart the operations that have used this key: a
+	// random id fixed when the record is created and never changed by
+	// retries, re-runs or approvals. A key is free again once its tombstone
+	// is deleted, and an operation under it then is a new one, with a new
+	// incarnation; downstream identities (order ids, message ids, the
+	// order API's Idempotency-Key) are derived from key and incarnation.
+	// Empty in records written before it existed: their identities are
+	// derived from the key alone, as they were then.
+	Incarnation   string          `json:"incarnation,omitempty"`
 	LeaseOwner    string          `json:"lease_owner,omitempty"`
 	LeaseExpires  time.Time       `json:"lease_expires_at,omitzero"`
 	OnLeaseExpiry State           `json:"on_lease_expiry,omitempty"`

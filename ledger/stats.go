@@ -8,14 +8,20 @@ import (
 // Stats are the reliability numbers the project keeps apart (DESIGN §7),
 // computed from the audit log.
 type Stats struct {
-	Operations int `json:"operations"` // distinct (tenant, key) seen in transitions
-	Calls      int `json:"calls"`      // tool calls answered by the ledger (refusals before it excluded)
+	// Operations counts distinct operations seen in transitions: a (tenant,
+	// key), or more than one when the key was used again after the sweep
+	// deleted its tombstone (an "deleted" audit entry) — a new operation.
+	Operations int `json:"operations"`
+	Calls      int `json:"calls"` // tool calls answered by the ledger (refusals before it excluded)
 	// RetryAmplification is calls per operation: how often the same intent
 	// was sent. 1.0 means nobody retried.
 	RetryAmplification float64 `json:"retry_amplification"`
 	Executions         int     `json:"executions"` // operations that reached succeeded
 	// DuplicateSideEffects counts operations that reached succeeded more
-	// than once (extra executions). Must be 0.
+	// than once (extra executions). Must be 0. An operation under a key
+	// freed by the deletion of its tombstone is a new operation, not a
+	// duplicate; one created under a key whose earlier operation was never
+	// deleted is counted with it.
 	DuplicateSideEffects int `json:"duplicate_side_effects"`
 	ReplaysServed        int `json:"replays_served"`
 	MismatchesRefused    int `json:"fingerprint_mismatches_refused"`
@@ -39,7 +45,13 @@ type Stats struct {
 // tenant is "") and returns the numbers.
 func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, error) {
 	st := Stats{Settled: map[string]int{}}
-	type opKey struct{ tenant, key string }
+	type keyOf struct{ tenant, key string }
+	type opKey struct {
+		keyOf
+		incarnation int // operations under the key so far, less one
+	}
+	incarnation := map[keyOf]int{} // the key's current operation
+	freed := map[keyOf]bool{}      // its tombstone was deleted: the next record is a new operation
 	ops := map[opKey]bool{}
 	succeeded := map[opKey]int{}
 	unknownNow := map[opKey]bool{}
@@ -55,8 +67,15 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 			if tenant != "" && e.Actor.Tenant != tenant {
 				continue
 			}
-			k := opKey{e.Actor.Tenant, e.Key}
+			kk := keyOf{e.Actor.Tenant, e.Key}
+			if e.Event == "transition" && e.StateBefore == "" && freed[kk] {
+				incarnation[kk]++
+				delete(freed, kk)
+			}
+			k := opKey{kk, incarnation[kk]}
 			switch e.Event {
+			case EventDeleted:
+				freed[kk] = true
 			case "call":
 				if e.Decision == "refused" {
 					if e.ErrorCode == "invalid_arguments" {

@@ -59,7 +59,7 @@ func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		now := tx.Now()
 		o := &Order{
-			OrderID: orderID(tenant, rec.Key), Version: 1, Status: "placed",
+			OrderID: orderID(tenant, opRef(rec)), Version: 1, Status: "placed",
 			CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, TotalMinor: sum,
 			ShipTo: a.ShipTo, RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note,
 			OperationKey: rec.Key, CreatedAt: now, UpdatedAt: now,
@@ -69,7 +69,7 @@ func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 		}
 		result := map[string]any{"order": o}
 		if a.NotifyCustomer {
-			view, queue := confirmation(tenant, rec.Key, a, o)
+			view, queue := confirmation(tenant, rec, a, o)
 			if err := queue(tx); err != nil {
 				return ledger.Outcome{}, err
 			}
@@ -79,19 +79,20 @@ func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, err
 	}, nil
 }
 
-// confirmation is the second step of a create_order: the message telling
-// the customer, with its own stable id. It returns what the result shows
-// of it and the write that queues it in the outbox, to run in the
-// transaction that records the order.
-func confirmation(tenant, key string, a createOrderArgs, o *Order) (map[string]any, func(ledger.Tx) error) {
+// confirmation is the second step of a create_order (rec): the message
+// telling the customer, with its own stable id (derived from rec's key and
+// incarnation, and the step). It returns what the result shows of it and
+// the write that queues it in the outbox, to run in the transaction that
+// records the order.
+func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *Order) (map[string]any, func(ledger.Tx) error) {
 	sum, _ := total(a.Items) // validated when the order was requested
 	m := &Message{
-		Tenant: tenant, OperationKey: key, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
+		Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
 		To:      []string{"customer:" + a.CustomerID},
 		Subject: "Order " + o.OrderID + " confirmed",
 		Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), a.Currency),
 	}
-	view := map[string]any{"message_id": messageID(tenant, key, m.Step), "state": MessageQueued}
+	view := map[string]any{"message_id": messageID(tenant, opRef(rec), m.Step), "state": MessageQueued}
 	return view, func(tx ledger.Tx) error { return enqueue(tx, m) }
 }
 

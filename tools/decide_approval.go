@@ -51,12 +51,12 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
 		trace := &httpTrace{}
-		if o, lerr := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, rec.Key); lerr == nil {
+		if o, lerr := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
 			var a createOrderArgs
 			json.Unmarshal(rec.Args, &a)
 			out := outcomeOf(o, nil, "order")
 			if rec.Tool == "create_order" {
-				out = withConfirmation(out, rec.Tenant, rec.Key, a, o)
+				out = withConfirmation(out, rec.Tenant, rec, a, o)
 			}
 			out.Call = trace.downstreamCall(rec.Attempts)
 			noteOrder(out.Call, out.Result)

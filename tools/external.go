@@ -27,8 +27,8 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Create(ctx, tenant, rec.Key, a)
-			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec.Key, a, o)
+			o, err := s.api.Create(ctx, tenant, opRef(rec), a)
+			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec, a, o)
 		}, true, nil
 	case "update_order":
 		var a updateOrderArgs
@@ -36,7 +36,7 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Update(ctx, tenant, rec.Key, a.OrderID, a.ExpectedVersion, a.Changes)
+			o, err := s.api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
 			return outcomeOf(o, err, "changed order")
 		}, true, nil
 	case "cancel_order":
@@ -45,7 +45,7 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Cancel(ctx, tenant, rec.Key, a.OrderID, a.ExpectedVersion, a.Reason)
+			o, err := s.api.Cancel(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Reason)
 			return outcomeOf(o, err, "cancelled order")
 		}, true, nil
 	}
@@ -55,11 +55,11 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 // withConfirmation adds the confirmation step to a succeeded create_order
 // of the order API: it is queued in the transaction that records the
 // order, exactly as with the embedded store.
-func withConfirmation(out ledger.Outcome, tenant, key string, a createOrderArgs, o *Order) ledger.Outcome {
+func withConfirmation(out ledger.Outcome, tenant string, rec *ledger.Record, a createOrderArgs, o *Order) ledger.Outcome {
 	if out.State != ledger.StateSucceeded || !a.NotifyCustomer {
 		return out
 	}
-	view, queue := confirmation(tenant, key, a, o)
+	view, queue := confirmation(tenant, rec, a, o)
 	out.Result = mustJSON(map[string]any{"order": o, "confirmation": view})
 	out.Also = queue
 	return out
@@ -188,7 +188,7 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 	if s.api == nil {
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
-	o, err := s.api.Lookup(ctx, rec.Tenant, rec.Key)
+	o, err := s.api.Lookup(ctx, rec.Tenant, opRef(rec))
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
@@ -196,7 +196,7 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 		if rec.Tool == "create_order" {
 			var a createOrderArgs
 			if json.Unmarshal(rec.Args, &a) == nil {
-				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec.Key, a, o)
+				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec, a, o)
 			}
 		}
 		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"

@@ -28,7 +28,7 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 	}
 	var msgs []*Message
 	if err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		msgs, err = messagesOf(tx, c.actor.Tenant, key)
+		msgs, err = messagesOf(tx, c.actor.Tenant, key, rec.Incarnation)
 		return err
 	}); err != nil {
 		return s.ledgerError(c, err)

@@ -83,9 +83,14 @@ func (e *APIError) Error() string {
 // errAbsent is returned by Lookup when no request with the key took effect.
 var errAbsent = errors.New("orders API: no order for this idempotency key")
 
-// apiKey is the Idempotency-Key sent for an operation: the tenant is part
-// of it, so two tenants' keys never meet at a shared API.
-func apiKey(tenant, key string) string { return tenant + ":" + key }
+// apiKey is the Idempotency-Key sent for an operation named ref (opRef:
+// "<key>:<incarnation>", or the key alone for a record written before
+// incarnations existed), and the key its lookup asks for. The tenant is
+// part of it, so two tenants' keys never meet at a shared API; the
+// incarnation is, so an operation under a key reused after its tombstone
+// was deleted is never answered with the order an earlier operation under
+// that key made, however long the API remembers its keys.
+func apiKey(tenant, ref string) string { return tenant + ":" + ref }
 
 // do sends one request and decodes a 2xx JSON answer into out. The
 // request's method, path, status and duration are noted on the context's

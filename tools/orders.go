@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -55,12 +56,35 @@ type Order struct {
 	UpdatedAt             time.Time `json:"updated_at"`
 }
 
-// orderID derives an order's id from its operation: the same operation
-// always names the same order, even when re-run after a retryable stop.
-func orderID(tenant, key string) string {
-	sum := sha256.Sum256([]byte("order\x00" + tenant + "\x00" + key))
+// orderID derives an order's id from its operation, named by opRef: the
+// same operation always names the same order, even when re-run after a
+// retryable stop or run by an approver, and two operations under one key
+// (the second after the first's tombstone was deleted) name two orders.
+func orderID(tenant, ref string) string {
+	sum := sha256.Sum256([]byte("order\x00" + tenant + "\x00" + ref))
 	return "ord_" + hex.EncodeToString(sum[:12])
 }
+
+// opRef names an operation to its downstreams: order and message ids are
+// derived from it, and the order API's Idempotency-Key is
+// <tenant>:<opRef>. It is the key and the record's incarnation,
+// "<key>:<incarnation>", so it is unique per operation, not per key (a key
+// is free again once its tombstone is deleted). A record written before
+// incarnations existed has none; its name is the key alone, as it was
+// then, so its replays, re-runs and reconciliations name what they named.
+func opRef(rec *ledger.Record) string { return opRefOf(rec.Key, rec.Incarnation) }
+
+func opRefOf(key, incarnation string) string {
+	if incarnation == "" {
+		return key
+	}
+	return key + ":" + incarnation
+}
+
+// errOrderExists: an order with the id a create derived already exists.
+// Ids are unique per operation, so this is a fault, never a retry: the
+// create is rolled back instead of overwriting an order it did not make.
+var errOrderExists = errors.New("embedded order store: an order with this id already exists; refusing to overwrite it")
 
 // total sums the items, refusing an overflow.
 func total(items []Item) (int64, error) {
@@ -78,8 +102,14 @@ func orderKey(tenant, id string) string { return tenant + "\x00" + id }
 
 func customerPrefix(tenant, customer string) string { return tenant + "\x00" + customer + "\x00" }
 
-// putOrder writes a new order and its customer index entry.
+// putOrder writes a new order and its customer index entry. It never
+// overwrites: an order with o's id is errOrderExists.
 func putOrder(tx ledger.Tx, tenant string, o *Order) error {
+	if cur, err := tx.Get(collOrders, orderKey(tenant, o.OrderID)); err != nil {
+		return err
+	} else if cur != nil {
+		return fmt.Errorf("%w: %s", errOrderExists, o.OrderID)
+	}
 	v, err := json.Marshal(o)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,30 +20,34 @@ import (
 
 // The outbox: messages are written in the same transaction as the
 // operation that sends them, and delivered afterwards by a Deliverer. Each
-// message has a stable id derived from its operation key and step, which is
-// what makes redelivery harmless at an idempotent sink.
+// message has a stable id derived from its operation (key and incarnation,
+// see opRef) and step, which is what makes redelivery harmless at an
+// idempotent sink, and keeps two operations under one reused key apart.
 const (
 	collOutbox  = "outbox"         // message_id → Message
 	collPending = "outbox_pending" // message_id → "" while not delivered
-	collByOp    = "outbox_by_op"   // tenant \x00 key \x00 step → message_id
+	collByOp    = "outbox_by_op"   // tenant \x00 key \x00 step → message_id (of the key's latest operation)
 )
 
 // Message is one outbound notification.
 type Message struct {
-	MessageID    string    `json:"message_id"`
-	Tenant       string    `json:"tenant"`
-	OperationKey string    `json:"operation_key"`
-	Step         string    `json:"step"`
-	Channel      string    `json:"channel"`
-	To           []string  `json:"to"`
-	Subject      string    `json:"subject,omitempty"`
-	Body         string    `json:"body"`
-	OrderID      string    `json:"order_id,omitempty"`
-	State        string    `json:"state"` // queued, delivered, dead
-	Attempts     int       `json:"attempts"`
-	LastError    string    `json:"last_error,omitempty"`
-	CreatedAt    time.Time `json:"created_at"`
-	DeliveredAt  time.Time `json:"delivered_at,omitzero"`
+	MessageID    string `json:"message_id"`
+	Tenant       string `json:"tenant"`
+	OperationKey string `json:"operation_key"`
+	// Incarnation is the operation's Record.Incarnation ("" for messages
+	// of records written before incarnations existed).
+	Incarnation string    `json:"incarnation,omitempty"`
+	Step        string    `json:"step"`
+	Channel     string    `json:"channel"`
+	To          []string  `json:"to"`
+	Subject     string    `json:"subject,omitempty"`
+	Body        string    `json:"body"`
+	OrderID     string    `json:"order_id,omitempty"`
+	State       string    `json:"state"` // queued, delivered, dead
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
 	// NextAttemptAt is when a queued message whose delivery failed may be
 	// tried again (zero: now).
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
@@ -64,17 +69,38 @@ var (
 	ErrMessageNotDead  = errors.New("outbox: message is not dead-lettered")
 )
 
-// messageID is the stable identity of one side effect of an operation.
-func messageID(tenant, key, step string) string {
-	sum := sha256.Sum256([]byte("message\x00" + tenant + "\x00" + key + "\x00" + step))
+// messageID is the stable identity of one side effect of an operation,
+// named by opRef (its key, and its incarnation when it has one).
+func messageID(tenant, ref, step string) string {
+	sum := sha256.Sum256([]byte("message\x00" + tenant + "\x00" + ref + "\x00" + step))
 	return "msg_" + hex.EncodeToString(sum[:16])
 }
 
-// enqueue writes m into the outbox inside the caller's transaction.
+// errMessageExists: a message with the id an enqueue derived already
+// exists with other content. Ids are unique per operation and step, so
+// this is a fault: the enqueue (and the transaction it is part of) fails
+// rather than overwrite a message that may already have been delivered.
+var errMessageExists = errors.New("outbox: a different message with this id already exists; refusing to overwrite it")
+
+// enqueue writes m into the outbox inside the caller's transaction. A
+// message already queued under m's id with the same content is left as it
+// is (its delivery state stands); one with other content is
+// errMessageExists.
 func enqueue(tx ledger.Tx, m *Message) error {
-	m.MessageID = messageID(m.Tenant, m.OperationKey, m.Step)
+	m.MessageID = messageID(m.Tenant, opRefOf(m.OperationKey, m.Incarnation), m.Step)
 	m.State = MessageQueued
 	m.CreatedAt = tx.Now()
+	cur, err := getMessage(tx, m.MessageID)
+	if err != nil {
+		return err
+	}
+	if cur != nil {
+		if !samePayload(payloadOf(cur), payloadOf(m)) || cur.Incarnation != m.Incarnation {
+			return fmt.Errorf("%w: %s", errMessageExists, m.MessageID)
+		}
+		*m = *cur
+		return nil
+	}
 	v, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -100,12 +126,14 @@ func getMessage(tx ledger.Tx, id string) (*Message, error) {
 	return &m, nil
 }
 
-// messagesOf returns the messages of an operation, by step.
-func messagesOf(tx ledger.Tx, tenant, key string) ([]*Message, error) {
+// messagesOf returns the messages of an operation (its key and
+// incarnation), by step. Messages of an earlier operation under the same
+// key are not its own and are left out.
+func messagesOf(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, error) {
 	var out []*Message
 	err := tx.Scan(collByOp, tenant+"\x00"+key+"\x00", false, func(_ string, id []byte) (bool, error) {
 		m, err := getMessage(tx, string(id))
-		if err == nil && m != nil {
+		if err == nil && m != nil && m.Incarnation == incarnation {
 			out = append(out, m)
 		}
 		return true, err
@@ -124,6 +152,13 @@ type deliveryPayload struct {
 	OrderID      string   `json:"order_id"`
 	OperationKey string   `json:"operation_key"`
 	Step         string   `json:"step"`
+}
+
+// samePayload reports whether two payloads hand over the same message.
+func samePayload(a, b deliveryPayload) bool {
+	return a.MessageID == b.MessageID && a.Channel == b.Channel && slices.Equal(a.To, b.To) &&
+		a.Subject == b.Subject && a.Body == b.Body && a.OrderID == b.OrderID &&
+		a.OperationKey == b.OperationKey && a.Step == b.Step
 }
 
 func payloadOf(m *Message) deliveryPayload {
@@ -146,8 +181,12 @@ type Sink interface {
 // DirSink writes each message as <dir>/<message_id>.json. A message id's
 // file is created at most once (hard link of a fully written temporary
 // file, which fails if the name exists), so redelivery cannot duplicate or
-// change a message. Files are fsynced in Flush, together, so a pass of many
-// messages costs about one disk flush instead of one each.
+// change a message. A delivery finds an existing file done only when it
+// holds this very message; a file that holds a different message under
+// the id is never overwritten, and the delivery fails permanently (the
+// message is dead-lettered, for an operator to look at) instead of being
+// recorded as delivered. Files are fsynced in Flush, together, so a pass of
+// many messages costs about one disk flush instead of one each.
 type DirSink struct {
 	dir     string
 	mu      sync.Mutex
@@ -166,9 +205,12 @@ func NewDirSink(dir string) (*DirSink, error) {
 func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 	final := filepath.Join(d.dir, m.MessageID+".json")
 	if _, err := os.Stat(final); err == nil {
-		if wholeMessage(final, m.MessageID) {
+		switch d.holds(final, m) {
+		case fileSame:
 			d.remember(final) // may be a file of a delivery that crashed before its flush
 			return nil
+		case fileDifferent:
+			return &PermanentError{Err: fmt.Errorf("%s already holds a different message under this id; it was not overwritten and this message was not delivered", filepath.Base(final))}
 		}
 		// A crash (power loss before the flush) left it empty or cut
 		// short: write it again, replacing it whole.
@@ -192,23 +234,41 @@ func (d *DirSink) Deliver(_ context.Context, m *Message) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Link(tmp.Name(), final); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
+	if err := os.Link(tmp.Name(), final); err != nil {
+		if !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		// Another process delivered it meanwhile: done only if it is this
+		// message.
+		if d.holds(final, m) != fileSame {
+			return &PermanentError{Err: fmt.Errorf("%s already holds a different or damaged message under this id; it was not overwritten and this message was not delivered", filepath.Base(final))}
+		}
 	}
 	d.remember(final)
 	return nil
 }
 
-// wholeMessage reports whether path holds a complete message file for id.
-func wholeMessage(path, id string) bool {
+// What a message file holds, compared with the message being delivered.
+const (
+	fileBroken    = iota // unreadable, empty or cut short (a crash before the flush)
+	fileSame             // this very message
+	fileDifferent        // a whole message file with other content
+)
+
+// holds compares the file at path with m's payload.
+func (d *DirSink) holds(path string, m *Message) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return false
+		return fileBroken
 	}
-	var m struct {
-		MessageID string `json:"message_id"`
+	var got deliveryPayload
+	if json.Unmarshal(b, &got) != nil || got.MessageID == "" {
+		return fileBroken
 	}
-	return json.Unmarshal(b, &m) == nil && m.MessageID == id
+	if samePayload(got, payloadOf(m)) {
+		return fileSame
+	}
+	return fileDifferent
 }
 
 func (d *DirSink) remember(path string) {

@@ -3,8 +3,10 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -65,7 +67,6 @@ func TestRedeliveryWritesOneFile(t *testing.T) {
 			return err
 		}
 		cur.State = "queued"
-		cur.Body = "changed after the fact"
 		v, _ := json.Marshal(cur)
 		if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
 			return err
@@ -139,5 +140,96 @@ func TestMessageIDIsStablePerStep(t *testing.T) {
 		if other == a {
 			t.Errorf("different tenant, key or step gave the same id %s", a)
 		}
+	}
+}
+
+// TestDirSinkRefusesDifferentContent: a message whose id names a file that
+// holds a different message is neither written over it nor recorded as
+// delivered: it is dead-lettered, and the file keeps what it held. (Ids are
+// unique per operation; this is the check behind that.)
+func TestDirSinkRefusesDifferentContent(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	sink, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDeliverer(s, sink, nil)
+	m := queue(t, s, "k1")
+	if n, err := d.DeliverPending(ctx); err != nil || n != 1 {
+		t.Fatalf("first delivery: n=%d err=%v, want 1 <nil>", n, err)
+	}
+	path := filepath.Join(dir, m.MessageID+".json")
+	first, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same id queued again with another body.
+	if err := s.Update(ctx, func(tx ledger.Tx) error {
+		cur, err := getMessage(tx, m.MessageID)
+		if err != nil {
+			return err
+		}
+		cur.State, cur.Body = MessageQueued, "a different message"
+		v, _ := json.Marshal(cur)
+		if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
+			return err
+		}
+		return tx.Put(collPending, m.MessageID, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := d.DeliverPending(ctx)
+	if n != 0 || err == nil || !strings.Contains(err.Error(), "different message") {
+		t.Fatalf("delivery over a different file: n=%d err=%v, want 0 and a refusal", n, err)
+	}
+	again, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again) != string(first) {
+		t.Errorf("the file was changed:\n got %s\nwant %s", again, first)
+	}
+	var state string
+	s.View(ctx, func(tx ledger.Tx) error {
+		cur, err := getMessage(tx, m.MessageID)
+		if cur != nil {
+			state = cur.State
+		}
+		return err
+	})
+	if state != MessageDead {
+		t.Errorf("message state %q, want %q (never delivered)", state, MessageDead)
+	}
+}
+
+// TestEnqueueNeverOverwrites: enqueueing a message whose id exists with
+// other content fails (rolling back its transaction); the same message
+// again leaves the first as it is.
+func TestEnqueueNeverOverwrites(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	m := queue(t, s, "k1")
+	same := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello k1"}
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, same) }); err != nil {
+		t.Fatalf("the same message again: %v", err)
+	}
+	other := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
+	err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, other) })
+	if !errors.Is(err, errMessageExists) {
+		t.Fatalf("a different message under an existing id: %v, want errMessageExists", err)
+	}
+	s.View(ctx, func(tx ledger.Tx) error {
+		cur, _ := getMessage(tx, m.MessageID)
+		if cur == nil || cur.Body != "hello k1" {
+			t.Errorf("stored message %+v, want the first", cur)
+		}
+		return nil
+	})
+	// Another incarnation of the key is another message.
+	next := &Message{Tenant: "t1", OperationKey: "k1", Incarnation: "0011223344556677", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
+		t.Errorf("a message of another incarnation: id %s (first %s), err %v; want a new id", next.MessageID, m.MessageID, err)
 	}
 }

@@ -74,7 +74,6 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Record, ref, evidence string) ledger.Outcome {
 	resolution := map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref}
 	out := ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand", Result: mustJSON(resolution)}
-	key := rec.Key
 	if ref == "" || (rec.Tool != "create_order" && rec.Tool != "update_order" && rec.Tool != "cancel_order") {
 		return out
 	}
@@ -86,7 +85,7 @@ func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Reco
 	if rec.Tool == "create_order" {
 		var a createOrderArgs
 		if json.Unmarshal(rec.Args, &a) == nil && a.NotifyCustomer {
-			view, queue := confirmation(rec.Tenant, key, a, o)
+			view, queue := confirmation(rec.Tenant, rec, a, o)
 			out.Result = mustJSON(map[string]any{"order": o, "confirmation": view, "resolution": resolution})
 			out.Also = queue
 		}

@@ -42,7 +42,7 @@ func applySendNotification(tenant string, raw json.RawMessage) (ledger.ApplyFunc
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		m := &Message{
-			Tenant: tenant, OperationKey: rec.Key, Step: "notification",
+			Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "notification",
 			Channel: a.Channel, To: a.To, Subject: a.Subject, Body: a.Body, OrderID: a.OrderID,
 		}
 		if err := enqueue(tx, m); err != nil {
