@@ -118,7 +118,11 @@ func TestAuditFieldsEmbedded(t *testing.T) {
 		t.Errorf("executed policy = %q/%q, want allow/default_allow", ex.PolicyAction, ex.PolicyRule)
 	}
 	c := ex.Call
-	wantMsg := messageID("t1", key, "confirmation")
+	rec, err := svc.ledger.Get(ctx, "t1", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMsg := messageID("t1", opRef(rec), "confirmation")
 	if c == nil || c.System != "embedded" || c.OrderID != o.OrderID || c.Version != 1 || c.Attempt != 1 ||
 		len(c.MessageIDs) != 1 || c.MessageIDs[0] != wantMsg || ex.Downstream != "embedded" {
 		t.Errorf("executed downstream = %+v (downstream %q), want embedded order %s v1 attempt 1 message %s", c, ex.Downstream, o.OrderID, wantMsg)
