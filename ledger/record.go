@@ -249,6 +249,9 @@ type Filter struct {
 	Tenant string // "" lists every tenant (operator use)
 	State  State  // "" lists every state
 	Limit  int    // <= 0 means 100
+	// After, when not empty, lists only records older than this position
+	// (ListPosition of the previous page's last record).
+	After string
 }
 
 // Store is the ledger's storage. Every method is safe for concurrent use by
@@ -287,8 +290,10 @@ type Store interface {
 	// returned Decision), ErrApprovalExpired, ErrSelfApproval.
 	Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error)
 	// PendingApprovals lists the tenant's pending, unexpired approvals'
-	// records, oldest first.
-	PendingApprovals(ctx context.Context, tenant string, limit int) ([]*Record, error)
+	// records, oldest first (by request time, then approval id): at most
+	// limit, those after the position after (ApprovalPosition of the
+	// previous page's last record; "" from the start).
+	PendingApprovals(ctx context.Context, tenant, after string, limit int) ([]*Record, error)
 	// ApprovalRecord returns the record an approval belongs to, or
 	// ErrNotFound.
 	ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error)
