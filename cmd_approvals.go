@@ -89,7 +89,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && resp.Approval.DecidedBy == who.Principal
+	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && ledger.SamePrincipal(resp.Approval.DecidedBy, who.Principal)
 	if resp.IsError && resp.Error != nil && !rejectedAsAsked {
 		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
 	}

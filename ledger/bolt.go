@@ -896,7 +896,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 	if rec.State != StateAwaitingApproval || rec.Approval.Status != ApprovalPending {
 		return Decision{Kind: DecisionReplay, Record: s.present(rec), refusal: ErrAlreadyDecided}, nil
 	}
-	if r.Approver.Principal == rec.Principal {
+	if SamePrincipal(r.Approver.Principal, rec.Principal) {
 		return Decision{Kind: DecisionHeld, Record: rec, refusal: ErrSelfApproval}, nil
 	}
 	a := *rec.Approval
