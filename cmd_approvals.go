@@ -18,7 +18,7 @@ import (
 // on the same ledger the agents' servers use, through the same code as the
 // decide_approval tool.
 func approvalsCmd(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T)"
+	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T, or --token)"
 	if len(args) == 0 {
 		return usageError{errors.New(use)}
 	}
@@ -42,13 +42,21 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (env IDEMGATE_TENANT)")
 	comment := fs.String("comment", "", "why; recorded in the audit log (approve, reject)")
 	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
+	var tf tokenFlags
+	tf.register(fs)
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
 	}
-	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := lf.load(); err != nil {
+		return err
+	}
+	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "approve" || sub == "reject")
+	if err != nil {
+		return err
+	}
 	if err := who.Validate(); err != nil {
 		return usageError{err}
 	}

@@ -30,13 +30,21 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 	outcome := fs.String("outcome", "", "resolve: succeeded or not_executed")
 	evidence := fs.String("evidence", "", "resolve: what you checked and what it showed (10-2000 characters)")
 	ref := fs.String("downstream-ref", "", "resolve: the order system's id for what was done")
+	var tf tokenFlags
+	tf.register(fs)
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
 	}
-	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := lf.load(); err != nil {
+		return err
+	}
+	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "resolve")
+	if err != nil {
+		return err
+	}
 	if err := who.Validate(); err != nil {
 		return usageError{err}
 	}
