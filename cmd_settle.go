@@ -16,7 +16,7 @@ import (
 // settleCmd runs reconcile_operation or resolve_operation from a
 // terminal, through the same code as the tools.
 func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
-	use := "usage: idemgate reconcile KEY [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T]"
+	use := "usage: idemgate reconcile KEY [--db PATH] [--orders-api URL] [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T] [--token TOKEN] [--db PATH] [--orders-api URL]"
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return usageError{errors.New(use)}
 	}
