@@ -4,13 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/schemas"
 )
 
 // distinctOrder is a small order of customer c1 unlike any other i's, so
@@ -194,5 +200,79 @@ func TestListPendingApprovalsPages(t *testing.T) {
 	bad := svc.Call(ctx, approver, "list_pending_approvals", map[string]any{"cursor": EncodeCursor([]string{"list_orders", "t1", "c1", "embedded"}, []byte("x"))}, nil)
 	if bad.Error == nil || bad.Error.Code != "invalid_arguments" {
 		t.Fatalf("a list_orders cursor = %+v, want invalid_arguments", bad)
+	}
+}
+
+// TestListOrdersPagesThroughTheOrderAPI: with the HTTP order API, the
+// API's own next_cursor travels inside idemgate's cursor and comes back as
+// the cursor parameter; an over-long API cursor is refused, not truncated.
+func TestListOrdersPagesThroughTheOrderAPI(t *testing.T) {
+	var ids []string
+	for i := range 25 {
+		ids = append(ids, fmt.Sprintf("ord_%02d", 24-i)) // newest first
+	}
+	longCursor := false
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if q.Get("customer_id") != "c1" || r.Header.Get("X-Idemgate-Tenant") != "t1" {
+			http.Error(w, "bad query", http.StatusBadRequest)
+			return
+		}
+		start, _ := strconv.Atoi(q.Get("cursor"))
+		limit, _ := strconv.Atoi(q.Get("limit"))
+		end := min(start+limit, len(ids))
+		var page []map[string]any
+		for _, id := range ids[start:end] {
+			page = append(page, map[string]any{"order_id": id, "version": 1, "customer_id": "c1"})
+		}
+		out := map[string]any{"orders": page}
+		if end < len(ids) {
+			out["next_cursor"] = strconv.Itoa(end)
+			if longCursor {
+				out["next_cursor"] = strings.Repeat("9", 600)
+			}
+		}
+		json.NewEncoder(w).Encode(out)
+	}))
+	t.Cleanup(api.Close)
+	oa, err := NewOrderAPI(api.URL, 5*time.Second, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	v, err := schemas.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(store, v, Options{OutboxDir: t.TempDir(), OrdersAPI: oa})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	args := map[string]any{"customer_id": "c1", "limit": float64(10)}
+	for pages := 0; ; pages++ {
+		if pages > 5 {
+			t.Fatal("paging does not end")
+		}
+		p := listPage(t, svc, agent, args)
+		for _, o := range p.Orders {
+			got = append(got, o.OrderID)
+		}
+		if p.NextCursor == nil {
+			break
+		}
+		args["cursor"] = *p.NextCursor
+	}
+	if strings.Join(got, ",") != strings.Join(ids, ",") {
+		t.Fatalf("listed %v, want %v", got, ids)
+	}
+	longCursor = true
+	r := svc.Call(context.Background(), agent, "list_orders", map[string]any{"customer_id": "c1", "limit": float64(10)}, nil)
+	if r.Error == nil || r.Error.Code != "downstream_error" {
+		t.Fatalf("an over-long API cursor = %+v, want downstream_error", r)
 	}
 }
