@@ -73,7 +73,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	var resp *tools.Response
 	switch sub {
 	case "list":
-		resp = svc.Call(ctx, actor, "list_pending_approvals", map[string]any{"limit": 100}, nil)
+		resp = listAllPending(ctx, svc, actor)
 	case "show":
 		resp = svc.ShowApproval(ctx, actor, id)
 	default:
@@ -131,4 +131,30 @@ func printApprovals(w io.Writer, resp *tools.Response) error {
 		fmt.Fprintln(w)
 	}
 	return nil
+}
+
+// listAllPending pages through every pending approval, oldest first, and
+// answers as one page (a person at a terminal wants them all).
+func listAllPending(ctx context.Context, svc *tools.Service, actor ledger.Actor) *tools.Response {
+	var all []json.RawMessage
+	args := map[string]any{"limit": 100}
+	for {
+		resp := svc.Call(ctx, actor, "list_pending_approvals", args, nil)
+		if resp.IsError {
+			return resp
+		}
+		var page struct {
+			Approvals  []json.RawMessage `json:"approvals"`
+			NextCursor string            `json:"next_cursor"`
+		}
+		if err := json.Unmarshal(resp.Result, &page); err != nil {
+			return resp
+		}
+		all = append(all, page.Approvals...)
+		if page.NextCursor == "" {
+			resp.Result, _ = json.Marshal(map[string]any{"approvals": all, "count": len(all)})
+			return resp
+		}
+		args["cursor"] = page.NextCursor
+	}
 }

@@ -274,7 +274,8 @@ type Store interface {
 	// Get returns the record of (tenant, key), as a tombstone when its
 	// retention has passed, or ErrNotFound. It never writes.
 	Get(ctx context.Context, tenant, key string) (*Record, error)
-	// List returns records, newest first.
+	// List returns records, newest first (by first-seen time, then tenant
+	// and key): at most f.Limit, older than f.After when set.
 	List(ctx context.Context, f Filter) ([]*Record, error)
 	// IssueKey remembers that key was handed out to tenant.
 	IssueKey(ctx context.Context, tenant, key string) error
