@@ -17,8 +17,10 @@ const MaxCursorLen = 1024
 // filter). A cursor is only valid for the query that produced it: one from
 // another listing, tenant, customer or filter is refused, so a cursor can
 // never widen what a caller sees (the tenant comes from the caller's
-// identity in any case). Cursors do not expire; a position whose record is
-// gone still orders correctly.
+// identity in any case). A cursor is not signed: a client that forges one
+// can only move within its own listing, which it may page through anyway.
+// Cursors do not expire; a position whose record is gone still orders
+// correctly.
 type cursorBody struct {
 	V int    `json:"v"`
 	Q string `json:"q"`
