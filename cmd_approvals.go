@@ -18,7 +18,7 @@ import (
 // on the same ledger the agents' servers use, through the same code as the
 // decide_approval tool.
 func approvalsCmd(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T)"
+	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T, or --token)"
 	if len(args) == 0 {
 		return usageError{errors.New(use)}
 	}
@@ -42,13 +42,21 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (env IDEMGATE_TENANT)")
 	comment := fs.String("comment", "", "why; recorded in the audit log (approve, reject)")
 	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
+	var tf tokenFlags
+	tf.register(fs)
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
 	}
-	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := lf.load(); err != nil {
+		return err
+	}
+	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "approve" || sub == "reject")
+	if err != nil {
+		return err
+	}
 	if err := who.Validate(); err != nil {
 		return usageError{err}
 	}
@@ -65,7 +73,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	var resp *tools.Response
 	switch sub {
 	case "list":
-		resp = svc.Call(ctx, actor, "list_pending_approvals", map[string]any{"limit": 100}, nil)
+		resp = listAllPending(ctx, svc, actor)
 	case "show":
 		resp = svc.ShowApproval(ctx, actor, id)
 	default:
@@ -89,7 +97,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && resp.Approval.DecidedBy == who.Principal
+	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && ledger.SamePrincipal(resp.Approval.DecidedBy, who.Principal)
 	if resp.IsError && resp.Error != nil && !rejectedAsAsked {
 		return fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
 	}
@@ -123,4 +131,30 @@ func printApprovals(w io.Writer, resp *tools.Response) error {
 		fmt.Fprintln(w)
 	}
 	return nil
+}
+
+// listAllPending pages through every pending approval, oldest first, and
+// answers as one page (a person at a terminal wants them all).
+func listAllPending(ctx context.Context, svc *tools.Service, actor ledger.Actor) *tools.Response {
+	var all []json.RawMessage
+	args := map[string]any{"limit": 100}
+	for {
+		resp := svc.Call(ctx, actor, "list_pending_approvals", args, nil)
+		if resp.IsError {
+			return resp
+		}
+		var page struct {
+			Approvals  []json.RawMessage `json:"approvals"`
+			NextCursor string            `json:"next_cursor"`
+		}
+		if err := json.Unmarshal(resp.Result, &page); err != nil {
+			return resp
+		}
+		all = append(all, page.Approvals...)
+		if page.NextCursor == "" {
+			resp.Result, _ = json.Marshal(map[string]any{"approvals": all, "count": len(all)})
+			return resp
+		}
+		args["cursor"] = page.NextCursor
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"idemgate/ledger"
+	"idemgate/tools"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -15,7 +16,7 @@ import (
 
 func ops(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
-		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] [--json] | idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
+		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] [--cursor C] [--json] | idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
 	}
 	sub := args[0]
 	fs := flag.NewFlagSet("ops "+sub, flag.ContinueOnError)
@@ -26,6 +27,7 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	state := fs.String("state", "", "list only this state")
 	limit := fs.Int("limit", 50, "list: at most this many records; show: the newest this many history entries (1-10000; show's default 1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	cursor := fs.String("cursor", "", "list: continue after the page that printed this next_cursor (same --tenant and --state)")
 	rest := args[1:]
 	var key string
 	if sub == "show" {
@@ -52,9 +54,25 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	if sub == "show" {
 		return opsShow(ctx, store, *tenant, key, *limit, *asJSON, stdout)
 	}
-	recs, err := store.List(ctx, ledger.Filter{Tenant: *tenant, State: ledger.State(*state), Limit: *limit})
+	query := []string{"ops list", *tenant, *state}
+	f := ledger.Filter{Tenant: *tenant, State: ledger.State(*state), Limit: *limit + 1}
+	if *cursor != "" {
+		pos, err := tools.DecodeCursor(*cursor, query)
+		if err != nil {
+			return usageError{fmt.Errorf("--cursor: %w", err)}
+		}
+		f.After = string(pos)
+	}
+	recs, err := store.List(ctx, f)
 	if err != nil {
 		return err
+	}
+	// More records follow: say how to list them, on stderr so the table
+	// or the JSON array on stdout stays as it was.
+	if len(recs) > *limit {
+		recs = recs[:*limit]
+		defer fmt.Fprintf(stderr, "next_cursor: %s  (more operations follow: pass --cursor %[1]s with the same --tenant and --state)\n",
+			tools.EncodeCursor(query, []byte(ledger.ListPosition(recs[len(recs)-1]))))
 	}
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(recs)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/server"
 	"idemgate/tools"
@@ -33,11 +34,22 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
 	httpAddr := fs.String("http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
 	tokensFile := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
+	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "stdio: a token from --tokens whose principal, tenant and role this server acts as; required for --role approver when the config sets require_approver_token (prefer env IDEMGATE_TOKEN)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
+	}
+	if *httpAddr == "" && (id.Role == approvals.RoleApprover || *token != "") {
+		if err := lf.load(); err != nil {
+			return err
+		}
+		tf := tokenFlags{token: *token, tokens: *tokensFile}
+		var err error
+		if id, err = tf.identity(&lf, fs, id, id.Role == approvals.RoleApprover); err != nil {
+			return err
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

@@ -16,7 +16,7 @@ import (
 // settleCmd runs reconcile_operation or resolve_operation from a
 // terminal, through the same code as the tools.
 func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
-	use := "usage: idemgate reconcile KEY [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T]"
+	use := "usage: idemgate reconcile KEY [--db PATH] [--orders-api URL] [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T] [--token TOKEN] [--db PATH] [--orders-api URL]"
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return usageError{errors.New(use)}
 	}
@@ -30,13 +30,21 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 	outcome := fs.String("outcome", "", "resolve: succeeded or not_executed")
 	evidence := fs.String("evidence", "", "resolve: what you checked and what it showed (10-2000 characters)")
 	ref := fs.String("downstream-ref", "", "resolve: the order system's id for what was done")
+	var tf tokenFlags
+	tf.register(fs)
 	if err := fs.Parse(rest); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
 	}
-	who := server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}
+	if err := lf.load(); err != nil {
+		return err
+	}
+	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "resolve")
+	if err != nil {
+		return err
+	}
 	if err := who.Validate(); err != nil {
 		return usageError{err}
 	}

@@ -26,6 +26,12 @@ import (
 // or a downstream off.
 type fileConfig struct {
 	approvals.Policy
+	// RequireApproverToken: decisions taken outside the HTTP transport —
+	// `idemgate approvals approve|reject`, `idemgate resolve` and a stdio
+	// `serve --role approver` — need a token of role approver from the
+	// tokens file, whose principal then acts (not --principal).
+	RequireApproverToken bool `toml:"require_approver_token"`
+
 	OrdersAPI struct {
 		URL       string             `toml:"url"`
 		SafeRetry bool               `toml:"safe_retry"`

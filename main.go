@@ -21,12 +21,14 @@ Usage:
   idemgate serve [flags]          serve MCP over stdio (embedded ledger), or --http ADDR
   idemgate tokens add --principal P --tenant T --role agent|approver
                                   create a bearer token for --http (shown once; stored hashed)
-  idemgate ops list [flags]       list recent operations
+  idemgate ops list [flags]       list recent operations, newest first (--limit N, --cursor C for the next page)
   idemgate ops show KEY [flags]   show one operation's record and its whole audit history
-  idemgate approvals list|show ID|approve ID|reject ID [--comment C]
+  idemgate approvals list|show ID|approve ID|reject ID [--comment C] --principal P [--token TOKEN]
                                   decide approvals as an approver, on the same ledger
-  idemgate reconcile KEY          ask the order API what became of an unknown operation
+  idemgate reconcile KEY [--db PATH] [--orders-api URL] [--tenant T]
+                                  ask the order API what became of an unknown operation
   idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R]
+                   --principal P [--token TOKEN] [--db PATH] [--orders-api URL]
                                   settle an unknown operation by hand, as an approver
   idemgate outbox requeue MESSAGE_ID   retry a dead-lettered notification
   idemgate stats [--tenant T] [--json]
@@ -36,7 +38,8 @@ Usage:
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
-Run "idemgate COMMAND -h" for a command's flags.
+Every command that opens the ledger takes --db PATH (env IDEMGATE_DB) and
+--config FILE. Run "idemgate COMMAND -h" for a command's flags.
 `
 
 func main() {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"idemgate/ledger"
 )
 
 // Policy is the approval and deny policy. The zero value is not useful;
@@ -31,7 +33,9 @@ type Policy struct {
 	// ApprovalTTL is how long a pending approval waits before the operation
 	// is rejected (approval_expired).
 	ApprovalTTL Duration `toml:"approval_ttl"`
-	// DeniedTools maps a principal to tools it may not use.
+	// DeniedTools maps a principal to tools it may not use. Principal
+	// names match as ledger.SamePrincipal compares them (case and Unicode
+	// form do not matter).
 	DeniedTools map[string][]string `toml:"denied_tools"`
 	// AllowedCurrencies, when not empty, is the only currencies accepted.
 	AllowedCurrencies []string `toml:"allowed_currencies"`
@@ -126,8 +130,10 @@ const (
 // Evaluate decides for one validated request of principal. args are the
 // tool's arguments as the schemas package decoded them.
 func (p Policy) Evaluate(principal, tool string, args map[string]any) Verdict {
-	if slices.Contains(p.DeniedTools[principal], tool) {
-		return Verdict{Deny, "denied_tool", fmt.Sprintf("principal %s may not use %s", principal, tool)}
+	for name, denied := range p.DeniedTools {
+		if ledger.SamePrincipal(name, principal) && slices.Contains(denied, tool) {
+			return Verdict{Deny, "denied_tool", fmt.Sprintf("principal %s may not use %s", principal, tool)}
+		}
 	}
 	switch tool {
 	case "create_order":

@@ -134,3 +134,18 @@ func TestDiffs(t *testing.T) {
 		t.Errorf("CreateDiff = %+v, want every field with no before", n)
 	}
 }
+
+// TestDeniedToolsMatchPrincipalCaseInsensitively: a denied principal
+// cannot slip past its rule by changing the case of its name.
+func TestDeniedToolsMatchPrincipalCaseInsensitively(t *testing.T) {
+	p := Default()
+	p.DeniedTools = map[string][]string{"Intern-Bot": {"cancel_order"}}
+	for _, name := range []string{"intern-bot", "INTERN-BOT", "Intern-Bot"} {
+		if v := p.Evaluate(name, "cancel_order", nil); v.Action != Deny {
+			t.Errorf("Evaluate(%q, cancel_order) = %+v, want deny", name, v)
+		}
+	}
+	if v := p.Evaluate("intern-bot-2", "cancel_order", nil); v.Action == Deny {
+		t.Errorf("another principal denied: %+v", v)
+	}
+}

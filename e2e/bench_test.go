@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // The benchmarks measure whole tool calls through the real binary over
@@ -19,8 +22,8 @@ import (
 //
 //	go test -run '^$' -bench . ./e2e/
 //
-// or IDEMGATE_BENCH=1 go test -run TestBenchmarkRatios -v ./e2e/ for the
-// ratio table.
+// or IDEMGATE_BENCH=1 go test -count=1 -run TestBenchmarkRatios -v ./e2e/
+// for the table of ratios to floors measured in the same run.
 
 var benchFlavor = mcpGoModern
 
@@ -190,26 +193,68 @@ func BenchmarkReplay(b *testing.B)              { benchReplay(b) }
 func BenchmarkCreateOrder(b *testing.B)         { benchCreateOrder(b) }
 func BenchmarkCreateOrderParallel(b *testing.B) { benchCreateOrderParallel(b) }
 
-// TestBenchmarkRatios runs every benchmark once in this process and prints
-// how idemgate's calls compare with a no-op MCP call. Set IDEMGATE_BENCH=1.
+// benchBoltCommit: the durability floor — a raw bbolt Update that puts
+// one key, with bbolt's default fsync on commit, in a file in the same
+// temporary directory (the same filesystem) as the servers' ledgers. No
+// idemgate code runs.
+func benchBoltCommit(b *testing.B) {
+	db, err := bolt.Open(filepath.Join(b.TempDir(), "floor.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	latencies(b, func(_ context.Context, i int) error {
+		return db.Update(func(tx *bolt.Tx) error {
+			bk, err := tx.CreateBucketIfNotExists([]byte("floor"))
+			if err != nil {
+				return err
+			}
+			return bk.Put([]byte(fmt.Sprintf("k%09d", i)), []byte("a value of a few dozen bytes, like a small record"))
+		})
+	})
+}
+
+func BenchmarkBoltCommit(b *testing.B) { benchBoltCommit(b) }
+
+// TestBenchmarkRatios runs every benchmark once in this process and states
+// each figure as a ratio to floors measured in the same run, so the
+// ratios, not the absolute numbers, are what compares across machines:
+//
+//   - the no-op floor: a call of a one-tool mcp-go stdio server that
+//     returns a constant (what MCP over stdio costs before idemgate does
+//     anything);
+//   - the commit floor: a raw bbolt Update with fsync on the same
+//     filesystem (what one durable write costs before idemgate does
+//     anything).
+//
+// Both floors are measured at the start and again at the end of the run;
+// their mean is the floor, and the drift between the two says how far the
+// machine's speed moved during the run. Reads are compared with the no-op
+// floor; writes with the no-op floor plus one commit, the least a durable
+// answer over stdio can cost. Set IDEMGATE_BENCH=1.
 func TestBenchmarkRatios(t *testing.T) {
 	if os.Getenv("IDEMGATE_BENCH") != "1" {
 		t.Skip("set IDEMGATE_BENCH=1 to run the benchmarks and print the ratio table")
 	}
 	type row struct {
-		name string
-		fn   func(*testing.B)
-		res  testing.BenchmarkResult
+		name  string
+		fn    func(*testing.B)
+		write bool
+		res   testing.BenchmarkResult
 	}
-	rows := []*row{
-		{name: "no-op MCP server", fn: benchNoopServer},
+	noopStart := &row{name: "floor: no-op MCP call (start)", fn: benchNoopServer}
+	commitStart := &row{name: "floor: bbolt commit (start)", fn: benchBoltCommit}
+	calls := []*row{
 		{name: "list_orders (empty)", fn: benchListOrdersEmpty},
 		{name: "get_order (an order back)", fn: benchGetOrder},
 		{name: "replay", fn: benchReplay},
-		{name: "create_order (sequential)", fn: benchCreateOrder},
-		{name: "create_order (64 concurrent)", fn: benchCreateOrderParallel},
+		{name: "create_order (sequential)", fn: benchCreateOrder, write: true},
+		{name: "create_order (64 concurrent)", fn: benchCreateOrderParallel, write: true},
 	}
-	for _, r := range rows {
+	noopEnd := &row{name: "floor: no-op MCP call (end)", fn: benchNoopServer}
+	commitEnd := &row{name: "floor: bbolt commit (end)", fn: benchBoltCommit}
+	all := append(append([]*row{noopStart, commitStart}, calls...), noopEnd, commitEnd)
+	for _, r := range all {
 		r.res = testing.Benchmark(r.fn)
 		if r.res.N == 0 {
 			t.Fatalf("benchmark %q did not run (failed or skipped)", r.name)
@@ -217,17 +262,27 @@ func TestBenchmarkRatios(t *testing.T) {
 		t.Logf("%-30s %s", r.name, r.res.String())
 	}
 	p50 := func(r *row) float64 { return r.res.Extra["p50-µs"] }
-	noop := p50(rows[0])
+	noop := (p50(noopStart) + p50(noopEnd)) / 2
+	commit := (p50(commitStart) + p50(commitEnd)) / 2
+	drift := func(a, b float64) float64 { return 100 * (b - a) / a }
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%-30s %12s %14s\n", "call", "p50", "× no-op p50")
-	for _, r := range rows[:5] {
-		fmt.Fprintf(&sb, "%-30s %10.0fµs %13.1f×\n", r.name, p50(r), p50(r)/noop)
+	fmt.Fprintf(&sb, "\nfloors (p50, mean of start and end; drift end vs start):\n")
+	fmt.Fprintf(&sb, "  no-op MCP call     %8.0fµs  (%.0f → %.0f µs, %+.0f%%)\n", noop, p50(noopStart), p50(noopEnd), drift(p50(noopStart), p50(noopEnd)))
+	fmt.Fprintf(&sb, "  bbolt commit       %8.0fµs  (%.0f → %.0f µs, %+.0f%%)\n", commit, p50(commitStart), p50(commitEnd), drift(p50(commitStart), p50(commitEnd)))
+	fmt.Fprintf(&sb, "\n%-30s %10s %9s %22s\n", "call", "p50", "× no-op", "× (no-op + commit)")
+	for _, r := range calls[:4] {
+		floor := "—"
+		if r.write {
+			floor = fmt.Sprintf("%.2f×", p50(r)/(noop+commit))
+		}
+		fmt.Fprintf(&sb, "%-30s %8.0fµs %8.2f× %22s\n", r.name, p50(r), p50(r)/noop, floor)
 	}
 	// Under 64 concurrent callers a call's latency includes its wait in
 	// the queue; only the throughput compares.
-	fmt.Fprintf(&sb, "%-30s %10.0fµs %14s\n", rows[5].name, p50(rows[5]), "(queued)")
-	fmt.Fprintf(&sb, "\nreplay / get_order p50: %.2f× (same answer size; the cost of the ledger's check)\n", p50(rows[3])/p50(rows[2]))
-	seq, par := rows[4].res.Extra["creates/s"], rows[5].res.Extra["creates/s"]
-	fmt.Fprintf(&sb, "\ncreates/s sequential %.0f, 64 concurrent %.0f: %.1f× (group commit)\n", seq, par, par/seq)
+	par := calls[4]
+	fmt.Fprintf(&sb, "%-30s %8.0fµs %9s %22s\n", par.name, p50(par), "(queued)", "")
+	fmt.Fprintf(&sb, "\nreplay / get_order p50: %.2f× (same answer size; the cost of the ledger's check)\n", p50(calls[2])/p50(calls[1]))
+	seq, conc := calls[3].res.Extra["creates/s"], par.res.Extra["creates/s"]
+	fmt.Fprintf(&sb, "creates/s sequential %.0f, 64 concurrent %.0f: %.2f× (group commit); commit floor alone: %.0f commits/s\n", seq, conc, conc/seq, 1e6/commit)
 	t.Log(sb.String())
 }

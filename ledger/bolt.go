@@ -1000,7 +1000,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 	if rec.State != StateAwaitingApproval || rec.Approval.Status != ApprovalPending {
 		return Decision{Kind: DecisionReplay, Record: s.present(rec), refusal: ErrAlreadyDecided}, nil
 	}
-	if r.Approver.Principal == rec.Principal {
+	if SamePrincipal(r.Approver.Principal, rec.Principal) {
 		return Decision{Kind: DecisionHeld, Record: rec, refusal: ErrSelfApproval}, nil
 	}
 	a := *rec.Approval
@@ -1054,34 +1054,59 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 	return Decision{Kind: DecisionExecuted, Record: rec}, nil
 }
 
-// PendingApprovals implements Store.
-func (s *BoltStore) PendingApprovals(ctx context.Context, tenant string, limit int) ([]*Record, error) {
+// PendingApprovals implements Store. It reads every pending approval of
+// the tenant (they are few: each expires after the approval TTL) to order
+// them by request time.
+func (s *BoltStore) PendingApprovals(ctx context.Context, tenant, after string, limit int) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
 		limit = 100
 	}
-	var out []*Record
+	type pending struct {
+		pos string
+		rec *Record
+	}
+	var all []pending
 	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketPending).Cursor()
 		prefix := recordKey(tenant, "")
-		for k, key := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, key = c.Next() {
+		for k, key := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, key = c.Next() {
 			rec, err := getRecord(tx, tenant, string(key))
 			if err != nil {
 				return err
 			}
-			if rec == nil {
+			if rec == nil || rec.Approval == nil {
+				continue
+			}
+			pos := ApprovalPosition(rec)
+			if after != "" && pos <= after {
 				continue
 			}
 			if rec = s.present(rec); rec.State == StateAwaitingApproval {
-				out = append(out, rec)
+				all = append(all, pending{pos, rec})
 			}
 		}
 		return nil
 	})
-	slices.SortFunc(out, func(a, b *Record) int { return a.FirstSeenAt.Compare(b.FirstSeenAt) })
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(all, func(a, b pending) int {
+		if a.pos < b.pos {
+			return -1
+		}
+		if a.pos > b.pos {
+			return 1
+		}
+		return 0
+	})
+	out := make([]*Record, 0, min(limit, len(all)))
+	for _, p := range all[:min(limit, len(all))] {
+		out = append(out, p.rec)
+	}
+	return out, nil
 }
 
 // ApprovalRecord implements Store.
@@ -1205,7 +1230,15 @@ func (s *BoltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 	var out []*Record
 	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketByTime).Cursor()
-		for k, _ := c.Last(); k != nil && len(out) < f.Limit; k, _ = c.Prev() {
+		var k []byte
+		if f.After == "" {
+			k, _ = c.Last()
+		} else if k, _ = c.Seek([]byte(f.After)); k == nil {
+			k, _ = c.Last() // every key is before the position
+		} else {
+			k, _ = c.Prev() // the last key strictly before the position
+		}
+		for ; k != nil && len(out) < f.Limit; k, _ = c.Prev() {
 			tenant, key, ok := bytes.Cut(k[8:], []byte{0})
 			if !ok || (f.Tenant != "" && string(tenant) != f.Tenant) {
 				continue

@@ -443,7 +443,7 @@ func TestSettleSupersedesPendingApproval(t *testing.T) {
 	if err != nil || done.State != StateSucceeded || done.Approval.Status != ApprovalSuperseded {
 		t.Fatalf("late Settle = %+v, %v; want succeeded with the approval superseded", done, err)
 	}
-	if pending, err := s.PendingApprovals(ctx, "t1", 10); err != nil || len(pending) != 0 {
+	if pending, err := s.PendingApprovals(ctx, "t1", "", 10); err != nil || len(pending) != 0 {
 		t.Errorf("pending approvals after the settle = %d, %v; want none", len(pending), err)
 	}
 	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: held.Approval.ID, Approve: true}, nil)

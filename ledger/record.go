@@ -290,6 +290,9 @@ type Filter struct {
 	Tenant string // "" lists every tenant (operator use)
 	State  State  // "" lists every state
 	Limit  int    // <= 0 means 100
+	// After, when not empty, lists only records older than this position
+	// (ListPosition of the previous page's last record).
+	After string
 }
 
 // Store is the ledger's storage. Every method is safe for concurrent use by
@@ -312,7 +315,8 @@ type Store interface {
 	// Get returns the record of (tenant, key), as a tombstone when its
 	// retention has passed, or ErrNotFound. It never writes.
 	Get(ctx context.Context, tenant, key string) (*Record, error)
-	// List returns records, newest first.
+	// List returns records, newest first (by first-seen time, then tenant
+	// and key): at most f.Limit, older than f.After when set.
 	List(ctx context.Context, f Filter) ([]*Record, error)
 	// IssueKey remembers that key was handed out to tenant.
 	IssueKey(ctx context.Context, tenant, key string) error
@@ -328,8 +332,10 @@ type Store interface {
 	// returned Decision), ErrApprovalExpired, ErrSelfApproval.
 	Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error)
 	// PendingApprovals lists the tenant's pending, unexpired approvals'
-	// records, oldest first.
-	PendingApprovals(ctx context.Context, tenant string, limit int) ([]*Record, error)
+	// records, oldest first (by request time, then approval id): at most
+	// limit, those after the position after (ApprovalPosition of the
+	// previous page's last record; "" from the start).
+	PendingApprovals(ctx context.Context, tenant, after string, limit int) ([]*Record, error)
 	// ApprovalRecord returns the record an approval belongs to, or
 	// ErrNotFound.
 	ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error)

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"fmt"
 
 	"idemgate/ledger"
 )
@@ -10,9 +11,13 @@ var specListOrders = Spec{
 	Name:  "list_orders",
 	Title: "List a customer's orders",
 	Description: "Lists the orders of one customer, newest first (at most limit, default 20). Read only. " +
+		"When more orders follow, the answer has next_cursor: call again with the same customer_id and cursor set to it for the next page; the last page has no next_cursor. " +
 		"Use it to check whether an order already exists before placing one for an intent whose earlier attempt you lost track of — but to retry, reuse that attempt's operation_key instead.",
 	ReadOnly: true, Idempotent: true,
 }
+
+// maxAPICursor bounds the order API's own cursor, carried inside ours.
+const maxAPICursor = 512
 
 func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 	customer, _ := c.req.Args["customer_id"].(string)
@@ -20,13 +25,30 @@ func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 	if l, ok := c.req.Args["limit"]; ok {
 		limit = asInt(l, 20)
 	}
+	backend := "embedded"
+	if s.api != nil {
+		backend = "orders_api"
+	}
+	query := []string{"list_orders", c.actor.Tenant, customer, backend}
+	var after string
+	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
+		pos, err := DecodeCursor(cur, query)
+		if err != nil {
+			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
+		}
+		after = string(pos)
+	}
 	var orders []*Order
+	var next string
 	var err error
 	if s.api != nil {
-		orders, err = s.api.List(ctx, c.actor.Tenant, customer, limit)
+		orders, next, err = s.api.List(ctx, c.actor.Tenant, customer, limit, after)
+		if err == nil && len(next) > maxAPICursor {
+			err = &APIError{Class: Definitive, Code: "downstream_error", Msg: fmt.Sprintf("the order API's next_cursor is %d bytes; at most %d are carried", len(next), maxAPICursor)}
+		}
 	} else {
 		err = s.ledger.View(ctx, func(tx ledger.Tx) error {
-			orders, err = listOrdersTx(tx, c.actor.Tenant, customer, limit)
+			orders, next, err = listOrdersTx(tx, c.actor.Tenant, customer, after, limit)
 			return err
 		})
 	}
@@ -36,7 +58,11 @@ func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 	if orders == nil {
 		orders = []*Order{}
 	}
-	return readResponse(map[string]any{"customer_id": customer, "orders": orders, "count": len(orders)})
+	out := map[string]any{"customer_id": customer, "orders": orders, "count": len(orders)}
+	if next != "" {
+		out["next_cursor"] = EncodeCursor(query, []byte(next))
+	}
+	return readResponse(out)
 }
 
 // asInt reads a JSON number decoded by the schemas package.

@@ -12,7 +12,7 @@ var specListPendingApprovals = Spec{
 	Name:         "list_pending_approvals",
 	ApproverOnly: true,
 	Title:        "List pending approvals",
-	Description: "For approvers: the operations of your tenant waiting for a human decision, oldest first, each with what it would do — a structured diff (path, before, after) and the same as readable text — who requested it, why it needs approval, and when the request expires. " +
+	Description: "For approvers: the operations of your tenant waiting for a human decision, oldest first (at most limit, default 20; when more follow, the answer has next_cursor: pass it as cursor for the next page), each with what it would do — a structured diff (path, before, after) and the same as readable text — who requested it, why it needs approval, and when the request expires. " +
 		"Decide with decide_approval. You cannot approve your own requests.",
 	ReadOnly: true, Idempotent: true,
 }
@@ -22,15 +22,36 @@ func (s *Service) listPendingApprovals(ctx context.Context, c *call) *Response {
 		return r
 	}
 	limit := asInt(c.req.Args["limit"], 20)
-	recs, err := s.ledger.PendingApprovals(ctx, c.actor.Tenant, limit)
+	if limit < 1 {
+		limit = 20
+	}
+	query := []string{"list_pending_approvals", c.actor.Tenant}
+	var after string
+	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
+		pos, err := DecodeCursor(cur, query)
+		if err != nil {
+			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
+		}
+		after = string(pos)
+	}
+	recs, err := s.ledger.PendingApprovals(ctx, c.actor.Tenant, after, limit+1)
 	if err != nil {
 		return s.ledgerError(c, err)
+	}
+	var next string
+	if len(recs) > limit {
+		recs = recs[:limit]
+		next = EncodeCursor(query, []byte(ledger.ApprovalPosition(recs[limit-1])))
 	}
 	list := make([]map[string]any, 0, len(recs))
 	for _, rec := range recs {
 		list = append(list, approvalView(rec))
 	}
-	return readResponse(map[string]any{"approvals": list, "count": len(list)})
+	out := map[string]any{"approvals": list, "count": len(list)}
+	if next != "" {
+		out["next_cursor"] = next
+	}
+	return readResponse(out)
 }
 
 // approvalView is what an approver sees of one held operation.

@@ -211,14 +211,21 @@ func (a *OrderAPI) Get(ctx context.Context, tenant, id string) (*Order, error) {
 	return &o, err
 }
 
-// List returns a customer's orders, newest first.
-func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int) ([]*Order, error) {
+// List returns a customer's orders, newest first, and the API's cursor
+// for the next page ("" on the last page). cursor is the API's own
+// next_cursor from the previous page, sent back as the cursor parameter;
+// an API that does not page answers without next_cursor.
+func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int, cursor string) ([]*Order, string, error) {
 	var r struct {
-		Orders []*Order `json:"orders"`
+		Orders     []*Order `json:"orders"`
+		NextCursor string   `json:"next_cursor"`
 	}
 	q := url.Values{"customer_id": {customer}, "limit": {strconv.Itoa(limit)}}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
 	err := a.do(ctx, http.MethodGet, "/orders", q, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &r)
-	return r.Orders, err
+	return r.Orders, r.NextCursor, err
 }
 
 // Lookup asks which order the request with this operation's key created

@@ -145,20 +145,34 @@ func getOrderTx(tx ledger.Tx, tenant, id string) (*Order, error) {
 	return &o, nil
 }
 
-// listOrdersTx returns a customer's orders, newest first.
-func listOrdersTx(tx ledger.Tx, tenant, customer string, limit int) ([]*Order, error) {
+// listOrdersTx returns a customer's orders, newest first: at most limit,
+// those after the index position after ("" from the newest), and the
+// position of the last one returned when more follow ("" on the last page).
+// A position is the customer index key's suffix (inverted creation time,
+// order id), so orders created while a client pages sort before its
+// position: later pages neither repeat nor skip the older orders.
+func listOrdersTx(tx ledger.Tx, tenant, customer, after string, limit int) ([]*Order, string, error) {
 	var out []*Order
+	var next, last string
 	prefix := customerPrefix(tenant, customer)
 	err := tx.Scan(collByCustomer, prefix, false, func(k string, _ []byte) (bool, error) {
-		id := k[len(prefix)+16:]
-		o, err := getOrderTx(tx, tenant, id)
+		pos := k[len(prefix):]
+		if after != "" && pos <= after {
+			return true, nil // before the page: keys only, no order read
+		}
+		if len(out) == limit {
+			next = last // one more exists
+			return false, nil
+		}
+		o, err := getOrderTx(tx, tenant, pos[16:])
 		if err != nil {
 			return false, err
 		}
 		if o != nil {
 			out = append(out, o)
+			last = pos
 		}
-		return len(out) < limit, nil
+		return true, nil
 	})
-	return out, err
+	return out, next, err
 }

@@ -29,7 +29,7 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	if rec.Principal == c.actor.Principal {
+	if ledger.SamePrincipal(rec.Principal, c.actor.Principal) {
 		return errorResponse(key, rec.State, "forbidden",
 			"You requested this operation yourself; another approver must settle it.", nextDoNotRetry)
 	}

@@ -95,7 +95,7 @@ func TestKeyReuseEmbeddedIsANewOrder(t *testing.T) {
 		if err != nil || got == nil || got.TotalMinor != 1000 {
 			t.Errorf("first order now %+v (%v), want total 1000 as placed", got, err)
 		}
-		list, _ := listOrdersTx(tx, "t1", "c1", 10)
+		list, _, _ := listOrdersTx(tx, "t1", "c1", "", 10)
 		if len(list) != 2 || list[0].OrderID == list[1].OrderID {
 			t.Errorf("list = %d orders, want 2 different", len(list))
 		}
