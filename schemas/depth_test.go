@@ -1,10 +1,11 @@
 package schemas
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -137,5 +138,38 @@ func TestCheckNumbersLinear(t *testing.T) {
 	if ps := checkNumbers(map[string]any{"a": wide}, &loc, nil); len(ps) != len(wide) || renderPath(ps[9999].loc) != "a[9999]" {
 		t.Errorf("wide: %d problems", len(ps))
 	}
-	_ = strconv.Itoa
+}
+
+// FuzzNestingDepthAgreesWithDecoder: the byte scan measures the same depth
+// as a real JSON decoder on valid JSON.
+func FuzzNestingDepthAgreesWithDecoder(f *testing.F) {
+	for _, s := range []string{`[]`, `{"a":[{"b":"]]"}]}`, `"[\"["`, `[[1],[[2]]]`, `{"\\":{}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		if !json.Valid(msg) {
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(msg))
+		depth, deepest := 0, 0
+		for {
+			tok, err := dec.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("valid JSON: %v", err)
+			}
+			switch tok {
+			case json.Delim('['), json.Delim('{'):
+				depth++
+				deepest = max(deepest, depth)
+			case json.Delim(']'), json.Delim('}'):
+				depth--
+			}
+		}
+		if got := NestingDepth(msg, 1<<30); got != deepest {
+			t.Fatalf("NestingDepth(%s) = %d, decoder says %d", msg, got, deepest)
+		}
+	})
 }
