@@ -173,6 +173,9 @@ func FuzzCheckEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		e := checkEnvelope(msg)
 		if e == nil {
+			if json.Valid(msg) && confusable(msg) {
+				t.Fatalf("accepted %q, which has member names encoding/json confuses", msg)
+			}
 			return
 		}
 		var answer map[string]any
@@ -211,5 +214,52 @@ func TestStrictEnvelopeHTTP(t *testing.T) {
 	rec = post(call + strings.Repeat("[", 9000) + strings.Repeat("]", 9000) + "}}")
 	if rec.Code != 400 || reached != 1 || !strings.Contains(rec.Body.String(), "64 levels deep") {
 		t.Fatalf("deep body: %d %.200s reached=%d", rec.Code, rec.Body, reached)
+	}
+}
+
+// confusable reports, the slow and obvious way, whether valid JSON has an
+// object with two member names bytes.EqualFold considers equal.
+func confusable(msg []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	type obj struct {
+		names   []string
+		wantKey bool
+	}
+	var stack []*obj
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if n := len(stack); n > 0 && stack[n-1] != nil && stack[n-1].wantKey {
+			o := stack[n-1]
+			if tok == json.Delim('}') {
+				stack = stack[:n-1]
+			} else {
+				name := tok.(string)
+				for _, prev := range o.names {
+					if bytes.EqualFold([]byte(prev), []byte(name)) {
+						return true
+					}
+				}
+				o.names = append(o.names, name)
+				o.wantKey = false
+				continue
+			}
+		} else {
+			switch tok {
+			case json.Delim('{'):
+				stack = append(stack, &obj{wantKey: true})
+				continue
+			case json.Delim('['):
+				stack = append(stack, nil)
+				continue
+			case json.Delim(']'):
+				stack = stack[:len(stack)-1]
+			}
+		}
+		if n := len(stack); n > 0 && stack[n-1] != nil {
+			stack[n-1].wantKey = true
+		}
 	}
 }
