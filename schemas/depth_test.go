@@ -173,3 +173,32 @@ func FuzzNestingDepthAgreesWithDecoder(f *testing.F) {
 		}
 	})
 }
+
+// TestPrepareRefusesCaseVariantNames: our own decoding cannot be fooled by
+// a name differing only in case (encoding/json would match "Customer_ID"
+// to the customer_id field): every schema refuses properties it does not
+// declare, so the arguments handed to Request.Decode only ever hold the
+// exact names. The transport refuses such duplicates earlier; this is the
+// second line.
+func TestPrepareRefusesCaseVariantNames(t *testing.T) {
+	v := mustNew(t)
+	checked := 0
+	for _, tool := range v.Tools() {
+		for _, prop := range v.info[v.tools[tool].Location].props {
+			checked++
+			variant := strings.ToUpper(prop[:1]) + prop[1:]
+			args := `{"` + variant + `":"x"}`
+			_, err := v.Prepare(tool, json.RawMessage(args))
+			if err == nil || !strings.Contains(err.Error(), variant) {
+				t.Errorf("%s %s: %v, want %q refused", tool, args, err, variant)
+			}
+		}
+	}
+	if checked < len(v.Tools()) {
+		t.Fatalf("only %d properties checked", checked)
+	}
+	bad := strings.Replace(validOrder, `"sku":"SKU-1"`, `"sku":"SKU-1","SKU":"SKU-9"`, 1)
+	if _, err := v.Prepare("create_order", json.RawMessage(bad)); err == nil || !strings.Contains(err.Error(), "SKU") {
+		t.Errorf("item with sku and SKU: %v, want SKU refused", err)
+	}
+}
