@@ -357,7 +357,7 @@ func TestStrictEnvelopeOverHTTP(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	meta := `"_meta":{"io.modelcontextprotocol/protocolVersion":"` + s.mc.ProtocolVersion() + `","io.modelcontextprotocol/clientCapabilities":{}}`
-	status, body := post("create_order", `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{` + meta + `,"name":"list_orders","NAME":"create_order","arguments":` + string(args) + `}}`)
+	status, body := post("create_order", `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{`+meta+`,"name":"list_orders","NAME":"create_order","arguments":`+string(args)+`}}`)
 	if status != 400 || !strings.Contains(body, `"code":-32600`) || !strings.Contains(body, `differ only in case`) || !strings.Contains(body, `"id":5`) {
 		t.Errorf("case-variant name over HTTP: %d %s", status, body)
 	}
