@@ -19,6 +19,11 @@
 //     items[0].quantity: must be an integer ≥ 1 (got 0)
 //     or, at the root, missing required property "currency". They never
 //     echo more than 64 characters of input, and there are at most 20.
+//   - Bounded work: arguments nested more than MaxDepth (32) levels deep
+//     are refused before they are decoded or walked, numbers longer than
+//     64 characters or beyond float64 before schema validation, and every
+//     walk over arguments is linear, so Prepare's time and memory are
+//     O(size of the arguments).
 //   - Canonical form: RFC 8785 (JSON Canonicalization Scheme). Key order,
 //     whitespace and the spelling of a number (1, 1.0, 1e0) do not matter;
 //     strings are compared as given, without Unicode normalization.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -223,7 +224,8 @@ func (v *Validator) validate(sch *jsonschema.Schema, args any) (any, []problem) 
 	if err != nil {
 		return nil, []problem{{msg: err.Error()}}
 	}
-	if ps := checkNumbers(doc, nil, nil); len(ps) > 0 {
+	var loc []pathElem
+	if ps := checkNumbers(doc, &loc, nil); len(ps) > 0 {
 		return doc, ps
 	}
 	if err := sch.Validate(doc); err != nil {
@@ -236,8 +238,15 @@ func (v *Validator) validate(sch *jsonschema.Schema, args any) (any, []problem) 
 	return doc, nil
 }
 
+// errTooDeep is the problem reported for arguments nested deeper than
+// MaxDepth.
+var errTooDeep = errors.New("arguments nest arrays and objects more than " + strconv.Itoa(MaxDepth) +
+	" levels deep (the limit; no tool needs more than 3)")
+
 // decode turns args into a JSON value whose numbers are json.Number, so
-// integers stay exact whatever their size.
+// integers stay exact whatever their size. Arguments nested deeper than
+// MaxDepth are refused before they are encoded or decoded, so the work
+// done is O(size of args).
 func decode(args any) (any, error) {
 	var raw []byte
 	switch a := args.(type) {
@@ -248,6 +257,9 @@ func decode(args any) (any, error) {
 	case []byte:
 		raw = a
 	default:
+		if deeperThan(a, MaxDepth) {
+			return nil, errTooDeep
+		}
 		b, err := json.Marshal(a)
 		if err != nil {
 			return nil, errors.New("arguments could not be encoded as JSON")
@@ -256,6 +268,9 @@ func decode(args any) (any, error) {
 	}
 	if len(raw) == 0 {
 		return map[string]any{}, nil
+	}
+	if NestingDepth(raw, MaxDepth) > MaxDepth {
+		return nil, errTooDeep
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
@@ -273,24 +288,32 @@ func decode(args any) (any, error) {
 // proportional to the digits and the exponent.
 const maxNumberLen = 64
 
-func checkNumbers(v any, loc []pathElem, out []problem) []problem {
+// checkNumbers appends a problem for every number in v that is too long
+// or beyond float64 range. loc is the path of v; it is one stack shared by
+// the whole walk (pushed and popped, copied only into a problem), so the
+// walk costs O(size of v), not O(size × depth).
+func checkNumbers(v any, loc *[]pathElem, out []problem) []problem {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, e := range v {
-			out = checkNumbers(e, append(loc[:len(loc):len(loc)], pathElem{name: k}), out)
+			*loc = append(*loc, pathElem{name: k})
+			out = checkNumbers(e, loc, out)
+			*loc = (*loc)[:len(*loc)-1]
 		}
 	case []any:
 		for i, e := range v {
-			out = checkNumbers(e, append(loc[:len(loc):len(loc)], pathElem{index: i, isIndex: true}), out)
+			*loc = append(*loc, pathElem{index: i, isIndex: true})
+			out = checkNumbers(e, loc, out)
+			*loc = (*loc)[:len(*loc)-1]
 		}
 	case json.Number:
 		if len(v) > maxNumberLen {
-			return append(out, problem{loc: loc, msg: fmt.Sprintf("number is too long (at most %d characters)", maxNumberLen)})
+			return append(out, problem{loc: slices.Clone(*loc), msg: fmt.Sprintf("number is too long (at most %d characters)", maxNumberLen)})
 		}
 		f, err := strconv.ParseFloat(string(v), 64)
 		mantissa, _, _ := strings.Cut(strings.ToLower(string(v)), "e")
 		if err != nil || (f == 0 && strings.ContainsAny(mantissa, "123456789")) {
-			return append(out, problem{loc: loc, msg: "number is out of range (got " + echo(v) + ")"})
+			return append(out, problem{loc: slices.Clone(*loc), msg: "number is out of range (got " + echo(v) + ")"})
 		}
 	}
 	return out

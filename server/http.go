@@ -43,7 +43,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) http.Handler {
 		}),
 	)
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Logger, mcpHandler))
+	mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Logger, strictEnvelope(mcpHandler)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()

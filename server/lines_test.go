@@ -48,3 +48,32 @@ func TestBoundedLinesHugeLineStreams(t *testing.T) {
 }
 
 func newBufio(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 16) }
+
+// TestStdioStreamsRefuseBeforeMCP: a line checkEnvelope refuses is
+// answered on the output and never reaches the reader's consumer (mcp-go);
+// the lines around it pass unchanged.
+func TestStdioStreamsRefuseBeforeMCP(t *testing.T) {
+	ok1 := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}` + "\n"
+	bad := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_order","NAME":"cancel_order"}}` + "\n"
+	deep := `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"create_order","arguments":{"items":` +
+		strings.Repeat("[", 9000) + strings.Repeat("]", 9000) + "}}}\n"
+	ok2 := "not json\n"
+	var out strings.Builder
+	in, w := stdioStreams(strings.NewReader(ok1+bad+deep+ok2), &out)
+	got, err := io.ReadAll(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != ok1+ok2 {
+		t.Errorf("passed on %q, want %q", got, ok1+ok2)
+	}
+	answers := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(answers) != 2 ||
+		!strings.HasPrefix(answers[0], `{"jsonrpc":"2.0","id":2,"error":{"code":-32600,"message":"invalid request: members \"name\" and \"NAME\" in params differ only in case`) ||
+		!strings.HasPrefix(answers[1], `{"jsonrpc":"2.0","id":3,"error":{"code":-32600,"message":"invalid request: the message nests arrays and objects more than 64 levels deep`) {
+		t.Errorf("answers:\n%s", out.String())
+	}
+	if _, err := w.Write([]byte("x\n")); err != nil || !strings.HasSuffix(out.String(), "\nx\n") {
+		t.Errorf("the returned writer does not write through: %v", err)
+	}
+}

@@ -188,7 +188,8 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, in io.Reader, out i
 	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
 	mcpserver.WithWorkerPoolSize(workers)(std)
 	mcpserver.WithQueueSize(1000)(std)
-	return std.Listen(ctx, newBoundedLines(in, MaxMessageBytes), out)
+	in, out = stdioStreams(in, out)
+	return std.Listen(ctx, in, out)
 }
 
 // slogWriter sends mcp-go's log lines to slog (stderr).

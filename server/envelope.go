@@ -1,0 +1,435 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"idemgate/schemas"
+)
+
+// MaxMessageDepth bounds how deeply one JSON-RPC message may nest arrays
+// and objects, on stdio and over HTTP. The message and its params take two
+// levels and tool arguments at most schemas.MaxDepth (32) more; the rest
+// is room for _meta. Arguments between 33 and 62 levels deep reach the
+// tool and get an invalid_arguments tool error; a message deeper than
+// this is refused before it is decoded.
+const MaxMessageDepth = 64
+
+// maxMethodLen and maxToolNameLen bound the method and a tools/call's
+// params.name: mcp-go repeats both in its "not found" errors. Every
+// MCP method and every idemgate tool name is far shorter.
+const (
+	maxMethodLen   = 64
+	maxToolNameLen = 64
+	// maxIDLen bounds a request id, which every answer repeats.
+	maxIDLen = 128
+	// maxNumberLen bounds the text of any number in a message: mcp-go
+	// decodes numbers as float64 and repeats a number it cannot decode
+	// whole in its error.
+	maxNumberLen = 64
+	// maxEcho bounds any piece of the message repeated in a refusal.
+	maxEcho = 64
+)
+
+// JSON-RPC error codes used for refused messages.
+const (
+	codeInvalidRequest = -32600
+	codeInvalidParams  = -32602
+)
+
+// envelopeError is a message refused by checkEnvelope: the JSON-RPC error
+// to answer it with.
+type envelopeError struct {
+	// ID is the request's id as written, or null when the message has
+	// none or it could not be read unambiguously.
+	ID      json.RawMessage
+	Code    int
+	Message string
+}
+
+func (e *envelopeError) Error() string { return e.Message }
+
+// response renders the JSON-RPC error answer, one line without newline.
+func (e *envelopeError) response() []byte {
+	id := e.ID
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	b, err := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}{JSONRPC: "2.0", ID: id, Error: struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{e.Code, e.Message}})
+	if err != nil { // unreachable: every field is plain data
+		return []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"invalid request"}}`)
+	}
+	return b
+}
+
+// checkEnvelope reads one JSON-RPC message strictly, before mcp-go does,
+// and refuses what encoding/json would read differently from a strict
+// reader or answer with an unbounded echo:
+//
+//   - nesting deeper than MaxMessageDepth (checked by a byte scan first);
+//   - a member name repeated in one object, or two names equal under
+//     Unicode case folding (encoding/json matches names case-insensitively
+//     and keeps the last value, so {"name":"a","NAME":"b"} would call b
+//     while a proxy reading the first value sees a) — anywhere in the
+//     message, tool arguments included;
+//   - a number longer than 64 characters or beyond float64 range;
+//   - a method longer than 64 characters, an id longer than 128, and for
+//     tools/call a params.name that is not a string of 1 to 64 characters.
+//
+// Refusals are -32600 (invalid request), or -32602 (invalid params) for
+// what lies under params; their messages name the member and repeat at
+// most 64 characters of the input. Text that is not one JSON value is
+// let through (nil): mcp-go answers it with a parse error. Time and
+// memory are O(len(msg)).
+func checkEnvelope(msg []byte) *envelopeError {
+	if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
+		w := newWalker(msg)
+		w.run() // reads up to the deep part, for the id
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest,
+			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
+				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}
+	}
+	w := newWalker(msg)
+	if err := w.run(); err != nil {
+		if errors.Is(err, errSyntax) {
+			return nil
+		}
+		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}
+	}
+	if w.longID {
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id is longer than " + strconv.Itoa(maxIDLen) + " characters"}
+	}
+	if w.longMethod {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method is longer than " + strconv.Itoa(maxMethodLen) + " characters; no method has that name"}
+	}
+	if w.method == "tools/call" {
+		switch {
+		case w.nameKind == "":
+			return &envelopeError{ID: w.id, Code: codeInvalidParams, Message: "invalid params: tools/call needs params.name, the name of a tool (see tools/list)"}
+		case w.nameKind != "a string":
+			return &envelopeError{ID: w.id, Code: codeInvalidParams, Message: "invalid params: params.name must be a string naming a tool (got " + w.nameKind + ")"}
+		case w.nameLen == 0 || w.nameLen > maxToolNameLen:
+			return &envelopeError{ID: w.id, Code: codeInvalidParams, Message: "invalid params: params.name must be 1 to " + strconv.Itoa(maxToolNameLen) + " characters; no tool has that name (see tools/list)"}
+		}
+	}
+	return nil
+}
+
+// errSyntax marks text that is not one JSON value.
+var errSyntax = errors.New("not one JSON value")
+
+// frame is one open array or object of the walk.
+type frame struct {
+	object  bool
+	names   map[string]string // folded name → name as written
+	wantKey bool              // an object's next token is a member name
+	key     string            // the member being read
+	index   int               // an array's current element
+}
+
+// walker reads a message token by token, keeping only the stack of open
+// containers and, per open object, its member names.
+type walker struct {
+	dec   *json.Decoder
+	stack []frame
+	code  int // the JSON-RPC code of the refusal run returned
+
+	id       json.RawMessage // the top-level id, when unambiguous
+	method   string
+	nameKind string // JSON type of params.name; "" when absent
+	nameLen  int    // its length in characters when a string
+
+	longID, longMethod bool // the id or method is over its bound
+}
+
+func newWalker(msg []byte) *walker {
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	dec.UseNumber()
+	return &walker{dec: dec}
+}
+
+// run walks the whole value. It returns errSyntax (wrapped) for text that
+// is not one JSON value, or a refusal with w.code set.
+func (w *walker) run() error {
+	for {
+		tok, err := w.dec.Token()
+		if err != nil {
+			return errSyntax // including EOF before a whole value
+		}
+		if err := w.token(tok); err != nil {
+			return err
+		}
+		if len(w.stack) == 0 {
+			// The value is complete; only whitespace may follow.
+			if _, err := w.dec.Token(); err != io.EOF {
+				return errSyntax
+			}
+			return nil
+		}
+	}
+}
+
+func (w *walker) token(tok json.Token) error {
+	if n := len(w.stack); n > 0 && w.stack[n-1].object && w.stack[n-1].wantKey {
+		if d, ok := tok.(json.Delim); ok && d == '}' {
+			w.stack = w.stack[:n-1]
+			w.valueDone()
+			return nil
+		}
+		name, _ := tok.(string)
+		return w.member(name)
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{', '[':
+			if len(w.stack) >= MaxMessageDepth {
+				w.code = codeInvalidRequest
+				return errors.New("invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) + " levels deep (the limit)")
+			}
+			w.note(nil, kindOf(t))
+			w.stack = append(w.stack, frame{object: t == '{', wantKey: t == '{'})
+		default: // ']'; '}' is handled above
+			w.stack = w.stack[:len(w.stack)-1]
+			w.valueDone()
+		}
+	case json.Number:
+		if len(t) > maxNumberLen {
+			return w.refuse("number is longer than " + strconv.Itoa(maxNumberLen) + " characters (got " + clipEcho(string(t)) + ")")
+		}
+		if _, err := strconv.ParseFloat(string(t), 64); err != nil {
+			return w.refuse("number is beyond the range of a 64-bit float (got " + clipEcho(string(t)) + ")")
+		}
+		w.note(t, "a number")
+		w.valueDone()
+	case string:
+		w.note(t, "a string")
+		w.valueDone()
+	case bool:
+		w.note(t, "a boolean")
+		w.valueDone()
+	case nil:
+		w.note(nil, "null")
+		w.valueDone()
+	}
+	return nil
+}
+
+func kindOf(d json.Delim) string {
+	if d == '{' {
+		return "an object"
+	}
+	return "an array"
+}
+
+// member handles a member name of the innermost object.
+func (w *walker) member(name string) error {
+	f := &w.stack[len(w.stack)-1]
+	folded := foldName(name)
+	if f.names == nil {
+		f.names = map[string]string{}
+	}
+	if prev, dup := f.names[folded]; dup {
+		where := w.path()
+		if where == "" {
+			where = "the message"
+		}
+		if len(w.stack) == 1 && strings.EqualFold(name, "id") {
+			w.id = nil // ambiguous
+		}
+		w.code = codeInvalidRequest
+		if prev == name {
+			return errors.New("invalid request: member " + strconv.Quote(clipEcho(name)) + " appears twice in " + where +
+				" (member names must be unique)")
+		}
+		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
+			" in " + where + " differ only in case (member names must be unique, ignoring case)")
+	}
+	f.names[folded] = name
+	f.key = name
+	f.wantKey = false
+	return nil
+}
+
+// valueDone moves the innermost container past the value just read.
+func (w *walker) valueDone() {
+	if n := len(w.stack); n > 0 {
+		f := &w.stack[n-1]
+		if f.object {
+			f.wantKey = true
+		} else {
+			f.index++
+		}
+	}
+}
+
+// note records the top-level id and method and params.name as they are
+// read; v is the scalar value (nil for containers and null), kind its
+// JSON type.
+func (w *walker) note(v any, kind string) {
+	switch {
+	case len(w.stack) == 1 && w.stack[0].object:
+		// mcp-go, like encoding/json, matches these names ignoring case.
+		switch key := w.stack[0].key; {
+		case strings.EqualFold(key, "id"):
+			switch v := v.(type) {
+			case string:
+				if len(v) <= maxIDLen {
+					w.id, _ = json.Marshal(v)
+				} else {
+					w.longID = true
+				}
+			case json.Number:
+				w.id = json.RawMessage(v)
+			}
+		case strings.EqualFold(key, "method"):
+			if s, ok := v.(string); ok {
+				w.method = s
+				w.longMethod = len(s) > maxMethodLen
+			}
+		}
+	case len(w.stack) == 2 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") &&
+		w.stack[1].object && strings.EqualFold(w.stack[1].key, "name"):
+		w.nameKind = kind
+		if s, ok := v.(string); ok {
+			w.nameLen = utf8.RuneCountInString(s)
+		}
+	}
+}
+
+// refuse returns a refusal about the value at the current path: -32602
+// under params, -32600 elsewhere.
+func (w *walker) refuse(msg string) error {
+	where := w.path()
+	w.code = codeInvalidRequest
+	prefix := "invalid request: "
+	if len(w.stack) > 0 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") {
+		w.code = codeInvalidParams
+		prefix = "invalid params: "
+	}
+	if where != "" {
+		return errors.New(prefix + where + ": " + msg)
+	}
+	return errors.New(prefix + msg)
+}
+
+// path renders where the walk is, like params.arguments.items[0]; only
+// called for a refusal, so the walk stays linear.
+func (w *walker) path() string {
+	var sb strings.Builder
+	for _, f := range w.stack {
+		if !f.object {
+			sb.WriteString("[" + strconv.Itoa(f.index) + "]")
+			continue
+		}
+		if f.wantKey { // the innermost object, between members
+			break
+		}
+		if isIdentifier(f.key) {
+			if sb.Len() > 0 {
+				sb.WriteByte('.')
+			}
+			sb.WriteString(f.key)
+		} else {
+			sb.WriteString("[" + strconv.Quote(clipEcho(f.key)) + "]")
+		}
+	}
+	return sb.String()
+}
+
+func isIdentifier(s string) bool {
+	if s == "" || len(s) > maxEcho {
+		return false
+	}
+	for i, r := range s {
+		if r != '_' && !(r >= 'a' && r <= 'z') && !(r >= 'A' && r <= 'Z') && !(i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// foldName maps s to a key equal for exactly the names encoding/json
+// matches to each other (bytes.EqualFold: Unicode simple folding): every
+// rune becomes the smallest rune of its folding orbit.
+func foldName(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= utf8.RuneSelf || c == 'k' || c == 'K' || c == 's' || c == 'S' {
+			ascii = false // k and s fold with the Kelvin and long-s signs
+			break
+		}
+	}
+	if ascii {
+		return strings.ToLower(s)
+	}
+	return strings.Map(func(r rune) rune {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		return m
+	}, s)
+}
+
+// clipEcho bounds a piece of the input repeated in a message to 64
+// characters, marking a cut with "…".
+func clipEcho(s string) string {
+	if utf8.RuneCountInString(s) <= maxEcho {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:maxEcho-1]) + "…"
+}
+
+// strictEnvelope refuses, before next sees it, a POST whose body
+// checkEnvelope refuses, answering 400 with the JSON-RPC error (as mcp-go
+// answers a body it cannot parse). The body must already be bounded
+// (http.MaxBytesReader); it is read whole and handed on unchanged.
+func strictEnvelope(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Body == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			status, msg := http.StatusBadRequest, "invalid request: the request body could not be read"
+			if errors.As(err, &tooBig) {
+				status, msg = http.StatusRequestEntityTooLarge, "invalid request: the request body is larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes (the limit)"
+			}
+			writeEnvelopeError(w, status, &envelopeError{Code: codeInvalidRequest, Message: msg})
+			return
+		}
+		if e := checkEnvelope(body); e != nil {
+			writeEnvelopeError(w, http.StatusBadRequest, e)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeEnvelopeError(w http.ResponseWriter, status int, e *envelopeError) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(e.response(), '\n'))
+}

@@ -1,0 +1,265 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+const call = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_order","arguments":`
+
+func TestCheckEnvelopeRefuses(t *testing.T) {
+	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	tests := []struct {
+		name, msg string
+		code      int
+		id        string // the id the answer carries
+		contains  string
+	}{
+		{"duplicate name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","name":"cancel_order","arguments":{}}}`,
+			-32600, "1", `member "name" appears twice in params`},
+		{"case-variant name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","NAME":"cancel_order","arguments":{}}}`,
+			-32600, "1", `members "name" and "NAME" in params differ only in case`},
+		{"case-variant method", `{"jsonrpc":"2.0","id":"a","method":"tools/list","METHOD":"tools/call"}`,
+			-32600, `"a"`, `members "method" and "METHOD" in the message differ only in case`},
+		{"Kelvin sign folds to k", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"sku":"a","s\u212Au":"b"}}}`,
+			-32600, "1", `in params.arguments differ only in case`},
+		{"duplicate in arguments", call + `{"quantity":1,"Quantity":2}}}`,
+			-32600, "7", `members "quantity" and "Quantity" in params.arguments differ only in case`},
+		{"duplicate deep in arguments", call + `{"items":[{"sku":"a"},{"sku":"a","sku":"b"}]}}}`,
+			-32600, "7", `member "sku" appears twice in params.arguments.items[1]`},
+		{"duplicate id", `{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list"}`,
+			-32600, "null", `member "id" appears twice in the message`},
+		{"too deep", call + deep(9000) + `}}`,
+			-32600, "7", "more than 64 levels deep"},
+		{"too deep, id after", `{"params":` + deep(100) + `,"id":3}`,
+			-32600, "null", "more than 64 levels deep"},
+		{"long number", call + `{"quantity":` + strings.Repeat("1", 100000) + `}}}`,
+			-32602, "7", "invalid params: params.arguments.quantity: number is longer than 64 characters (got 111"},
+		{"number beyond float64", call + `{"items":[{"quantity":1e400}]}}}`,
+			-32602, "7", "params.arguments.items[0].quantity: number is beyond the range of a 64-bit float (got 1e400)"},
+		{"number in the envelope", `{"jsonrpc":"2.0","id":1e999,"method":"ping"}`,
+			-32600, "null", "invalid request: id: number is beyond the range"},
+		{"non-string tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":42,"arguments":{}}}`,
+			-32602, "1", "params.name must be a string naming a tool (got a number)"},
+		{"object tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":{"a":1}}}`,
+			-32602, "1", "params.name must be a string naming a tool (got an object)"},
+		{"no tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}`,
+			-32602, "1", "tools/call needs params.name"},
+		{"long tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + strings.Repeat("x", 100000) + `"}}`,
+			-32602, "1", "params.name must be 1 to 64 characters"},
+		{"long method", `{"jsonrpc":"2.0","id":1,"method":"` + strings.Repeat("m", 100000) + `"}`,
+			-32600, "1", "the method is longer than 64 characters"},
+		{"long id", `{"jsonrpc":"2.0","id":"` + strings.Repeat("i", 100000) + `","method":"ping"}`,
+			-32600, "null", "the id is longer than 128 characters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := checkEnvelope([]byte(tt.msg))
+			if e == nil {
+				t.Fatalf("accepted %.200s", tt.msg)
+			}
+			var answer struct {
+				JSONRPC string          `json:"jsonrpc"`
+				ID      json.RawMessage `json:"id"`
+				Error   struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(e.response(), &answer); err != nil {
+				t.Fatalf("answer %s: %v", e.response(), err)
+			}
+			if answer.JSONRPC != "2.0" || string(answer.ID) != tt.id || answer.Error.Code != tt.code {
+				t.Errorf("answer %s, want id %s code %d", e.response(), tt.id, tt.code)
+			}
+			if !strings.Contains(answer.Error.Message, tt.contains) {
+				t.Errorf("message %q, want it to contain %q", answer.Error.Message, tt.contains)
+			}
+			if n := utf8.RuneCountInString(answer.Error.Message); n > 300 {
+				t.Errorf("message is %d characters: %.300s", n, answer.Error.Message)
+			}
+		})
+	}
+}
+
+func TestCheckEnvelopeAccepts(t *testing.T) {
+	for _, msg := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		call + `{"operation_key":"k","items":[{"sku":"a","quantity":1},{"sku":"a","quantity":2}],"note":"name NAME"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","arguments":{"a":{"b":1},"b":{"a":2}},"_meta":{"progressToken":1}}}`,
+		`{"jsonrpc":"2.0","id":"x","result":{}}`,
+		call + strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}}`, // 64 levels
+		// Not JSON, or not one value: left to mcp-go's parse error.
+		``, `not json`, `{"a":`, `{} {}`, `{"a":1}}`,
+	} {
+		if e := checkEnvelope([]byte(msg)); e != nil {
+			t.Errorf("refused %.120s: %s", msg, e.Message)
+		}
+	}
+}
+
+// TestCheckEnvelopeMemoryLinear: reading a message strictly costs memory
+// proportional to its size, whatever its shape; a deep one is refused by
+// the byte scan and a partial walk that stops at the depth limit.
+func TestCheckEnvelopeMemoryLinear(t *testing.T) {
+	shapes := map[string]func(n int) string{
+		"deep arrays": func(n int) string { return call + strings.Repeat("[", n) + strings.Repeat("]", n) + "}}" },
+		"deep objects": func(n int) string {
+			return call + strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n) + "}}"
+		},
+		"wide object": func(n int) string {
+			var sb strings.Builder
+			sb.WriteString(call + "{")
+			for i := range n {
+				if i > 0 {
+					sb.WriteByte(',')
+				}
+				sb.WriteString(`"k` + strconv.Itoa(i) + `":[1.5,"s"]`)
+			}
+			return sb.String() + "}}}"
+		},
+	}
+	const fixed, perByte = 64 << 10, 64
+	for name, shape := range shapes {
+		for _, n := range []int{10, 100, 1000, 9000} {
+			msg := []byte(shape(n))
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			checkEnvelope(msg)
+			runtime.ReadMemStats(&after)
+			got := after.TotalAlloc - before.TotalAlloc
+			if limit := uint64(fixed + perByte*len(msg)); got > limit {
+				t.Errorf("%s n=%d (%d bytes): allocated %d bytes, want at most %d", name, n, len(msg), got, limit)
+			}
+			t.Logf("%-12s n=%5d %7d bytes: %8d allocated", name, n, len(msg), got)
+		}
+	}
+}
+
+func TestFoldName(t *testing.T) {
+	same := [][2]string{{"name", "NAME"}, {"Name", "nAmE"}, {"k", "\u212A"}, {"s", "\u017F"}, {"ß", "ẞ"}}
+	for _, p := range same {
+		if foldName(p[0]) != foldName(p[1]) {
+			t.Errorf("%q and %q should fold together", p[0], p[1])
+		}
+		if !bytes.EqualFold([]byte(p[0]), []byte(p[1])) {
+			t.Errorf("test is wrong: %q and %q are not EqualFold", p[0], p[1])
+		}
+	}
+	if foldName("name") == foldName("names") || foldName("a") == foldName("b") {
+		t.Error("distinct names fold together")
+	}
+}
+
+// FuzzCheckEnvelope: for any input, checkEnvelope does not panic; what it
+// accepts holds no two member names encoding/json would confuse, and a
+// refusal is a bounded JSON-RPC error.
+func FuzzCheckEnvelope(f *testing.F) {
+	for _, s := range []string{
+		call + `{"a":1}}}`, call + `{"a":1,"A":2}}}`, `{"id":1,"id":2}`, `[[[[]]]]`, `{"a":"\"{["}`,
+		`{"params":{"name":1}, "method":"tools/call"}`, `{"id":"` + strings.Repeat("x", 200) + `"}`, `1e400`, `"\u212A"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		e := checkEnvelope(msg)
+		if e == nil {
+			if json.Valid(msg) && confusable(msg) {
+				t.Fatalf("accepted %q, which has member names encoding/json confuses", msg)
+			}
+			return
+		}
+		var answer map[string]any
+		if err := json.Unmarshal(e.response(), &answer); err != nil {
+			t.Fatalf("answer is not JSON: %s", e.response())
+		}
+		if len(e.Message) > 1200 {
+			t.Fatalf("unbounded message: %d bytes", len(e.Message))
+		}
+	})
+}
+
+func TestStrictEnvelopeHTTP(t *testing.T) {
+	reached := 0
+	h := strictEnvelope(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached++
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b) // echo: the body is handed on unchanged
+	}))
+	post := func(body string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	good := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
+	if rec := post(good); rec.Code != 200 || rec.Body.String() != good || reached != 1 {
+		t.Fatalf("good body: %d %q reached=%d", rec.Code, rec.Body, reached)
+	}
+	rec := post(`{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call"}`)
+	if rec.Code != 400 || reached != 1 || !strings.Contains(rec.Body.String(), `"code":-32600`) ||
+		!strings.Contains(rec.Body.String(), `differ only in case`) || !strings.Contains(rec.Body.String(), `"id":1`) {
+		t.Fatalf("case-variant method: %d %s reached=%d", rec.Code, rec.Body, reached)
+	}
+	rec = post(call + strings.Repeat("[", 9000) + strings.Repeat("]", 9000) + "}}")
+	if rec.Code != 400 || reached != 1 || !strings.Contains(rec.Body.String(), "64 levels deep") {
+		t.Fatalf("deep body: %d %.200s reached=%d", rec.Code, rec.Body, reached)
+	}
+}
+
+// confusable reports, the slow and obvious way, whether valid JSON has an
+// object with two member names bytes.EqualFold considers equal.
+func confusable(msg []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	type obj struct {
+		names   []string
+		wantKey bool
+	}
+	var stack []*obj
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if n := len(stack); n > 0 && stack[n-1] != nil && stack[n-1].wantKey {
+			o := stack[n-1]
+			if tok == json.Delim('}') {
+				stack = stack[:n-1]
+			} else {
+				name := tok.(string)
+				for _, prev := range o.names {
+					if bytes.EqualFold([]byte(prev), []byte(name)) {
+						return true
+					}
+				}
+				o.names = append(o.names, name)
+				o.wantKey = false
+				continue
+			}
+		} else {
+			switch tok {
+			case json.Delim('{'):
+				stack = append(stack, &obj{wantKey: true})
+				continue
+			case json.Delim('['):
+				stack = append(stack, nil)
+				continue
+			case json.Delim(']'):
+				stack = stack[:len(stack)-1]
+			}
+		}
+		if n := len(stack); n > 0 && stack[n-1] != nil {
+			stack[n-1].wantKey = true
+		}
+	}
+}
