@@ -97,8 +97,9 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		switch {
 		case d.Kind == ledger.DecisionClaimed:
 			return s.respond(s.runClaimed(c.actor, d.Record, run))
-		case d.Record.State == ledger.StateInProgress:
+		case d.Kind == ledger.DecisionBusy || (d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateInProgress):
 			// Busy, or reconciled while another duplicate re-claimed it.
+			// (Only a duplicate waits: a mismatch answers at once.)
 			rec, err := s.waitForOutcome(ctx, c, d.Record)
 			if err != nil {
 				return s.ledgerError(c, err)
@@ -215,7 +216,8 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
 	detached := context.WithoutCancel(ctx)
-	ch := s.reconciling.DoChan(rec.Tenant+"\x00"+rec.Key, func() (any, error) {
+	ch := s.reconciling.DoChan(rec.Tenant+"\x00"+rec.Key, func() (v any, err error) {
+		defer recoverFlight(&err)
 		return s.reconcileOnce(detached, actor, rec.Tenant, rec.Key)
 	})
 	select {
@@ -226,6 +228,15 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 		return r.Val.(ledger.Decision), nil
 	case <-ctx.Done():
 		return ledger.Decision{}, ctx.Err()
+	}
+}
+
+// recoverFlight turns a panic in a coalesced flight into its error:
+// singleflight would re-raise it on a goroutine of its own, out of reach
+// of Call's recovery, and end the process.
+func recoverFlight(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("panic in a coalesced call: %v", r)
 	}
 }
 

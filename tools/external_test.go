@@ -466,3 +466,26 @@ func TestLeaseRenewalQuietOnTimeout(t *testing.T) {
 		t.Errorf("a timed-out call logged a lease warning:\n%s", out)
 	}
 }
+
+// TestExternalMismatchWhileInFlightAnswersAtOnce: a changed request under
+// the key of a running operation is refused at once; it never waits for,
+// nor answers with, the other request's outcome.
+func TestExternalMismatchWhileInFlightAnswersAtOnce(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalServiceWith(t, true, Options{CallTimeout: time.Second})
+	fake.hangBeforeNext = true
+	fake.postArrived = make(chan struct{}, 1)
+	key := uuid.NewString()
+	done := make(chan *Response, 1)
+	go func() { done <- svc.Call(ctx, agent, "create_order", orderArgs(key, 1), nil) }()
+	<-fake.postArrived
+	started := time.Now()
+	r := svc.Call(ctx, agent, "create_order", orderArgs(key, 2), nil)
+	if r.Error == nil || r.Error.Code != "key_reused_with_different_request" || !r.IsError {
+		t.Errorf("changed request while in flight = %+v %+v, want key_reused_with_different_request", r, r.Error)
+	}
+	if d := time.Since(started); d > 500*time.Millisecond {
+		t.Errorf("the refusal took %v: it waited for the other request", d)
+	}
+	<-done
+}

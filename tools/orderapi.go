@@ -253,7 +253,8 @@ func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int)
 // the others.
 func (a *OrderAPI) Lookup(ctx context.Context, tenant, key string) (*Order, error) {
 	detached := context.WithoutCancel(ctx)
-	ch := a.lookups.DoChan(apiKey(tenant, key), func() (any, error) {
+	ch := a.lookups.DoChan(apiKey(tenant, key), func() (v any, err error) {
+		defer recoverFlight(&err)
 		return a.lookup(detached, tenant, key)
 	})
 	select {
