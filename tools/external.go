@@ -80,6 +80,9 @@ func withConfirmation(out ledger.Outcome, tenant, key string, a createOrderArgs,
 // operation. A call runs the operation at most once itself.
 func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Claim, run runner) *Response {
 	claim.OnLeaseExpiry = ledger.StateUnknown // it may have been sent
+	waiting := *c // one call may wait more than once: its progress keeps increasing
+	waiting.progress = increasing(c.progress)
+	c = &waiting
 	// Rounds: wait for the first attempt, reconcile it, wait for (or run)
 	// the re-run, and once more should that re-run itself end unknown or
 	// retryable and be re-run by another duplicate.
@@ -124,6 +127,29 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		}
 	}
 	return s.respond(decisionFor(rec))
+}
+
+// increasing wraps the progress reporter of one call that may wait
+// several times (for the first attempt, then for a re-run), each wait
+// counting from zero, so that the values it sends keep increasing as MCP
+// requires: a later wait continues from where the earlier one stopped, and
+// a value that would not increase is not sent. Not safe for concurrent
+// use (one call's goroutine reports).
+func increasing(p Progress) Progress {
+	var base, prevRaw, last float64
+	sent := false
+	return func(progress, total float64, msg string) {
+		if sent && progress < prevRaw { // a new wait started from zero
+			base = last
+		}
+		prevRaw = progress
+		v := base + progress
+		if sent && v <= last {
+			return
+		}
+		sent, last = true, v
+		p(v, base+total, msg)
+	}
 }
 
 // runClaimed runs a claimed operation to its outcome. The downstream call

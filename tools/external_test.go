@@ -238,8 +238,9 @@ func TestApprovalRefusedOnAnotherDownstream(t *testing.T) {
 // the same key arrive meanwhile. With safe retries on, one of them re-runs
 // it after the lookup proves it absent; every other duplicate — including
 // those whose reconciliation lost the race to that re-run — waits for the
-// re-run and answers its order. One order, one lookup, and every answer
-// obeys isError ⇔ error.
+// re-run and answers its order, reporting progress that keeps increasing
+// across its waits. One order, one lookup, and every answer obeys
+// isError ⇔ error.
 func TestExternalDuplicatesWaitForRerun(t *testing.T) {
 	ctx := context.Background()
 	svc, fake := externalService(t, true)
@@ -257,11 +258,29 @@ func TestExternalDuplicatesWaitForRerun(t *testing.T) {
 	}
 	const n = 16
 	answers := make([]*Response, n)
+	progress := make([][]float64, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { answers[i] = svc.Call(ctx, agent, "create_order", args, nil) })
+		report := func(p, total float64, _ string) {
+			progress[i] = append(progress[i], p)
+			if p > total {
+				t.Errorf("duplicate %d: progress %v above its total %v", i, p, total)
+			}
+		}
+		wg.Go(func() { answers[i] = svc.Call(ctx, agent, "create_order", args, report) })
 	}
 	wg.Wait()
+	for i, ps := range progress {
+		if len(ps) == 0 {
+			t.Errorf("duplicate %d waited without progress", i)
+		}
+		for j := 1; j < len(ps); j++ {
+			if ps[j] <= ps[j-1] {
+				t.Errorf("duplicate %d: progress %v does not keep increasing (MCP requires it)", i, ps)
+				break
+			}
+		}
+	}
 	if f := <-first; f.Status != ledger.StateUnknown || f.Error == nil || f.Error.Code != "outcome_unknown" {
 		t.Errorf("first attempt = %+v, want unknown/outcome_unknown", f)
 	}
