@@ -80,7 +80,8 @@ func withConfirmation(out ledger.Outcome, tenant, key string, a createOrderArgs,
 // operation. A call runs the operation at most once itself.
 func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Claim, run runner) *Response {
 	claim.OnLeaseExpiry = ledger.StateUnknown // it may have been sent
-	waiting := *c                             // one call may wait more than once: its progress keeps increasing
+	// One call may wait more than once: its progress keeps increasing.
+	waiting := *c
 	waiting.progress = increasing(c.progress)
 	c = &waiting
 	// Rounds: wait for the first attempt, reconcile it, wait for (or run)
