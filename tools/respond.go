@@ -44,9 +44,9 @@ const (
 	nextDoNotRetry = "do_not_retry"
 )
 
-// ErrorCodes are the documented error codes (DESIGN §4): the error.code
+// errorCodes are the documented error codes (DESIGN §4): the error.code
 // enum of the published output schema, schemas/result.json.
-var ErrorCodes = sync.OnceValue(func() []string {
+var errorCodes = sync.OnceValue(func() []string {
 	var doc struct {
 		Properties struct {
 			Error struct {
@@ -64,17 +64,18 @@ var ErrorCodes = sync.OnceValue(func() []string {
 	return doc.Properties.Error.Properties.Code.Enum
 })
 
-// documentedCode reports whether code is one of ErrorCodes.
-func documentedCode(code string) bool { return slices.Contains(ErrorCodes(), code) }
+// documentedCode reports whether code is one of errorCodes.
+func documentedCode(code string) bool { return slices.Contains(errorCodes(), code) }
 
-// Checked enforces the one rule every answer obeys: IsError holds exactly
-// when Error is present, and Error.Code is a documented code. An answer
-// that breaks it (a bug) is mended rather than sent: a missing error gets
-// the code its status implies, an undocumented code becomes that code too
-// (its text kept), an empty message gets that code's message, and an
-// error on a non-error answer is dropped. It
-// reports whether anything had to be mended, so the caller can log it.
-func Checked(r *Response) (*Response, bool) {
+// checked enforces the one rule every answer obeys: IsError holds exactly
+// when Error is present, with a documented Code and a Message. An answer
+// that breaks it is mended rather than sent: a missing error becomes the
+// error its status implies, an undocumented code is replaced by that
+// error's code (the original kept in the message), an empty message gets
+// that error's message, and an error on a non-error answer is dropped. It
+// reports whether anything had to be mended, so a caller that expected a
+// well-formed answer can log the bug.
+func checked(r *Response) (*Response, bool) {
 	if r == nil {
 		return internalError(""), true
 	}
@@ -150,7 +151,7 @@ func fromRecord(rec *ledger.Record) *Response {
 	}
 	r.NextAction = nextActionFor(rec)
 	r.IsError = rec.State != ledger.StateSucceeded
-	r, _ = Checked(r)
+	r, _ = checked(r)
 	return r
 }
 
@@ -178,7 +179,7 @@ func nextActionFor(rec *ledger.Record) string {
 // and every error answer carries an error with a documented code.
 func (s *Service) respond(d ledger.Decision) *Response {
 	r := respondTo(d)
-	if r, mended := Checked(r); mended {
+	if r, mended := checked(r); mended {
 		s.log.Error("answer mended: isError without a documented error", "decision", d.Kind, "status", r.Status, "code", r.Error)
 		return r
 	}

@@ -74,8 +74,8 @@ func recordVariants(st ledger.State) map[string]*ledger.Record {
 // next_action is in the published enum. Nothing panics.
 func TestRespondIsTotal(t *testing.T) {
 	codes := schemaEnum(t, "properties", "error", "properties", "code", "enum")
-	if !slices.Equal(codes, ErrorCodes()) {
-		t.Fatalf("ErrorCodes() = %v, want the schema's %v", ErrorCodes(), codes)
+	if !slices.Equal(codes, errorCodes()) {
+		t.Fatalf("errorCodes() = %v, want the schema's %v", errorCodes(), codes)
 	}
 	nexts := schemaEnum(t, "properties", "next_action", "enum")
 	svc := &Service{log: slog.New(slog.DiscardHandler)}
@@ -143,7 +143,7 @@ func TestCheckedMends(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := tt.in
-			r, mended := Checked(&in)
+			r, mended := checked(&in)
 			if !mended {
 				t.Errorf("not reported as mended")
 			}
@@ -158,7 +158,7 @@ func TestCheckedMends(t *testing.T) {
 		})
 	}
 	ok := Response{Status: ledger.StateSucceeded, NextAction: nextNone}
-	if _, mended := Checked(&ok); mended {
+	if _, mended := checked(&ok); mended {
 		t.Errorf("a good answer was mended")
 	}
 }
