@@ -173,14 +173,7 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 				return
 			case <-t.C:
 				if err := s.ledger.RenewLease(ctx, rec.Tenant, rec.Key, rec.Generation); err != nil {
-					if ctx.Err() != nil {
-						return // the call ended or timed out as the tick came: nothing was lost
-					}
-					if errors.Is(err, ledger.ErrStaleGeneration) {
-						s.log.Warn("lease lost while the downstream call runs; its completion will be refused", "key", rec.Key, "generation", rec.Generation)
-					} else {
-						s.log.Warn("lease renewal", "key", rec.Key, "err", err)
-					}
+					s.renewalFailed(ctx, rec, err)
 					return
 				}
 			}
@@ -223,6 +216,21 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 		return ledger.Decision{Kind: ledger.DecisionReplay, Record: cur}
 	}
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: cur}
+}
+
+// renewalFailed logs a failed lease renewal of rec's call, whose context
+// is ctx. A renewal that failed because the call just ended or timed out
+// (ctx is done) lost nothing and is not logged; a lease really lost while
+// the call runs is a warning, as is a ledger failure.
+func (s *Service) renewalFailed(ctx context.Context, rec *ledger.Record, err error) {
+	switch {
+	case ctx.Err() != nil:
+		s.log.Debug("lease renewal skipped: the call has ended", "key", rec.Key)
+	case errors.Is(err, ledger.ErrStaleGeneration):
+		s.log.Warn("lease lost while the downstream call runs; its completion will be refused", "key", rec.Key, "generation", rec.Generation)
+	default:
+		s.log.Warn("lease renewal", "key", rec.Key, "err", err)
+	}
 }
 
 // reconcile asks the order API what became of an unknown operation and

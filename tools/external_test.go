@@ -466,23 +466,29 @@ func TestLookupOutageLoggedOnce(t *testing.T) {
 	}
 }
 
-// TestLeaseRenewalQuietOnTimeout: a downstream call that times out at a
-// lease-renewal tick is not a lost lease and logs no warning.
+// TestLeaseRenewalQuietOnTimeout: a renewal that fails because the
+// downstream call ended or timed out as the tick came is not a lost lease
+// and logs no warning; a lease really lost is one.
 func TestLeaseRenewalQuietOnTimeout(t *testing.T) {
-	ctx := context.Background()
 	logger, logs := captureLogs(slog.LevelWarn)
-	// The renewal ticks every 40 ms; the call times out at 200 ms, on a tick.
-	svc, fake := externalServiceWith(t, true, Options{Logger: logger, Lease: 120 * time.Millisecond, CallTimeout: 200 * time.Millisecond})
-	for i := range 8 {
-		fake.mu.Lock()
-		fake.hangBeforeNext = true
-		fake.mu.Unlock()
-		if r := svc.Call(ctx, agent, "create_order", orderArgs(uuid.NewString(), i+1), nil); r.Status != ledger.StateUnknown {
-			t.Fatalf("call %d = %+v, want unknown", i, r)
-		}
+	svc, _ := externalServiceWith(t, true, Options{Logger: logger})
+	rec := &ledger.Record{Tenant: "t1", Key: "k1", Generation: 1}
+
+	ended, cancel := context.WithTimeout(context.Background(), 0)
+	defer cancel()
+	<-ended.Done()
+	err := svc.ledger.RenewLease(ended, rec.Tenant, rec.Key, rec.Generation) // what the renewer gets at that tick
+	if err == nil {
+		t.Fatal("RenewLease with an ended context succeeded")
 	}
-	if out := logs.String(); strings.Contains(out, "lease") {
-		t.Errorf("a timed-out call logged a lease warning:\n%s", out)
+	svc.renewalFailed(ended, rec, err)
+	if out := logs.String(); out != "" {
+		t.Errorf("a renewal at the end of a timed-out call logged:\n%s", out)
+	}
+
+	svc.renewalFailed(context.Background(), rec, ledger.ErrStaleGeneration)
+	if out := logs.String(); strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "lease lost") {
+		t.Errorf("a lease really lost: want one warning, got:\n%s", out)
 	}
 }
 
