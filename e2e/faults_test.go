@@ -426,7 +426,7 @@ func TestFaultTimeoutBeforeAcceptance(t *testing.T) {
 		args := faOrder(key, "cust-fault-accept")
 		api.StopAccepting()
 		e := s.mustFail(t, "create_order", args, "downstream_error")
-		if e.Status != "retryable" || e.NextAction != "fix_arguments_and_retry_same_key" {
+		if e.Status != "retryable" || e.NextAction != "retry_same_key" {
 			t.Errorf("not accepted: want retryable, got %s", e)
 		}
 		if st := api.Stats(); st.Requests != 0 {
@@ -633,7 +633,7 @@ func TestFaultConnectionRefused(t *testing.T) {
 	args := faOrder(key, "cust-fault-refused")
 	api.Refuse()
 	e := s.mustFail(t, "create_order", args, "downstream_error")
-	if e.Status != "retryable" || e.NextAction != "fix_arguments_and_retry_same_key" {
+	if e.Status != "retryable" || e.NextAction != "retry_same_key" {
 		t.Errorf("connection refused: want retryable, got %s", e)
 	}
 	if st, _, _ := s.status(t, key); st.State != "retryable" {

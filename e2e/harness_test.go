@@ -251,6 +251,10 @@ func connect(t testing.TB, f flavor, bin string, args []string) (*session, error
 			// Only with IDEMGATE_E2E_RACE=1 (server built with -race).
 			t.Errorf("the server reported a data race")
 		}
+		if strings.Contains(s.stderr.String(), "answer mended") {
+			// The server caught an answer breaking isError ⇔ documented error.
+			t.Errorf("PRODUCT BUG: the server had to mend an answer (see its stderr)")
+		}
 		if t.Failed() {
 			if out := s.stderr.String(); out != "" {
 				t.Logf("stderr of %s %v:\n%s", bin, args, out)
@@ -423,7 +427,48 @@ func (s *session) callRaw(ctx context.Context, tool string, args any, progressTo
 	default:
 		return nil, errors.New("session is not connected")
 	}
+	if err := answerRule(tool, out); err != nil {
+		// Every answer of every tool obeys the rule; a test that only
+		// counts errors must still fail on it.
+		s.t.Errorf("[%s] PRODUCT BUG: %v", s.flavor.Name, err)
+		return nil, err
+	}
 	return out, nil
+}
+
+// documentedCodes are the error codes of DESIGN §4 (and the README).
+var documentedCodes = []string{
+	"invalid_arguments", "key_reused_with_different_request", "forbidden", "not_found",
+	"precondition_failed", "operation_in_progress", "outcome_unknown", "key_expired",
+	"approval_required", "downstream_error", "internal",
+}
+
+// answerRule is the rule every tool answer obeys, checked on every answer
+// the suite receives: isError holds exactly when structuredContent has an
+// error object, and that error has a documented code and a message.
+func answerRule(tool string, r *rawResult) error {
+	var env struct {
+		Error *struct {
+			Code    *string `json:"code"`
+			Message *string `json:"message"`
+		} `json:"error"`
+	}
+	if len(r.Structured) > 0 {
+		if err := json.Unmarshal(r.Structured, &env); err != nil {
+			return fmt.Errorf("%s: structuredContent is not an object: %v: %.300s", tool, err, r.Structured)
+		}
+	}
+	switch {
+	case r.IsError && env.Error == nil:
+		return fmt.Errorf("%s: isError=true without an error object: %.400s", tool, r.Structured)
+	case !r.IsError && env.Error != nil:
+		return fmt.Errorf("%s: isError=false with an error object: %.400s", tool, r.Structured)
+	case env.Error != nil && (env.Error.Code == nil || !slices.Contains(documentedCodes, *env.Error.Code)):
+		return fmt.Errorf("%s: isError=true with an undocumented error code: %.400s", tool, r.Structured)
+	case env.Error != nil && (env.Error.Message == nil || *env.Error.Message == ""):
+		return fmt.Errorf("%s: isError=true with an error without a message: %.400s", tool, r.Structured)
+	}
+	return nil
 }
 
 // envelope is idemgate's result envelope (DESIGN §4).
@@ -483,8 +528,8 @@ func (e envelope) orderID() string {
 // call calls a tool and decodes its envelope. It checks what every answer
 // must satisfy: exactly one text content item, structuredContent present
 // and equal (as JSON) to that text, the envelope valid against the
-// published output schema, and isError consistent with the status. It is
-// safe for concurrent use.
+// published output schema, and (callRaw, for every answer) isError ⇔ an
+// error with a documented code. It is safe for concurrent use.
 func (s *session) call(ctx context.Context, tool string, args any) (envelope, error) {
 	return s.callWithProgress(ctx, tool, args, nil)
 }

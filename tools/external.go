@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"idemgate/ledger"
@@ -69,17 +71,39 @@ func withConfirmation(out ledger.Outcome, tenant string, rec *ledger.Record, a c
 // lease, call out with no transaction open, complete fenced by the claim's
 // generation. A record left unknown is reconciled before anything is sent
 // again.
+//
+// A duplicate never answers a record in flight without waiting for it:
+// whenever the record is in_progress — the first attempt, or a re-run that
+// another duplicate claimed after reconciliation proved the first attempt
+// absent — the call waits for it (bounded by WaitInProgress, with
+// progress) and answers its outcome, like any duplicate of a running
+// operation. A call runs the operation at most once itself.
 func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Claim, run runner) *Response {
 	claim.OnLeaseExpiry = ledger.StateUnknown // it may have been sent
-	for attempt := 0; attempt < 3; attempt++ {
+	// One call may wait more than once: its progress keeps increasing.
+	waiting := *c
+	waiting.progress = increasing(c.progress)
+	c = &waiting
+	// Rounds: wait for the first attempt, reconcile it, wait for (or run)
+	// the re-run, and once more should that re-run itself end unknown or
+	// retryable and be re-run by another duplicate.
+	const rounds = 4
+	for range rounds {
 		d, err := s.ledger.Claim(ctx, claim)
 		if err != nil {
 			return s.ledgerError(c, err)
 		}
+		if d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown {
+			if d, err = s.reconcile(ctx, c.actor, d.Record); err != nil {
+				return s.ledgerError(c, err)
+			}
+		}
 		switch {
 		case d.Kind == ledger.DecisionClaimed:
 			return s.respond(s.runClaimed(c.actor, d.Record, run))
-		case d.Kind == ledger.DecisionBusy:
+		case d.Kind == ledger.DecisionBusy || (d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateInProgress):
+			// Busy, or reconciled while another duplicate re-claimed it.
+			// (Only a duplicate waits: a mismatch answers at once.)
 			rec, err := s.waitForOutcome(ctx, c, d.Record)
 			if err != nil {
 				return s.ledgerError(c, err)
@@ -88,15 +112,8 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 				continue // the owner left it unknown or retryable: reconcile or run it
 			}
 			return s.respond(decisionFor(rec))
-		case d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown:
-			d, err = s.reconcile(ctx, c.actor, d.Record)
-			if err != nil {
-				return s.ledgerError(c, err)
-			}
-			if d.Record.State == ledger.StateRetryable {
-				continue // proven absent and safe to resend: claim it again, once
-			}
-			return s.respond(d)
+		case d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateRetryable:
+			continue // proven absent and safe to resend: claim it again
 		default:
 			return s.respond(d)
 		}
@@ -105,7 +122,35 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
+	if rec.State == ledger.StateInProgress {
+		if rec, err = s.waitForOutcome(ctx, c, rec); err != nil {
+			return s.ledgerError(c, err)
+		}
+	}
 	return s.respond(decisionFor(rec))
+}
+
+// increasing wraps the progress reporter of one call that may wait
+// several times (for the first attempt, then for a re-run), each wait
+// counting from zero, so that the values it sends keep increasing as MCP
+// requires: a later wait continues from where the earlier one stopped, and
+// a value that would not increase is not sent. Not safe for concurrent
+// use (one call's goroutine reports).
+func increasing(p Progress) Progress {
+	var base, prevRaw, last float64
+	sent := false
+	return func(progress, total float64, msg string) {
+		if sent && progress < prevRaw { // a new wait started from zero
+			base = last
+		}
+		prevRaw = progress
+		v := base + progress
+		if sent && v <= last {
+			return
+		}
+		sent, last = true, v
+		p(v, base+total, msg)
+	}
 }
 
 // runClaimed runs a claimed operation to its outcome. The downstream call
@@ -128,7 +173,7 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 				return
 			case <-t.C:
 				if err := s.ledger.RenewLease(ctx, rec.Tenant, rec.Key, rec.Generation); err != nil {
-					s.log.Warn("lease renewal", "key", rec.Key, "err", err)
+					s.renewalFailed(ctx, rec, err)
 					return
 				}
 			}
@@ -179,16 +224,75 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: cur}
 }
 
+// renewalFailed logs a failed lease renewal of rec's call, whose context
+// is ctx. A renewal that failed because the call just ended or timed out
+// (ctx is done) lost nothing and is not logged; a lease really lost while
+// the call runs is a warning, as is a ledger failure.
+func (s *Service) renewalFailed(ctx context.Context, rec *ledger.Record, err error) {
+	switch {
+	case ctx.Err() != nil:
+		s.log.Debug("lease renewal skipped: the call has ended", "key", rec.Key)
+	case errors.Is(err, ledger.ErrStaleGeneration):
+		s.log.Warn("lease lost while the downstream call runs; its completion will be refused", "key", rec.Key, "generation", rec.Generation)
+	default:
+		s.log.Warn("lease renewal", "key", rec.Key, "err", err)
+	}
+}
+
 // reconcile asks the order API what became of an unknown operation and
 // settles it: the API's order makes it succeeded; proven absent makes it
 // retryable when the API guarantees safe same-key retries, and otherwise
 // holds it for an approver to allow a re-run. When the API cannot tell, it
 // stays unknown.
+//
+// Reconciliations of one (tenant, key) are coalesced within the process:
+// one is in flight — a single lookup at the API and its settlement — and
+// every other caller waits for its answer (or for its own ctx). The flight
+// reads the record first, so a caller that saw unknown just before another
+// settled it gets the settled record without a second lookup. The flight
+// runs detached from the caller that started it: that caller giving up
+// does not fail the others. Its settlement is attributed to that caller.
 func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger.Record) (ledger.Decision, error) {
 	if s.api == nil {
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
-	o, err := s.api.Lookup(ctx, rec.Tenant, opRef(rec))
+	detached := context.WithoutCancel(ctx)
+	ch := s.reconciling.DoChan(rec.Tenant+"\x00"+rec.Key, func() (v any, err error) {
+		defer recoverFlight(&err)
+		return s.reconcileOnce(detached, actor, rec.Tenant, rec.Key)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return ledger.Decision{}, r.Err
+		}
+		return r.Val.(ledger.Decision), nil
+	case <-ctx.Done():
+		return ledger.Decision{}, ctx.Err()
+	}
+}
+
+// recoverFlight turns a panic in a coalesced flight into its error:
+// singleflight would re-raise it on a goroutine of its own, out of reach
+// of Call's recovery, and end the process.
+func recoverFlight(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("panic in a coalesced call: %v", r)
+	}
+}
+
+// reconcileOnce is one reconciliation of (tenant, key); see reconcile.
+func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant, key string) (ledger.Decision, error) {
+	rec, err := s.ledger.Get(ctx, tenant, key)
+	if err != nil {
+		return ledger.Decision{}, err
+	}
+	if rec.State != ledger.StateUnknown {
+		return settledDecision(rec), nil // settled meanwhile: nothing to ask
+	}
+	trace := &httpTrace{}
+	o, err := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
+	s.lookups.observe(s.log, rec.Key, err)
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
@@ -210,9 +314,11 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; the order system shows no trace of it)"}
 		req.Why = "reconciled: absent at the order system; re-run needs approval"
 	default:
-		s.log.Warn("reconciliation lookup failed", "key", rec.Key, "err", err)
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
+	req.Outcome.Call = trace.downstreamCall(rec.Attempts)
+	noteOrder(req.Outcome.Call, req.Outcome.Result)
+	auditedAlso(&req.Outcome)
 	settled, err := s.ledger.Settle(ctx, req)
 	if errors.Is(err, ledger.ErrWrongState) {
 		cur, gerr := s.ledger.Get(ctx, rec.Tenant, rec.Key)
@@ -223,10 +329,61 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 	} else if err != nil {
 		return ledger.Decision{}, err
 	}
-	if settled.State.Final() {
-		return ledger.Decision{Kind: ledger.DecisionReplay, Record: settled}, nil
+	return settledDecision(settled), nil
+}
+
+// settledDecision is how reconcile reports a record: a final one is a
+// replay, any other (unknown, retryable, in_progress, awaiting_approval)
+// is held, for the caller to wait on, run or answer.
+func settledDecision(rec *ledger.Record) ledger.Decision {
+	if rec.State.Final() {
+		return ledger.Decision{Kind: ledger.DecisionReplay, Record: rec}
 	}
-	return ledger.Decision{Kind: ledger.DecisionHeld, Record: settled}, nil
+	return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}
+}
+
+// lookupHealth turns the results of reconciliation lookups into a log an
+// operator can read during an outage of the order API: one warning when
+// lookups start failing, nothing per failed lookup after it, and one line
+// with the count when a lookup gets an answer again. Safe for concurrent
+// use; the zero value is ready.
+type lookupHealth struct {
+	mu     sync.Mutex
+	down   bool
+	since  time.Time
+	failed int
+	keys   map[string]struct{} // distinct keys left unknown, up to maxOutageKeys
+}
+
+const maxOutageKeys = 10000
+
+// observe records the result of one lookup for key.
+func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil && !errors.Is(err, errAbsent) {
+		h.failed++
+		if h.keys == nil {
+			h.keys = map[string]struct{}{}
+		}
+		if len(h.keys) < maxOutageKeys {
+			h.keys[key] = struct{}{}
+		}
+		if !h.down {
+			h.down, h.since = true, time.Now()
+			log.Warn("reconciliation lookups are failing: unknown operations stay unknown until the order API answers again; logged once for this outage",
+				"err", err, "first_key", key)
+		} else {
+			log.Debug("reconciliation lookup failed", "key", key, "err", err, "failed_so_far", h.failed)
+		}
+		return
+	}
+	if h.down {
+		log.Info("reconciliation lookups recovered", "failed_lookups", h.failed, "operations_affected", len(h.keys),
+			"outage", time.Since(h.since).Round(time.Millisecond))
+		h.down, h.failed = false, 0
+		clear(h.keys)
+	}
 }
 
 // Sweep is the background work of a server (one goroutine calls it): expired leases become unknown

@@ -3,7 +3,10 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -27,6 +30,12 @@ type miniAPI struct {
 	hangNext    bool
 	absentNext  bool // the next POST fails with 500 before committing
 	lookupCalls int
+
+	hangBeforeNext bool          // the next POST hangs past the client's timeout and never commits
+	postArrived    chan struct{} // when set, receives once per POST that arrives (non-blocking)
+	lookupDelay    time.Duration // every lookup takes this long
+	lookupDown     bool          // every lookup answers 503
+	busyNext       string        // when set, the next POST answers 429 with this Retry-After
 }
 
 func (a *miniAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -35,6 +44,29 @@ func (a *miniAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/orders":
+		if a.postArrived != nil {
+			select {
+			case a.postArrived <- struct{}{}:
+			default:
+			}
+		}
+		if a.busyNext != "" {
+			w.Header().Set("Retry-After", a.busyNext)
+			a.busyNext = ""
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		if a.hangBeforeNext {
+			a.hangBeforeNext = false
+			a.mu.Unlock()
+			select { // past the client's timeout; it hangs up and nothing is committed
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+			}
+			a.mu.Lock()
+			http.Error(w, "gave up before committing", 500)
+			return
+		}
 		if a.absentNext {
 			a.absentNext = false
 			http.Error(w, "boom before commit", 500)
@@ -59,6 +91,15 @@ func (a *miniAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, o)
 	case r.Method == http.MethodGet && r.URL.Query().Get("idempotency_key") != "":
 		a.lookupCalls++
+		if a.lookupDelay > 0 {
+			a.mu.Unlock()
+			time.Sleep(a.lookupDelay)
+			a.mu.Lock()
+		}
+		if a.lookupDown {
+			http.Error(w, "lookup unavailable", http.StatusServiceUnavailable)
+			return
+		}
 		if o, ok := a.byKey[r.URL.Query().Get("idempotency_key")]; ok {
 			io.WriteString(w, o)
 			return
@@ -71,20 +112,34 @@ func (a *miniAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func externalService(t *testing.T, safeRetry bool) (*Service, *miniAPI) {
 	t.Helper()
+	return externalServiceWith(t, safeRetry, Options{})
+}
+
+// externalServiceWith is externalService with opts (its zero fields take
+// the suite's defaults: 1 s lease, 200 ms call timeout).
+func externalServiceWith(t *testing.T, safeRetry bool, opts Options) (*Service, *miniAPI) {
+	t.Helper()
 	fake := &miniAPI{byKey: map[string]string{}}
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	api, err := NewOrderAPI(srv.URL, 200*time.Millisecond, safeRetry)
+	if opts.Lease == 0 {
+		opts.Lease = time.Second
+	}
+	if opts.CallTimeout == 0 {
+		opts.CallTimeout = 200 * time.Millisecond
+	}
+	api, err := NewOrderAPI(srv.URL, opts.CallTimeout, safeRetry)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: time.Second})
+	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: opts.Lease})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
 	v, _ := schemas.New()
-	svc, err := New(store, v, Options{OutboxDir: t.TempDir(), OrdersAPI: api, Lease: time.Second, CallTimeout: 200 * time.Millisecond})
+	opts.OutboxDir, opts.OrdersAPI = t.TempDir(), api
+	svc, err := New(store, v, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,4 +231,286 @@ func TestApprovalRefusedOnAnotherDownstream(t *testing.T) {
 	if ok.Status != ledger.StateSucceeded || fake.creates != 1 {
 		t.Fatalf("approval from the right process = %+v (API creates %d), want succeeded once", ok, fake.creates)
 	}
+}
+
+// TestExternalDuplicatesWaitForRerun: the first attempt of a create hangs
+// past the call timeout without committing (unknown); 16 duplicates with
+// the same key arrive meanwhile. With safe retries on, one of them re-runs
+// it after the lookup proves it absent; every other duplicate — including
+// those whose reconciliation lost the race to that re-run — waits for the
+// re-run and answers its order, reporting progress that keeps increasing
+// across its waits. One order, one lookup, and every answer obeys
+// isError ⇔ error.
+func TestExternalDuplicatesWaitForRerun(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalService(t, true)
+	fake.hangBeforeNext = true
+	fake.postArrived = make(chan struct{}, 1)
+	fake.lookupDelay = 20 * time.Millisecond
+	args := orderArgs(uuid.NewString(), 1)
+
+	first := make(chan *Response, 1)
+	go func() { first <- svc.Call(ctx, agent, "create_order", args, nil) }()
+	select {
+	case <-fake.postArrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first attempt did not reach the API")
+	}
+	const n = 16
+	answers := make([]*Response, n)
+	progress := make([][]float64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		report := func(p, total float64, _ string) {
+			progress[i] = append(progress[i], p)
+			if p > total {
+				t.Errorf("duplicate %d: progress %v above its total %v", i, p, total)
+			}
+		}
+		wg.Go(func() { answers[i] = svc.Call(ctx, agent, "create_order", args, report) })
+	}
+	wg.Wait()
+	for i, ps := range progress {
+		if len(ps) == 0 {
+			t.Errorf("duplicate %d waited without progress", i)
+		}
+		for j := 1; j < len(ps); j++ {
+			if ps[j] <= ps[j-1] {
+				t.Errorf("duplicate %d: progress %v does not keep increasing (MCP requires it)", i, ps)
+				break
+			}
+		}
+	}
+	if f := <-first; f.Status != ledger.StateUnknown || f.Error == nil || f.Error.Code != "outcome_unknown" {
+		t.Errorf("first attempt = %+v, want unknown/outcome_unknown", f)
+	}
+	var result string
+	for i, r := range answers {
+		if r.IsError != (r.Error != nil) || (r.Error != nil && !documentedCode(r.Error.Code)) {
+			t.Errorf("duplicate %d: isError=%v error=%+v: breaks isError ⇔ documented error", i, r.IsError, r.Error)
+		}
+		if r.Status != ledger.StateSucceeded || r.IsError {
+			t.Errorf("duplicate %d = status %s next %s error %+v, want succeeded with the re-run's order", i, r.Status, r.NextAction, r.Error)
+			continue
+		}
+		if result == "" {
+			result = string(r.Result)
+		}
+		if string(r.Result) != result {
+			t.Errorf("duplicate %d result %s, want the same bytes as %s", i, r.Result, result)
+		}
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.creates != 1 {
+		t.Errorf("the API created %d orders, want 1", fake.creates)
+	}
+	if fake.lookupCalls != 1 {
+		t.Errorf("the API saw %d lookups for one key, want 1 (coalesced)", fake.lookupCalls)
+	}
+}
+
+// TestLookupsCoalesced: concurrent lookups of one key are one request at
+// the API, and every caller gets the order; a caller that gives up does
+// not fail the others.
+func TestLookupsCoalesced(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalService(t, false)
+	fake.byKey["t1:k1"] = `{"order_id":"ext-1","version":1,"status":"placed"}`
+	fake.lookupDelay = 100 * time.Millisecond
+	const n = 16
+	got := make([]*Order, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	impatient, cancel := context.WithCancel(ctx)
+	wg.Go(func() { // starts the flight, then gives up
+		_, err := svc.api.Lookup(impatient, "t1", "k1")
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the impatient caller got %v, want context.Canceled", err)
+		}
+	})
+	time.Sleep(10 * time.Millisecond)
+	for i := range n {
+		wg.Go(func() { got[i], errs[i] = svc.api.Lookup(ctx, "t1", "k1") })
+	}
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || got[i] == nil || got[i].OrderID != "ext-1" {
+			t.Errorf("caller %d: %+v %v, want order ext-1", i, got[i], errs[i])
+		}
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.lookupCalls != 1 {
+		t.Errorf("the API saw %d lookups, want 1", fake.lookupCalls)
+	}
+}
+
+// TestRetryableAdvisesSameKey: an attempt the API refused before acting
+// (429) answers retryable with next_action retry_same_key and the delay
+// the API asked for; the same-key retry then runs it.
+func TestRetryableAdvisesSameKey(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalService(t, false)
+	fake.busyNext = "7"
+	args := orderArgs(uuid.NewString(), 1)
+	r := svc.Call(ctx, agent, "create_order", args, nil)
+	if r.Status != ledger.StateRetryable || r.NextAction != "retry_same_key" || r.Error == nil || r.Error.Code != "downstream_error" {
+		t.Fatalf("429 answer = %+v, want retryable / retry_same_key / downstream_error", r)
+	}
+	var details struct {
+		RetryAfter int `json:"retry_after_seconds"`
+	}
+	if err := json.Unmarshal(r.Error.Details, &details); err != nil || details.RetryAfter != 7 {
+		t.Errorf("error.details = %s, want retry_after_seconds 7", r.Error.Details)
+	}
+	if !strings.Contains(r.Error.Message, "7 seconds") || !strings.Contains(r.Error.Message, "same operation_key") {
+		t.Errorf("message %q does not say to call again with the same key after 7 seconds", r.Error.Message)
+	}
+	again := svc.Call(ctx, agent, "create_order", args, nil)
+	if again.Status != ledger.StateSucceeded || again.Attempts != 2 {
+		t.Fatalf("same-key retry = %+v, want succeeded on attempt 2", again)
+	}
+}
+
+func TestRetryAfterParsing(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		header string
+		want   time.Duration
+	}{
+		{"", 0},
+		{"0", 0},
+		{"-3", 0},
+		{"soon", 0},
+		{"7", 7 * time.Second},
+		{" 120 ", 2 * time.Minute},
+		{"999999999999", maxRetryAfter},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
+	}
+	for _, tt := range tests {
+		if got := retryAfter(tt.header, now); got != tt.want {
+			t.Errorf("retryAfter(%q) = %v, want %v", tt.header, got, tt.want)
+		}
+	}
+}
+
+// logBuffer is a goroutine-safe sink for a test's logs.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func captureLogs(level slog.Level) (*slog.Logger, *logBuffer) {
+	b := &logBuffer{}
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: level})), b
+}
+
+// TestLookupOutageLoggedOnce: while the API's lookup is down, sweeps over
+// many unknown operations log the outage once; the first answer after it
+// logs one recovered line with the count.
+func TestLookupOutageLoggedOnce(t *testing.T) {
+	ctx := context.Background()
+	logger, logs := captureLogs(slog.LevelInfo)
+	svc, fake := externalServiceWith(t, false, Options{Logger: logger})
+	const n = 3
+	for i := range n {
+		fake.mu.Lock()
+		fake.hangNext = true // commits, reply lost: unknown
+		fake.mu.Unlock()
+		if r := svc.Call(ctx, agent, "create_order", orderArgs(uuid.NewString(), i+1), nil); r.Status != ledger.StateUnknown {
+			t.Fatalf("call %d = %+v, want unknown", i, r)
+		}
+	}
+	fake.mu.Lock()
+	fake.lookupDown = true
+	fake.mu.Unlock()
+	for range 3 {
+		if _, reconciled, err := svc.Sweep(ctx); err != nil || reconciled != 0 {
+			t.Fatalf("sweep during the outage: reconciled %d, %v", reconciled, err)
+		}
+	}
+	if c := strings.Count(logs.String(), "reconciliation lookups are failing"); c != 1 {
+		t.Errorf("the outage was logged %d times over %d failed lookups, want once:\n%s", c, 3*n, logs)
+	}
+	if strings.Contains(logs.String(), "recovered") {
+		t.Errorf("recovered logged during the outage:\n%s", logs)
+	}
+	fake.mu.Lock()
+	fake.lookupDown = false
+	fake.mu.Unlock()
+	if _, reconciled, err := svc.Sweep(ctx); err != nil || reconciled != n {
+		t.Fatalf("sweep after the outage: reconciled %d, %v; want %d", reconciled, err, n)
+	}
+	out := logs.String()
+	if c := strings.Count(out, "reconciliation lookups recovered"); c != 1 || !strings.Contains(out, fmt.Sprintf("failed_lookups=%d", 3*n)) || !strings.Contains(out, fmt.Sprintf("operations_affected=%d", n)) {
+		t.Errorf("want one recovered line with failed_lookups=%d operations_affected=%d:\n%s", 3*n, n, out)
+	}
+	if c := strings.Count(out, "level=WARN"); c != 1 {
+		t.Errorf("%d warnings, want 1 (the outage):\n%s", c, out)
+	}
+}
+
+// TestLeaseRenewalQuietOnTimeout: a renewal that fails because the
+// downstream call ended or timed out as the tick came is not a lost lease
+// and logs no warning; a lease really lost is one.
+func TestLeaseRenewalQuietOnTimeout(t *testing.T) {
+	logger, logs := captureLogs(slog.LevelWarn)
+	svc, _ := externalServiceWith(t, true, Options{Logger: logger})
+	rec := &ledger.Record{Tenant: "t1", Key: "k1", Generation: 1}
+
+	ended, cancel := context.WithTimeout(context.Background(), 0)
+	defer cancel()
+	<-ended.Done()
+	err := svc.ledger.RenewLease(ended, rec.Tenant, rec.Key, rec.Generation) // what the renewer gets at that tick
+	if err == nil {
+		t.Fatal("RenewLease with an ended context succeeded")
+	}
+	svc.renewalFailed(ended, rec, err)
+	if out := logs.String(); out != "" {
+		t.Errorf("a renewal at the end of a timed-out call logged:\n%s", out)
+	}
+
+	svc.renewalFailed(context.Background(), rec, ledger.ErrStaleGeneration)
+	if out := logs.String(); strings.Count(out, "level=WARN") != 1 || !strings.Contains(out, "lease lost") {
+		t.Errorf("a lease really lost: want one warning, got:\n%s", out)
+	}
+}
+
+// TestExternalMismatchWhileInFlightAnswersAtOnce: a changed request under
+// the key of a running operation is refused at once; it never waits for,
+// nor answers with, the other request's outcome.
+func TestExternalMismatchWhileInFlightAnswersAtOnce(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalServiceWith(t, true, Options{CallTimeout: time.Second})
+	fake.hangBeforeNext = true
+	fake.postArrived = make(chan struct{}, 1)
+	key := uuid.NewString()
+	done := make(chan *Response, 1)
+	go func() { done <- svc.Call(ctx, agent, "create_order", orderArgs(key, 1), nil) }()
+	<-fake.postArrived
+	started := time.Now()
+	r := svc.Call(ctx, agent, "create_order", orderArgs(key, 2), nil)
+	if r.Error == nil || r.Error.Code != "key_reused_with_different_request" || !r.IsError {
+		t.Errorf("changed request while in flight = %+v %+v, want key_reused_with_different_request", r, r.Error)
+	}
+	if d := time.Since(started); d > 500*time.Millisecond {
+		t.Errorf("the refusal took %v: it waited for the other request", d)
+	}
+	<-done
 }

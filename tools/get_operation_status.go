@@ -38,7 +38,7 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 	// has no top-level error; the operation's own state and error are
 	// reported in status and result.
 	r.IsError = false
-	opErr := r.Error
+	opErr := rec.Error // the record's own error, not the default an error answer would carry
 	r.Error = nil
 	status := map[string]any{
 		"tool": rec.Tool, "state": rec.State, "attempts": rec.Attempts,

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"idemgate/ledger"
 )
 
@@ -33,6 +35,8 @@ type OrderAPI struct {
 	// acting twice. Only then may an operation proven absent by the lookup
 	// be re-sent without a human.
 	SafeRetry bool
+	// lookups coalesces concurrent lookups of one key (Lookup).
+	lookups singleflight.Group
 }
 
 // NewOrderAPI returns a client for the API at base (http or https).
@@ -71,6 +75,9 @@ type APIError struct {
 	Status int    // HTTP status, 0 when none was received
 	Code   string // the ledger error code for a definitive failure
 	Msg    string
+	// RetryAfter is the delay the API asked for with Retry-After on a 429
+	// or 503 (0 when it named none).
+	RetryAfter time.Duration
 }
 
 func (e *APIError) Error() string {
@@ -158,12 +165,44 @@ func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values
 	case s == http.StatusPreconditionFailed:
 		return &APIError{Class: Definitive, Status: s, Code: "precondition_failed", Msg: snippet(b)}
 	case s == http.StatusTooManyRequests:
-		return &APIError{Class: NotSent, Status: s, Msg: snippet(b)}
+		return &APIError{Class: NotSent, Status: s, Msg: snippet(b), RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	case s == http.StatusServiceUnavailable:
+		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b), RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	case s == http.StatusConflict || s >= 500:
 		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b)}
 	default:
 		return &APIError{Class: Definitive, Status: s, Code: "downstream_error", Msg: snippet(b)}
 	}
+}
+
+// maxRetryAfter bounds the delay a Retry-After may ask for: beyond it the
+// API is down rather than busy, and a day is as much as advice can say.
+const maxRetryAfter = 24 * time.Hour
+
+// retryAfter parses a Retry-After header (delay-seconds or an HTTP date,
+// RFC 9110 §10.2.3) into a delay from now, rounded up to whole seconds and
+// at most maxRetryAfter; 0 when absent, unparseable or past.
+func retryAfter(h string, now time.Time) time.Duration {
+	h = strings.TrimSpace(h)
+	if h == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.ParseInt(h, 10, 64); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		if n > int64(maxRetryAfter/time.Second) {
+			return maxRetryAfter
+		}
+		d = time.Duration(n) * time.Second
+	} else if t, err := http.ParseTime(h); err == nil {
+		d = t.Sub(now)
+	}
+	if d <= 0 {
+		return 0
+	}
+	return min((d + time.Second - 1).Truncate(time.Second), maxRetryAfter) // whole seconds, rounded up
 }
 
 func snippet(b []byte) string {
@@ -230,8 +269,33 @@ func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int,
 
 // Lookup asks which order the request with this operation's key created
 // or changed: the order, errAbsent when none took effect, or an error when
-// the API cannot tell now.
+// the API cannot tell now (ctx's error when ctx ends first).
+//
+// Concurrent lookups of one (tenant, key) are coalesced: one request is in
+// flight and every caller gets its answer (a copy of the order). The
+// request runs detached from the cancellation of the caller that started
+// it — bounded by the API timeout — so that caller giving up does not fail
+// the others.
 func (a *OrderAPI) Lookup(ctx context.Context, tenant, key string) (*Order, error) {
+	detached := context.WithoutCancel(ctx)
+	ch := a.lookups.DoChan(apiKey(tenant, key), func() (v any, err error) {
+		defer recoverFlight(&err)
+		return a.lookup(detached, tenant, key)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		o := *r.Val.(*Order)
+		return &o, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// lookup is one lookup request; see Lookup.
+func (a *OrderAPI) lookup(ctx context.Context, tenant, key string) (*Order, error) {
 	var o Order
 	err := a.do(ctx, http.MethodGet, "/orders", url.Values{"idempotency_key": {apiKey(tenant, key)}}, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
 	var ae *APIError
@@ -255,9 +319,24 @@ func outcomeOf(o *Order, err error, summary string) ledger.Outcome {
 	}
 	switch ae.Class {
 	case NotSent:
-		return ledger.Outcome{State: ledger.StateRetryable, Error: &ledger.OpError{Code: "downstream_error", Message: "The order system could not be reached, and the request was never delivered (" + ae.Error() + "). Nothing happened; call again with the same operation_key."}}
+		e := &ledger.OpError{Code: "downstream_error", Message: "The order system could not take the request, and it was never delivered or acted on (" + ae.Error() + "). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments."}
+		withRetryAfter(e, ae.RetryAfter, "call again")
+		return ledger.Outcome{State: ledger.StateRetryable, Error: e}
 	case Definitive:
 		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: ae.Code, Message: "The order system refused the request: " + ae.Error() + ". Nothing was changed."}, Summary: ae.Code}
 	}
-	return ledger.Outcome{State: ledger.StateUnknown, Error: &ledger.OpError{Code: "outcome_unknown", Message: "The order system may or may not have done it (" + ae.Error() + "). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key."}}
+	e := &ledger.OpError{Code: "outcome_unknown", Message: "The order system may or may not have done it (" + ae.Error() + "). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key."}
+	withRetryAfter(e, ae.RetryAfter, "call again with the same operation_key")
+	return ledger.Outcome{State: ledger.StateUnknown, Error: e}
+}
+
+// withRetryAfter adds the delay the API asked for to e: in the message and
+// as error.details.retry_after_seconds.
+func withRetryAfter(e *ledger.OpError, d time.Duration, what string) {
+	if d <= 0 {
+		return
+	}
+	secs := int64(d / time.Second)
+	e.Message += fmt.Sprintf(" The order system asked to wait %d seconds: %s no sooner.", secs, what)
+	e.Details = mustJSON(map[string]any{"retry_after_seconds": secs})
 }

@@ -3,9 +3,12 @@ package tools
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/schemas"
 )
 
 // Response is the result envelope every tool answers with (DESIGN §4). The
@@ -25,15 +28,104 @@ type Response struct {
 	IsError      bool             `json:"-"`
 }
 
-// The next actions a response can advise.
+// The next actions a response can advise (the next_action enum of
+// schemas/result.json).
 const (
-	nextNone       = "none"
-	nextWaitPoll   = "wait_and_poll_status"
-	nextAwait      = "await_approval"
-	nextReconcile  = "reconcile"
-	nextFixRetry   = "fix_arguments_and_retry_same_key"
+	nextNone      = "none"
+	nextWaitPoll  = "wait_and_poll_status"
+	nextAwait     = "await_approval"
+	nextReconcile = "reconcile"
+	nextFixRetry  = "fix_arguments_and_retry_same_key"
+	// nextRetry: nothing happened and the arguments were fine; call again
+	// with the same key and arguments (after error.details.retry_after_seconds
+	// when the downstream asked for a delay).
+	nextRetry      = "retry_same_key"
 	nextNewKey     = "use_new_key_for_new_intent"
 	nextDoNotRetry = "do_not_retry"
+)
+
+// errorCodes are the documented error codes (DESIGN §4): the error.code
+// enum of the published output schema, schemas/result.json.
+var errorCodes = sync.OnceValue(func() []string {
+	var doc struct {
+		Properties struct {
+			Error struct {
+				Properties struct {
+					Code struct {
+						Enum []string `json:"enum"`
+					} `json:"code"`
+				} `json:"properties"`
+			} `json:"error"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(schemas.OutputSchema(), &doc); err != nil || len(doc.Properties.Error.Properties.Code.Enum) == 0 {
+		panic("tools: result.json has no error.code enum") // embedded at build time; tested
+	}
+	return doc.Properties.Error.Properties.Code.Enum
+})
+
+// documentedCode reports whether code is one of errorCodes.
+func documentedCode(code string) bool { return slices.Contains(errorCodes(), code) }
+
+// checked enforces the one rule every answer obeys: IsError holds exactly
+// when Error is present, with a documented Code and a Message. An answer
+// that breaks it is mended rather than sent: a missing error becomes the
+// error its status implies, an undocumented code is replaced by that
+// error's code (the original kept in the message), an empty message gets
+// that error's message, and an error on a non-error answer is dropped. It
+// reports whether anything had to be mended, so a caller that expected a
+// well-formed answer can log the bug.
+func checked(r *Response) (*Response, bool) {
+	if r == nil {
+		return internalError(""), true
+	}
+	switch {
+	case r.IsError && r.Error == nil:
+		r.Error = defaultError(r.Status)
+		return r, true
+	case r.IsError && !documentedCode(r.Error.Code):
+		e := *r.Error
+		e.Message = defaultError(r.Status).Message + " (" + e.Code + ": " + e.Message + ")"
+		e.Code = defaultError(r.Status).Code
+		r.Error = &e
+		return r, true
+	case r.IsError && r.Error.Message == "": // a tombstone keeps only the code
+		e := *r.Error
+		e.Message = defaultError(r.Status).Message
+		r.Error = &e
+		return r, true
+	case !r.IsError && r.Error != nil:
+		r.Error = nil
+		return r, true
+	}
+	return r, false
+}
+
+// defaultError is the error an isError answer in status carries when
+// nothing more specific is known.
+func defaultError(status ledger.State) *ledger.OpError {
+	switch status {
+	case ledger.StateInProgress:
+		return &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
+	case ledger.StateUnknown:
+		return &ledger.OpError{Code: "outcome_unknown", Message: msgUnknown}
+	case ledger.StateAwaitingApproval:
+		return &ledger.OpError{Code: "approval_required", Message: "This operation is waiting for a human approver; nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key."}
+	case ledger.StateRetryable:
+		return &ledger.OpError{Code: "downstream_error", Message: msgRetryable}
+	case ledger.StateFailed:
+		return &ledger.OpError{Code: "downstream_error", Message: "The operation failed and nothing was changed. Do not retry it; look at get_operation_status for details."}
+	case ledger.StateRejected:
+		return &ledger.OpError{Code: "forbidden", Message: "The operation was refused and nothing was executed. Do not retry it under any key."}
+	}
+	return &ledger.OpError{Code: "internal", Message: "idemgate hit an internal error; it has been logged. Do not mint a new key: call get_operation_status with this operation_key to see whether anything ran, or call again later with the same key and arguments."}
+}
+
+// Messages shared by several answers.
+const (
+	msgInProgress = "Another call with this operation_key is still running. Do not mint a new key and do not resend with different arguments: call get_operation_status with this key in a few seconds, or repeat this exact call."
+	msgUnknown    = "The outcome of this operation is unknown: it may or may not have taken effect. It will not be re-sent automatically. Do NOT retry under a new key — that is how duplicate orders happen. Check with get_operation_status or get_order/list_orders, or ask an operator to reconcile it."
+	msgRetryable  = "The earlier attempt stopped before it could take effect (nothing happened); call again with the same key and arguments to run it."
 )
 
 func errorResponse(key string, status ledger.State, code, msg, next string) *Response {
@@ -41,12 +133,12 @@ func errorResponse(key string, status ledger.State, code, msg, next string) *Res
 }
 
 func internalError(key string) *Response {
-	return errorResponse(key, ledger.StateUnknown, "internal",
-		"idemgate hit an internal error; it has been logged. Do not mint a new key: call get_operation_status with this operation_key to see whether anything ran, or call again later with the same key and arguments.",
-		nextWaitPoll)
+	return errorResponse(key, ledger.StateUnknown, "internal", defaultError("").Message, nextWaitPoll)
 }
 
-// fromRecord fills the envelope fields every answer about rec shares.
+// fromRecord fills the envelope fields every answer about rec shares. The
+// answer is an error unless rec succeeded, and an error answer always
+// carries an error: the record's own, or the one its state implies.
 func fromRecord(rec *ledger.Record) *Response {
 	r := &Response{OperationKey: rec.Key, Status: rec.State, Result: rec.Result, Error: rec.Error, Approval: rec.Approval, Attempts: rec.Attempts}
 	if !rec.FirstSeenAt.IsZero() {
@@ -59,6 +151,7 @@ func fromRecord(rec *ledger.Record) *Response {
 	}
 	r.NextAction = nextActionFor(rec)
 	r.IsError = rec.State != ledger.StateSucceeded
+	r, _ = checked(r)
 	return r
 }
 
@@ -76,14 +169,42 @@ func nextActionFor(rec *ledger.Record) string {
 	case ledger.StateUnknown:
 		return nextReconcile
 	case ledger.StateRetryable:
-		return nextFixRetry
+		return nextRetry
 	}
 	return nextWaitPoll
 }
 
 // respond turns a ledger decision into the answer of a side-effecting call.
+// It is total: every decision about a record in any state gets an answer,
+// and every error answer carries an error with a documented code.
 func (s *Service) respond(d ledger.Decision) *Response {
+	r := respondTo(d)
+	if r, mended := checked(r); mended {
+		s.log.Error("answer mended: isError without a documented error", "decision", d.Kind, "status", r.Status, "code", r.Error)
+		return r
+	}
+	return r
+}
+
+func respondTo(d ledger.Decision) *Response {
 	rec := d.Record
+	if rec == nil {
+		return internalError("")
+	}
+	switch d.Kind {
+	case ledger.DecisionBusy, ledger.DecisionHeld, ledger.DecisionApprovalRequested, ledger.DecisionSuspectedDuplicate:
+		// Nothing ran for this call and the record answers: a final one
+		// is replayed whatever the decision said (it was read later), and
+		// a busy record no longer in progress is held.
+		switch {
+		case rec.State.Final() && !rec.Tombstone:
+			d.Kind = ledger.DecisionReplay
+		case rec.State.Final():
+			d.Kind = ledger.DecisionExpired
+		case d.Kind == ledger.DecisionBusy && rec.State != ledger.StateInProgress:
+			d.Kind = ledger.DecisionHeld
+		}
+	}
 	switch d.Kind {
 	case ledger.DecisionExecuted:
 		return fromRecord(rec)
@@ -101,36 +222,48 @@ func (s *Service) respond(d ledger.Decision) *Response {
 		return r
 	case ledger.DecisionBusy:
 		r := fromRecord(rec)
-		r.Error = &ledger.OpError{Code: "operation_in_progress", Message: "Another call with this operation_key is still running. Do not mint a new key and do not resend with different arguments: call get_operation_status with this key in a few seconds, or repeat this exact call."}
+		r.Error = &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
+		r.NextAction = nextWaitPoll
 		r.IsError = true
 		return r
 	case ledger.DecisionHeld:
 		r := fromRecord(rec)
 		switch rec.State {
 		case ledger.StateAwaitingApproval:
-			r.Error = &ledger.OpError{Code: "approval_required", Message: "This operation is waiting for a human approver (approval " + rec.Approval.ID + "); nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key."}
+			r.Error = &ledger.OpError{Code: "approval_required", Message: "This operation is waiting for a human approver (approval " + approvalID(rec) + "); nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key."}
 		case ledger.StateUnknown:
-			r.Error = &ledger.OpError{Code: "outcome_unknown", Message: "The outcome of this operation is unknown: it may or may not have taken effect. It will not be re-sent automatically. Do NOT retry under a new key — that is how duplicate orders happen. Check with get_operation_status or get_order/list_orders, or ask an operator to reconcile it."}
+			r.Error = &ledger.OpError{Code: "outcome_unknown", Message: msgUnknown}
 		case ledger.StateRetryable:
-			r.Error = &ledger.OpError{Code: "downstream_error", Message: "The earlier attempt stopped before it could take effect (nothing happened); call again with the same key and arguments to run it."}
+			if rec.Error == nil || rec.Error.Code != "downstream_error" { // keep the attempt's own error (and its retry_after_seconds)
+				r.Error = &ledger.OpError{Code: "downstream_error", Message: msgRetryable}
+			}
+		case ledger.StateInProgress:
+			r.Error = &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
 		}
 		r.IsError = true
 		return r
 	case ledger.DecisionApprovalRequested:
 		r := fromRecord(rec)
-		r.Error = &ledger.OpError{Code: "approval_required", Message: "Held for a human approver: " + rec.Approval.Reason +
-			". Nothing has run yet. An approver sees exactly this request (approval " + rec.Approval.ID + ") and approves or rejects it. " +
+		reason := "policy"
+		if rec.Approval != nil {
+			reason = rec.Approval.Reason
+		}
+		r.Error = &ledger.OpError{Code: "approval_required", Message: "Held for a human approver: " + reason +
+			". Nothing has run yet. An approver sees exactly this request (approval " + approvalID(rec) + ") and approves or rejects it. " +
 			"Do not resend it under a new key: repeat this exact call, or poll get_operation_status with this operation_key, to learn the outcome."}
 		r.IsError = true
 		return r
 	case ledger.DecisionSuspectedDuplicate:
 		r := fromRecord(rec)
 		earlier := d.Earlier
+		if earlier == nil {
+			earlier = &ledger.Record{Key: "(unknown)"}
+		}
 		r.Error = &ledger.OpError{Code: "approval_required", Message: fmt.Sprintf(
 			"Nothing was executed: this request is identical to operation %s (state %s, %s) made moments ago under a different operation_key. "+
 				"If this call is a retry of that same intent, call again with operation_key %s to get its result — never mint a new key for a retry. "+
 				"If a second identical %s is really intended, a human approver must approve approval %s.",
-			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, humanTool(rec.Tool), rec.Approval.ID)}
+			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, humanTool(rec.Tool), approvalID(rec))}
 		r.Error.Details = mustJSON(map[string]any{"earlier_operation_key": earlier.Key, "earlier_status": earlier.State, "earlier_result": earlier.Result})
 		r.IsError = true
 		return r
@@ -147,6 +280,14 @@ func (s *Service) respond(d ledger.Decision) *Response {
 		return r
 	}
 	return internalError(rec.Key)
+}
+
+// approvalID is the id of rec's approval, or a placeholder when it has none.
+func approvalID(rec *ledger.Record) string {
+	if rec.Approval == nil {
+		return "(none)"
+	}
+	return rec.Approval.ID
 }
 
 func humanTool(name string) string {

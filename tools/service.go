@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/schemas"
@@ -52,7 +54,11 @@ type Service struct {
 	// sweepAfter is where the next Sweep pass continues in the unknown
 	// records; only the sweeping goroutine touches it.
 	sweepAfter string
-	tools      map[string]tool
+	// reconciling coalesces reconciliations of one (tenant, key);
+	// lookups logs outages of the order API's lookup (external.go).
+	reconciling singleflight.Group
+	lookups     lookupHealth
+	tools       map[string]tool
 	// appliers build the side effect of a side-effecting tool from its
 	// saved arguments, both at the call and when an approver approves it.
 	appliers map[string]applier
