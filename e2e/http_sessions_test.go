@@ -531,3 +531,39 @@ func TestHTTPShutdownAnswersInFlight(t *testing.T) {
 		t.Errorf("the server did not exit after answering")
 	}
 }
+
+// TestStdioShutdownAnswersInFlight: SIGTERM to a stdio server while one
+// call waits on the order API and three more wait for a worker: it stops
+// reading, and every call already read gets its answer (the queued ones
+// run) before the process exits.
+func TestStdioShutdownAnswersInFlight(t *testing.T) {
+	api := newFakeAPI(t)
+	const n = 4
+	h := api.InjectHold(fault{Kind: HoldBeforeCommit, Match: matchCreate, CommitAnyway: true})
+	s := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: filepath.Join(t.TempDir(), "ledger.db")}, "--orders-api-timeout", "20s", "--workers", "1")
+	answers := make(chan envelope, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			e, err := s.call(context.Background(), "create_order", orderArgs(newKey(), fmt.Sprintf("cust-stdio-term-%d", i), coffee, nil))
+			if err != nil {
+				e = envelope{Status: "transport error: " + err.Error()}
+			}
+			answers <- e
+		}()
+	}
+	h.Wait(t, 10*time.Second)
+	time.Sleep(500 * time.Millisecond) // the other calls are read and queued
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(time.Second)
+	h.Release()
+	for i := 0; i < n; i++ {
+		select {
+		case e := <-answers:
+			if e.Status != "succeeded" {
+				t.Errorf("answer %d: %s, want succeeded", i, e)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("only %d of %d calls were answered", i, n)
+		}
+	}
+}
