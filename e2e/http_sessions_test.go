@@ -24,6 +24,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // httpProc is one `idemgate serve --http` process.
@@ -310,6 +311,23 @@ func TestHTTPSessionsAcrossProcesses(t *testing.T) {
 		}
 	}
 
+	// The official go-sdk client, in both eras, through the balancer.
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		sc := sdk.NewClient(&sdk.Implementation{Name: "gosdk-lb", Version: "3"}, nil)
+		cs, err := sc.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: lb.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: bearer{token: alice}}}, &sdk.ClientSessionOptions{ProtocolVersion: version})
+		if err != nil {
+			t.Fatalf("go-sdk %s through the balancer: %v", version, err)
+		}
+		gs := &session{t: t, flavor: goSDKLegacy, gs: cs}
+		for i := 0; i < 3; i++ {
+			gs.mustSucceed(t, "create_order", orderArgs(newKey(), fmt.Sprintf("cust-gosdk-%s-%d", version, i), coffee, nil))
+		}
+		if err := cs.Close(); err != nil {
+			t.Errorf("go-sdk %s close: %v", version, err)
+		}
+	}
+
 	// DELETE on A ends it everywhere.
 	req, _ := http.NewRequest("DELETE", a.base+"/mcp", nil)
 	req.Header.Set("Authorization", "Bearer "+alice)
@@ -566,4 +584,13 @@ func TestStdioShutdownAnswersInFlight(t *testing.T) {
 			t.Fatalf("only %d of %d calls were answered", i, n)
 		}
 	}
+}
+
+// bearer adds a bearer token to every request.
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
 }
