@@ -148,4 +148,3 @@ func TestHTTPRefusalsCloseTheConnection(t *testing.T) {
 		})
 	}
 }
-
