@@ -148,3 +148,39 @@ func TestHTTPRefusalsCloseTheConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPSessionRulesGetDelete: GET and DELETE follow the same session
+// rules as POST (400 without an id, 404 for an unknown one), and a
+// 2026-07-28 request needs no session at all.
+func TestHTTPSessionRulesGetDelete(t *testing.T) {
+	url, token, _ := testHandler(t, SessionConfig{})
+	for _, tc := range []struct {
+		method, sid string
+		want        int
+	}{
+		{"GET", "", 400},
+		{"GET", "igs_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", 404},
+		{"DELETE", "", 400},
+		{"DELETE", "igs_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", 404},
+		{"POST", "not-even-well-formed", 404},
+	} {
+		resp, body := do(t, tc.method, url+"/mcp", token, tc.sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s with session %q: %d %q, want %d", tc.method, tc.sid, resp.StatusCode, body, tc.want)
+		}
+	}
+	req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/list")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Mcp-Session-Id") != "" {
+		t.Errorf("2026-07-28 without a session: %d, session %q; want 200 and none", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
+	}
+}
