@@ -33,7 +33,7 @@ type HTTPConfig struct {
 	// DefaultOrigins(Addr).
 	Origins *Origins
 	// Sessions keeps the sessions of protocol eras that have them, in the
-	// ledger; required.
+	// ledger; required (NewHTTPHandler panics without it).
 	Sessions *Sessions
 	// BodyTimeout bounds the time to receive one request body
 	// (DefaultBodyTimeout when zero).
@@ -64,6 +64,9 @@ type HTTPHandler struct {
 // and not allowed (cfg.Origins), or, on a loopback connection, when its
 // Host is not a loopback name.
 func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
+	if cfg.Sessions == nil {
+		panic("server.NewHTTPHandler: HTTPConfig.Sessions is required")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -294,37 +294,56 @@ const sweepChunkSessions = 1000
 func (s *Sessions) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, count := 0, 0
-		err := s.store.Update(ctx, func(tx ledger.Tx) error {
-			n = 0
-			now := s.now().UTC()
-			var doomed []*sessionRecord
-			if err := tx.Scan(sessionsCollection, "", false, func(_ string, v []byte) (bool, error) {
+		// Find the expired ones in a read transaction, so that a sweep
+		// with nothing to do writes nothing.
+		var doomed []string
+		var live int
+		now := s.now().UTC()
+		err := s.store.View(ctx, func(tx ledger.Tx) error {
+			doomed = doomed[:0]
+			var err error
+			if live, err = sessionCount(tx); err != nil {
+				return err
+			}
+			return tx.Scan(sessionsCollection, "", false, func(id string, v []byte) (bool, error) {
 				var r sessionRecord
 				if err := json.Unmarshal(v, &r); err != nil {
 					return false, err
 				}
 				if s.expired(&r, now) {
-					doomed = append(doomed, &r)
+					doomed = append(doomed, id)
 				}
 				return len(doomed) < sweepChunkSessions, nil
-			}); err != nil {
-				return err
-			}
-			for _, r := range doomed {
+			})
+		})
+		if err != nil {
+			return total, err
+		}
+		if len(doomed) == 0 {
+			s.metrics.sessionsNow(live)
+			break
+		}
+		n, count := 0, 0
+		err = s.store.Update(ctx, func(tx ledger.Tx) error {
+			n = 0
+			for _, id := range doomed {
+				r, err := getSession(tx, id)
+				if err != nil {
+					return err
+				}
+				if r == nil || !s.expired(r, now) { // ended or used meanwhile
+					continue
+				}
 				if err := deleteSession(tx, r); err != nil {
 					return err
 				}
+				n++
 			}
-			n = len(doomed)
 			c, err := sessionCount(tx)
 			if err != nil {
 				return err
 			}
 			count = max(c-n, 0)
-			if n == 0 {
-				return nil
-			}
 			return tx.Put(sessionsMeta, "count", []byte(strconv.Itoa(count)))
 		})
 		if err != nil {
@@ -333,7 +352,10 @@ func (s *Sessions) Sweep(ctx context.Context) (int, error) {
 		total += n
 		s.metrics.sessionsNow(count)
 		s.metrics.sessionsEnded("expired", n)
-		if n < sweepChunkSessions {
+		for _, id := range doomed {
+			s.forget(id)
+		}
+		if len(doomed) < sweepChunkSessions {
 			break
 		}
 	}
