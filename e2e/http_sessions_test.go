@@ -212,6 +212,17 @@ func TestHTTPOrigin(t *testing.T) {
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 {
 		t.Errorf("Host evil.example on loopback: %v %v, want 403", resp, err)
 	}
+	// A reverse proxy on the same machine forwarding an allowed origin's
+	// public name.
+	req, _ = http.NewRequest("POST", p.base+"/mcp", strings.NewReader(pingBody))
+	req.Host = "tools.example:8443"
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+alice)
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/list")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Errorf("Host of an allowed origin on loopback: %v %v, want 200", resp, err)
+	}
 }
 
 // TestHTTPSessionsAcrossProcesses: two server processes on one ledger

@@ -81,6 +81,9 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		mcpserver.WithEndpointPath("/mcp"),
 		mcpserver.WithStreamableHTTPLogger(cfg.Logger),
 		mcpserver.WithSessionIdManagerResolver(sessionIDs{cfg.Sessions}),
+		// checkOrigin guards Host on loopback itself, for every path, and
+		// also admits the hosts of allowed origins (a local reverse proxy).
+		mcpserver.WithDisableLocalhostProtection(true),
 		// The identity and the session's client were put on the request's
 		// context by requireToken and the session gate.
 		mcpserver.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
