@@ -197,7 +197,7 @@ type sessionGate struct {
 	next        http.Handler
 }
 
-// envelope is what the gate reads of a JSON-RPC message.
+// gateEnvelope is what the gate reads of a JSON-RPC message.
 type gateEnvelope struct {
 	Method string `json:"method"`
 	Params struct {
@@ -393,8 +393,6 @@ type ServeConfig struct {
 	// DefaultMaxUnauthenticatedConns, DefaultUnauthenticatedConnTimeout).
 	MaxUnauthenticatedConns    int
 	UnauthenticatedConnTimeout time.Duration
-	// Ready, when not nil, is called with the listening address.
-	Ready func(addr net.Addr)
 }
 
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
@@ -424,9 +422,6 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 		srv.RegisterOnShutdown(hh.closeStreams)
 	}
 	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace)
-	if cfg.Ready != nil {
-		cfg.Ready(ln.Addr())
-	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(gl) }()
 	select {
