@@ -521,7 +521,8 @@ func TestHTTPShutdownAnswersInFlight(t *testing.T) {
 	for i := 0; i < n; i++ {
 		holds = append(holds, api.InjectHold(fault{Kind: HoldBeforeCommit, Match: matchCreate, CommitAnyway: true}))
 	}
-	p := startHTTP(t, filepath.Join(dir, "ledger.db"), tokens, 0, "--orders-api", api.URL(), "--orders-api-timeout", "20s")
+	p := startHTTP(t, filepath.Join(dir, "ledger.db"), tokens, 0, "--orders-api", api.URL(), "--orders-api-timeout", "20s",
+		"--http-body-timeout", "1s") // a call lasts longer than reading its body may
 	answers := make(chan envelope, n)
 	for i := 0; i < n; i++ {
 		s := httpSession(t, p.base, alice)
