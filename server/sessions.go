@@ -288,10 +288,13 @@ func (s *Sessions) End(ctx context.Context, tokenHash, id string) error {
 // sweepChunkSessions bounds the work of one sweep transaction.
 const sweepChunkSessions = 1000
 
-// Sweep deletes expired sessions from the ledger, releases this process's
-// memory of every session that ended anywhere, and returns how many it
-// deleted.
+// Sweep keeps alive the sessions with an event stream open here, deletes
+// expired sessions from the ledger, releases this process's memory of
+// every session that ended anywhere, and returns how many it deleted.
 func (s *Sessions) Sweep(ctx context.Context) (int, error) {
+	if err := s.touchStreaming(ctx); err != nil {
+		return 0, err
+	}
 	total := 0
 	for {
 		// Find the expired ones in a read transaction, so that a sweep
@@ -392,6 +395,41 @@ func (s *Sessions) Sweep(ctx context.Context) (int, error) {
 		s.forget(id)
 	}
 	return total, nil
+}
+
+// touchStreaming keeps alive the sessions with an event stream open
+// here: a client listening on its stream is using its session.
+func (s *Sessions) touchStreaming(ctx context.Context) error {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.watched))
+	for id := range s.watched {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	now := s.now().UTC()
+	return s.store.Update(ctx, func(tx ledger.Tx) error {
+		for _, id := range ids {
+			r, err := getSession(tx, id)
+			if err != nil {
+				return err
+			}
+			if r == nil || s.expired(r, now) || now.Sub(r.LastSeen) <= s.idle/touchFraction {
+				continue
+			}
+			r.LastSeen = now
+			b, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			if err := tx.Put(sessionsCollection, id, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // Run sweeps at once and then every quarter of the idle timeout (at least every minute)

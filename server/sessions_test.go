@@ -205,3 +205,27 @@ func TestSessionsSharedLedger(t *testing.T) {
 		t.Errorf("a still holds the session ended on b: freed %v, %d local", freed, a.Local())
 	}
 }
+
+// TestSessionsStreamKeepsAlive: a session whose event stream is open here
+// does not expire while the stream stays open.
+func TestSessionsStreamKeepsAlive(t *testing.T) {
+	ctx := context.Background()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := NewSessions(mustOpenStore(t), SessionConfig{IdleTimeout: 10 * time.Minute, Now: clock.Now}, nil, nil)
+	r, _ := s.Create(ctx, "tok", alice, "c", "1")
+	s.watch(r.ID)
+	for i := 0; i < 10; i++ {
+		clock.Add(3 * time.Minute)
+		if _, err := s.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Lookup(ctx, "tok", r.ID); err != nil {
+		t.Fatalf("after 30 min with its stream open: %v", err)
+	}
+	s.unwatch(r.ID)
+	clock.Add(11 * time.Minute)
+	if _, err := s.Lookup(ctx, "tok", r.ID); !errors.Is(err, errNoSession) {
+		t.Errorf("idle after its stream closed: %v, want errNoSession", err)
+	}
+}
