@@ -13,8 +13,11 @@ import (
 	"log/slog"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
+
+	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
 func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -35,6 +38,10 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	httpAddr := fs.String("http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
 	tokensFile := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
 	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "stdio: a token from --tokens whose principal, tenant and role this server acts as; required for --role approver when the config sets require_approver_token (prefer env IDEMGATE_TOKEN)")
+	allowedOrigins := fs.String("allowed-origins", env("IDEMGATE_ALLOWED_ORIGINS", ""), "with --http: comma-separated browser origins (scheme://host[:port]) allowed besides the server's own; a request with any other Origin gets 403 (env IDEMGATE_ALLOWED_ORIGINS)")
+	sessionIdle := fs.Duration("session-idle-timeout", server.DefaultSessionIdleTimeout, "with --http: a session unused this long ends (its id then gets 404)")
+	maxSessions := fs.Int("max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
+	bodyTimeout := fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,6 +71,26 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if *wait <= 0 || *wait > 5*time.Minute {
 		return usageError{fmt.Errorf("--wait must be between 0 and 5m, got %s", *wait)}
 	}
+	if *sessionIdle < time.Second || *sessionIdle > 30*24*time.Hour {
+		return usageError{fmt.Errorf("--session-idle-timeout must be between 1s and 720h, got %s", *sessionIdle)}
+	}
+	if *maxSessions < 1 || *maxSessions > 10000 {
+		return usageError{fmt.Errorf("--max-sessions-per-token must be 1-10000, got %d", *maxSessions)}
+	}
+	if *bodyTimeout < 100*time.Millisecond || *bodyTimeout > 10*time.Minute {
+		return usageError{fmt.Errorf("--http-body-timeout must be between 100ms and 10m, got %s", *bodyTimeout)}
+	}
+	var origins *server.Origins
+	if *httpAddr != "" {
+		list := server.DefaultOrigins(*httpAddr)
+		if *allowedOrigins != "" {
+			list = append(list, strings.Split(*allowedOrigins, ",")...)
+		}
+		var err error
+		if origins, err = server.ParseOrigins(list); err != nil {
+			return usageError{fmt.Errorf("--allowed-origins: %w", err)}
+		}
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	var tokens *server.Tokens
@@ -86,22 +113,32 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	defer store.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	bg, cancelBg := context.WithCancel(ctx)
+	// A second signal during the shutdown ends the process at once.
+	go func() { <-ctx.Done(); stop() }()
+	// The shutdown waits this long for calls in flight to be answered:
+	// longer than one call to the order API plus a duplicate's wait for a
+	// running operation, so a call that has just started still gets its
+	// result (or its recorded unknown outcome) back.
+	grace := shutdownGrace(lf.file.OrdersAPI.Timeout.Duration, *wait)
+	bg, cancelBg := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); svc.Deliverer().Run(bg) }()
 	go sweepLoop(bg, store, logger)
 	go reconcileLoop(bg, svc, lf.lease, logger)
 	if *httpAddr != "" {
+		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: *sessionIdle, MaxPerToken: *maxSessions}, logger, metrics)
+		go sessions.Run(bg)
 		// Over HTTP every request acts for its token's identity; the
 		// --principal/--tenant/--role of stdio do not apply.
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
-			Tokens: tokens, Metrics: metrics, Logger: logger,
+			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
+			Sessions: sessions, BodyTimeout: *bodyTimeout,
 			Ready: func(ctx context.Context) error { return store.View(ctx, func(ledger.Tx) error { return nil }) },
 		})
-		err = server.ServeHTTP(ctx, h, *httpAddr, logger)
+		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
 	} else {
 		logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
-		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, logger)
+		err = serveStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, grace, logger)
 	}
 	cancelBg()
 	<-done
@@ -146,5 +183,43 @@ func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration,
 		} else if e+r > 0 {
 			logger.Info("reconciliation sweep", "leases_expired", e, "reconciled", r)
 		}
+	}
+}
+
+// shutdownGrace is how long a shutdown waits for calls in flight: one
+// order API call, a duplicate's wait for a running operation, and a margin
+// for the ledger writes around them.
+func shutdownGrace(callTimeout, wait time.Duration) time.Duration {
+	return callTimeout + wait + 5*time.Second
+}
+
+// serveStdio serves s on stdin/stdout until the input ends or ctx is done
+// (a signal); then it stops reading, waits up to grace for every request
+// already read to be answered, and returns.
+func serveStdio(ctx context.Context, s *mcpserver.MCPServer, stdin io.Reader, stdout io.Writer, workers int, grace time.Duration, logger *slog.Logger) error {
+	drain := server.NewStdioDrain(stdin, stdout)
+	// Not cancelled by the signal: mcp-go would cancel the calls in flight.
+	listen, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- server.ServeStdio(listen, s, drain.Reader(), drain.Writer(), workers, logger) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		logger.Info("shutting down: answering the calls in flight", "grace", grace)
+	case <-drain.InputDone():
+	}
+	wait, stopWait := context.WithTimeout(context.Background(), grace)
+	defer stopWait()
+	if left := drain.Drain(wait); left > 0 {
+		logger.Error("shutdown: calls still running after the grace were not answered (their operations are recorded and reconciled)", "calls", left, "grace", grace)
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(5 * time.Second):
+		cancel()
+		return <-errc
 	}
 }

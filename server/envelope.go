@@ -399,35 +399,6 @@ func clipEcho(s string) string {
 	return string(r[:maxEcho-1]) + "…"
 }
 
-// strictEnvelope refuses, before next sees it, a POST whose body
-// checkEnvelope refuses, answering 400 with the JSON-RPC error (as mcp-go
-// answers a body it cannot parse). The body must already be bounded
-// (http.MaxBytesReader); it is read whole and handed on unchanged.
-func strictEnvelope(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.Body == nil {
-			next.ServeHTTP(w, r)
-			return
-		}
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			status, msg := http.StatusBadRequest, "invalid request: the request body could not be read"
-			if errors.As(err, &tooBig) {
-				status, msg = http.StatusRequestEntityTooLarge, "invalid request: the request body is larger than "+strconv.FormatInt(tooBig.Limit, 10)+" bytes (the limit)"
-			}
-			writeEnvelopeError(w, status, &envelopeError{Code: codeInvalidRequest, Message: msg})
-			return
-		}
-		if e := checkEnvelope(body); e != nil {
-			writeEnvelopeError(w, http.StatusBadRequest, e)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
-	})
-}
-
 func writeEnvelopeError(w http.ResponseWriter, status int, e *envelopeError) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -10,7 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/mark3labs/mcp-go/mcp"
 )
 
 const call = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_order","arguments":`
@@ -190,15 +193,18 @@ func FuzzCheckEnvelope(f *testing.F) {
 
 func TestStrictEnvelopeHTTP(t *testing.T) {
 	reached := 0
-	h := strictEnvelope(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The session gate reads every POST body and checks it strictly
+	// before anything decodes it.
+	h := &sessionGate{bodyTimeout: time.Second, next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached++
 		b, _ := io.ReadAll(r.Body)
 		w.Write(b) // echo: the body is handed on unchanged
-	}))
+	})}
 	post := func(body string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(mcp.HeaderProtocolVersion, "2026-07-28") // sessionless: the gate hands it on
 		h.ServeHTTP(rec, req)
 		return rec
 	}

@@ -1,15 +1,22 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
@@ -22,29 +29,91 @@ type HTTPConfig struct {
 	// Ready reports whether the server can serve (the ledger opens); it
 	// backs /healthz.
 	Ready func(ctx context.Context) error
+	// Origins are the browser origins allowed to call the server; nil:
+	// DefaultOrigins(Addr).
+	Origins *Origins
+	// Sessions keeps the sessions of protocol eras that have them, in the
+	// ledger; required (NewHTTPHandler panics without it).
+	Sessions *Sessions
+	// BodyTimeout bounds the time to receive one request body
+	// (DefaultBodyTimeout when zero).
+	BodyTimeout time.Duration
 }
+
+// DefaultBodyTimeout is how long a client may take to send one request
+// body.
+const DefaultBodyTimeout = 30 * time.Second
 
 // maxBody bounds one HTTP request body, like MaxMessageBytes on stdio.
 const maxBody = MaxMessageBytes
 
+// aLongTimeAgo is a read deadline that has passed: reads fail at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// HTTPHandler is the HTTP transport's handler: /mcp (Streamable HTTP,
+// bearer token required), /healthz and /metrics, behind the Origin check.
+type HTTPHandler struct {
+	mux     *http.ServeMux
+	origins *Origins
+	streams *streamSet
+}
+
 // NewHTTPHandler returns the HTTP handler: /mcp (Streamable HTTP, bearer
 // token required: 401 with WWW-Authenticate otherwise), /healthz and
-// /metrics.
-func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) http.Handler {
+// /metrics. Every request is refused with 403 when its Origin is present
+// and not allowed (cfg.Origins), or, on a loopback connection, when its
+// Host is not a loopback name.
+func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
+	if cfg.Sessions == nil {
+		panic("server.NewHTTPHandler: HTTPConfig.Sessions is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Origins == nil {
+		cfg.Origins, _ = ParseOrigins(DefaultOrigins(cfg.Addr))
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	h := &HTTPHandler{mux: http.NewServeMux(), origins: cfg.Origins, streams: newStreamSet()}
 	mcpHandler := mcpserver.NewStreamableHTTPServer(s,
 		mcpserver.WithEndpointPath("/mcp"),
 		mcpserver.WithStreamableHTTPLogger(cfg.Logger),
-		// The identity was put on the request's context by requireToken.
+		mcpserver.WithSessionIdManagerResolver(sessionIDs{cfg.Sessions}),
+		// checkOrigin guards Host on loopback itself, for every path, and
+		// also admits the hosts of allowed origins (a local reverse proxy).
+		mcpserver.WithDisableLocalhostProtection(true),
+		// The identity and the session's client were put on the request's
+		// context by requireToken and the session gate.
 		mcpserver.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
 			if id, ok := r.Context().Value(identityKey{}).(Identity); ok {
-				return WithIdentity(ctx, id)
+				ctx = WithIdentity(ctx, id)
+			}
+			if name, version, ok := sessionClientOf(r.Context()); ok {
+				ctx = withSessionClient(ctx, name, version)
 			}
 			return ctx
 		}),
 	)
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Logger, strictEnvelope(mcpHandler)))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	sessions := cfg.Sessions
+	sessions.free = func(id string) {
+		h.streams.closeSession(id)
+		// mcp-go releases a session's memory on DELETE; ours is marked
+		// local, so it ends nothing in the ledger.
+		ctx := context.WithValue(context.Background(), sessionStateKey{}, &sessionState{local: true})
+		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, "/mcp", nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set(mcpserver.HeaderKeySessionID, id)
+		mcpHandler.ServeHTTP(discardResponse{h: http.Header{}}, req)
+	}
+	cfg.Metrics.watchSessionMemory(sessions.Local)
+	var mcpH http.Handler = mcpHandler
+	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, next: mcpH}
+	h.mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Logger, mcpH))
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
@@ -52,69 +121,331 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) http.Handler {
 			if err := cfg.Ready(ctx); err != nil {
 				cfg.Logger.Warn("health check", "err", err)
 				w.WriteHeader(http.StatusServiceUnavailable)
-				json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": "the ledger cannot be opened"})
+				json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()})
 				return
 			}
 		}
 		json.NewEncoder(w).Encode(map[string]string{"status": "ok"})
 	})
 	if cfg.Metrics != nil {
-		mux.Handle("GET /metrics", cfg.Metrics.Handler())
+		h.mux.Handle("GET /metrics", cfg.Metrics.Handler())
 	}
-	return mux
+	return h
 }
 
+// ServeHTTP implements http.Handler.
+func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if checkOrigin(w, r, h.origins) {
+		return
+	}
+	if r.URL.Path != "/mcp" {
+		// Requests without a token do not keep their connection: an idle
+		// connection that never authenticated holds a file descriptor.
+		w.Header().Set("Connection", "close")
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// closeStreams ends every GET event stream: they carry no call in flight,
+// and a graceful shutdown would otherwise wait for them for its whole
+// grace.
+func (h *HTTPHandler) closeStreams() { h.streams.closeAll() }
+
+type tokenHashKey struct{}
+
 // requireToken lets through only requests with a valid bearer token,
-// carrying its identity; others get 401 with WWW-Authenticate (RFC 6750).
+// carrying its identity; others get 401 with WWW-Authenticate (RFC 6750),
+// decided on the headers alone: the body of a refused request is never
+// read, and its connection is closed.
 func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		auth := r.Header.Get("Authorization")
 		token, ok := strings.CutPrefix(auth, "Bearer ")
+		token = strings.TrimSpace(token)
 		if !ok || token == "" || len(token) > 512 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate"`)
-			http.Error(w, "a bearer token is required (Authorization: Bearer <token>; see idemgate tokens add)", http.StatusUnauthorized)
+			refuse(w, r, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <token>; see idemgate tokens add)")
 			return
 		}
-		id, found, err := tokens.Lookup(strings.TrimSpace(token))
+		id, found, err := tokens.Lookup(token)
 		if err != nil {
 			logger.Warn("tokens file", "err", err)
 		}
 		if !found {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate", error="invalid_token"`)
-			http.Error(w, "the bearer token is not valid", http.StatusUnauthorized)
+			refuse(w, r, http.StatusUnauthorized, "the bearer token is not valid")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		next.ServeHTTP(w, r.WithContext(WithIdentity(r.Context(), id)))
+		markAuthenticated(r.Context())
+		sum := sha256.Sum256([]byte(token))
+		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
+// sessionGate reads a POST body (bounded in size and time), refuses
+// JSON-RPC batches, and enforces sessions for the protocol eras that have
+// them (before 2026-07-28): initialize creates one in the ledger; any
+// other request needs Mcp-Session-Id (400 without) naming a live session
+// of the same token (404 otherwise). Requests of the stateless era pass
+// without sessions.
+type sessionGate struct {
+	sessions    *Sessions
+	bodyTimeout time.Duration
+	streams     *streamSet
+	logger      *slog.Logger
+	next        http.Handler
+}
+
+// gateEnvelope is what the gate reads of a JSON-RPC message.
+type gateEnvelope struct {
+	Method string `json:"method"`
+	Params struct {
+		Meta       *mcp.Meta `json:"_meta"`
+		ClientInfo *struct {
+			Name    string `json:"name"`
+			Version string `json:"version"`
+		} `json:"clientInfo"`
+	} `json:"params"`
+}
+
+func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	modern := mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion))
+	var env gateEnvelope
+	switch r.Method {
+	case http.MethodPost:
+		body, ok := g.readBody(w, r)
+		if !ok {
+			return
+		}
+		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+			writeJSONRPCError(w, http.StatusBadRequest, mcp.INVALID_REQUEST,
+				"JSON-RPC batches (a top-level array) are not supported: MCP removed them in protocol version 2025-06-18; send each request in its own POST")
+			return
+		}
+		// Strictly, before anything decodes it: a duplicate or case-variant
+		// member must not mean one thing here and another to mcp-go.
+		if e := checkEnvelope(body); e != nil {
+			writeEnvelopeError(w, http.StatusBadRequest, e)
+			return
+		}
+		if json.Unmarshal(body, &env) != nil {
+			// Not JSON-RPC: mcp-go answers with a parse error.
+			g.next.ServeHTTP(w, r)
+			return
+		}
+		modern = modern || mcp.IsModernProtocol(env.Params.Meta.ProtocolVersion())
+	case http.MethodGet, http.MethodDelete:
+	default:
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	if modern {
+		// 2026-07-28 has no sessions; mcp-go ignores Mcp-Session-Id.
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	tokenHash, _ := r.Context().Value(tokenHashKey{}).(string)
+	id, _ := r.Context().Value(identityKey{}).(Identity)
+	if r.Method == http.MethodPost && env.Method == string(mcp.MethodInitialize) {
+		var name, version string
+		if ci := env.Params.ClientInfo; ci != nil {
+			name, version = ci.Name, ci.Version
+		}
+		rec, err := g.sessions.Create(r.Context(), tokenHash, id, name, version)
+		if err != nil {
+			g.logger.Error("http session: create", "err", err)
+			refuse(w, r, http.StatusServiceUnavailable, "the session could not be recorded in the ledger; retry shortly")
+			return
+		}
+		ctx := context.WithValue(withSessionClient(r.Context(), rec.ClientName, rec.ClientVersion), sessionStateKey{}, &sessionState{created: rec})
+		g.next.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	sid := r.Header.Get(mcpserver.HeaderKeySessionID)
+	if sid == "" {
+		refuse(w, r, http.StatusBadRequest, "the Mcp-Session-Id header is required: send initialize first and repeat the session id it returns on every request")
+		return
+	}
+	rec, err := g.sessions.Lookup(r.Context(), tokenHash, sid)
+	if errors.Is(err, errNoSession) {
+		refuse(w, r, http.StatusNotFound, fmt.Sprintf("session %q not found: it was ended (DELETE), idle for longer than the server's session idle timeout, replaced by newer sessions of the same token, or never existed; send initialize to start a new session", clipHeader(sid)))
+		return
+	}
+	if err != nil {
+		g.logger.Error("http session: lookup", "err", err)
+		refuse(w, r, http.StatusServiceUnavailable, "the session could not be read from the ledger; retry shortly")
+		return
+	}
+	ctx := context.WithValue(withSessionClient(r.Context(), rec.ClientName, rec.ClientVersion), sessionStateKey{}, &sessionState{rec: rec})
+	if r.Method == http.MethodGet {
+		var done func()
+		ctx, done = g.streams.add(ctx, sid)
+		defer done()
+		g.sessions.watch(sid)
+		defer g.sessions.unwatch(sid)
+	}
+	g.next.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// readBody reads a POST body, at most maxBody bytes within the body
+// timeout, and puts it back on r for the handlers behind. On failure it
+// answers (413, 408 or 400) and reports false.
+func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	// A read deadline left in place would end the request's context when
+	// it passes (net/http watches the connection once the body is read),
+	// cutting off a long tool call or event stream.
+	_ = rc.SetReadDeadline(time.Time{})
+	if err == nil {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		return body, true
+	}
+	var tooBig *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &tooBig):
+		refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody))
+	case errors.As(err, &ne) && ne.Timeout():
+		refuse(w, r, http.StatusRequestTimeout, fmt.Sprintf("the request body was not received within %s", g.bodyTimeout))
+	default:
+		refuse(w, r, http.StatusBadRequest, "the request body could not be read")
+	}
+	return nil, false
+}
+
+// writeJSONRPCError answers with a JSON-RPC error without an id.
+func writeJSONRPCError(w http.ResponseWriter, status, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": msg}})
+}
+
+// streamSet tracks the open GET event streams, to end them at shutdown or
+// when their session ends.
+type streamSet struct {
+	mu     sync.Mutex
+	next   uint64
+	open   map[uint64]stream
+	closed bool
+}
+
+type stream struct {
+	session string
+	cancel  context.CancelFunc
+}
+
+func newStreamSet() *streamSet { return &streamSet{open: map[uint64]stream{}} }
+
+// add returns ctx, cancelled when the stream must end, and the function
+// to call when it has ended.
+func (s *streamSet) add(ctx context.Context, session string) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		cancel()
+		return ctx, func() {}
+	}
+	n := s.next
+	s.next++
+	s.open[n] = stream{session, cancel}
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.open, n)
+		s.mu.Unlock()
+		cancel()
+	}
+}
+
+func (s *streamSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, st := range s.open {
+		st.cancel()
+	}
+}
+
+func (s *streamSet) closeSession(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.open {
+		if st.session == id {
+			st.cancel()
+		}
+	}
+}
+
+// discardResponse is a ResponseWriter that keeps nothing.
+type discardResponse struct{ h http.Header }
+
+func (d discardResponse) Header() http.Header         { return d.h }
+func (d discardResponse) Write(p []byte) (int, error) { return len(p), nil }
+func (d discardResponse) WriteHeader(int)             {}
+
+// ServeConfig configures ServeHTTP.
+type ServeConfig struct {
+	Addr   string
+	Logger *slog.Logger
+	// Grace is how long a shutdown waits for requests in flight to be
+	// answered; it must exceed the longest call (see cmd serve).
+	Grace time.Duration
+	// MaxUnauthenticatedConns and UnauthenticatedConnTimeout bound
+	// connections that have not carried a valid token (defaults
+	// DefaultMaxUnauthenticatedConns, DefaultUnauthenticatedConnTimeout).
+	MaxUnauthenticatedConns    int
+	UnauthenticatedConnTimeout time.Duration
+}
+
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
-// gracefully (in-flight calls get up to 10 s).
-func ServeHTTP(ctx context.Context, h http.Handler, addr string, logger *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+// gracefully: it stops accepting, ends the GET event streams, and waits up
+// to cfg.Grace for every request in flight to be answered. Requests still
+// running after the grace are cut off, and ServeHTTP returns an error
+// saying so.
+func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
 	}
+	gl := newGuardListener(ln, cfg.MaxUnauthenticatedConns, cfg.UnauthenticatedConnTimeout)
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		IdleTimeout:       2 * time.Minute,
+		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp")
+	if hh, ok := h.(*HTTPHandler); ok {
+		srv.RegisterOnShutdown(hh.closeStreams)
+	}
+	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(gl) }()
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	grace := cfg.Grace
+	if grace <= 0 {
+		grace = 10 * time.Second
+	}
+	logger.Info("shutting down: answering the requests in flight", "grace", grace)
+	shutdown, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
-		return err
+		srv.Close()
+		<-errc
+		return fmt.Errorf("shutdown: requests still running after the %s grace were cut off (their operations are recorded and reconciled): %w", grace, err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err

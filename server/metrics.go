@@ -28,6 +28,9 @@ type Metrics struct {
 	ledgerCalls, operations, executions, replays, mismatches, invalid,
 	suspected, lateReplays, unknown prometheus.Counter
 	settled *prometheus.CounterVec
+
+	sessions    prometheus.Gauge
+	sessionsEnd *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics (and the Go runtime's) in a registry
@@ -58,8 +61,37 @@ func NewMetrics() *Metrics {
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "unknown_settled_total",
 			Help: "Unknown outcomes settled, by how."}, []string{"how"}),
 	}
-	reg.MustRegister(m.calls, m.duration, m.settled)
+	m.sessions = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "idemgate", Name: "http_sessions",
+		Help: "Live Streamable HTTP sessions in the ledger (all processes sharing it), as this process last counted them."})
+	m.sessionsEnd = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "http_sessions_ended_total",
+		Help: "Streamable HTTP sessions this process ended, by why: deleted (DELETE), expired (idle), evicted (over the per-token cap)."}, []string{"reason"})
+	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd)
 	return m
+}
+
+// sessionsNow sets the live session count.
+func (m *Metrics) sessionsNow(n int) {
+	if m != nil {
+		m.sessions.Set(float64(n))
+	}
+}
+
+// sessionsEnded counts n sessions ended for reason.
+func (m *Metrics) sessionsEnded(reason string, n int) {
+	if m != nil && n > 0 {
+		m.sessionsEnd.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+// watchSessionMemory publishes how many sessions this process holds in
+// memory (f is read at each scrape).
+func (m *Metrics) watchSessionMemory(f func() int) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemgate", Name: "http_sessions_in_memory",
+		Help: "Streamable HTTP sessions this process holds in memory (initialized here and not yet ended)."},
+		func() float64 { return float64(f()) }))
 }
 
 // Handler serves the metrics in the Prometheus text format.

@@ -153,6 +153,10 @@ func clientInfo(ctx context.Context) (string, string) {
 	if info := mcpserver.RequestProtocolInfoFromContext(ctx); info != nil && info.ClientInfo != nil {
 		return clip(info.ClientInfo.Name), clip(info.ClientInfo.Version)
 	}
+	// An HTTP session's client, from the ledger: known on every process.
+	if name, version, ok := sessionClientOf(ctx); ok {
+		return clip(name), clip(version)
+	}
 	if cs, ok := mcpserver.ClientSessionFromContext(ctx).(mcpserver.SessionWithClientInfo); ok {
 		ci := cs.GetClientInfo()
 		return clip(ci.Name), clip(ci.Version)
