@@ -17,6 +17,18 @@ var (
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
 	keySchemaVersion = []byte("schema_version")
+	keyMagic         = []byte("magic")        // ledgerMagic, written only when the file is created
+	keyCreatedAt     = []byte("created_at")   // RFC 3339, when the file was created
+	keyHealthProbe   = []byte("health_probe") // RFC 3339, the newest health probe commit
 )
+
+// ledgerMagic marks a bbolt file as an idemgate ledger (meta/magic). A
+// file without it is refused unless it has the exact shape of a ledger
+// written before the magic existed (see openSchema).
+const ledgerMagic = "idemgate-ledger"
+
+// legacyCore are buckets every ledger of schema version 1 has, with or
+// without the magic.
+var legacyCore = []string{"meta", "records", "by_time", "audit"}
 
 var allBuckets = [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketData, bucketApprovals, bucketPending, bucketOpen}
