@@ -82,7 +82,17 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		// --principal/--tenant/--role of stdio do not apply.
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Tokens: tokens, Metrics: metrics, Logger: logger,
-			Ready: func(ctx context.Context) error { return store.View(ctx, func(ledger.Tx) error { return nil }) },
+			Health: func(ctx context.Context) (bool, any) {
+				h := store.Health(ctx)
+				status := "ok"
+				if !h.OK {
+					status = "unavailable"
+				}
+				return h.OK, struct {
+					Status string        `json:"status"`
+					Ledger ledger.Health `json:"ledger"`
+				}{status, h}
+			},
 		})
 		err = server.ServeHTTP(ctx, h, *httpAddr, logger)
 	} else {

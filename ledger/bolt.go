@@ -99,6 +99,11 @@ const (
 )
 
 func openBolt(path string, opts Options, mode openMode, mayCreate bool) (*BoltStore, error) {
+	if !mayCreate {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, noLedgerError(path) // before any lock file is created beside it
+		}
+	}
 	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{}), readOnly: mode == openReadOnly, path: path}
 	h, err := newHandle(path, s.readOnly, mayCreate, func(db *bolt.DB, first bool) error { return openSchema(path, db, s.readOnly, first) })
 	if err != nil {

@@ -22,8 +22,8 @@ import (
 //
 // A reader (a read-only open) takes the turn shared, so readers do not
 // wait for each other, and yields to a waiting writer like any holder.
-// Where the lock files cannot be created (a read-only directory) a reader
-// opens them read-only if they exist, and otherwise goes without: bbolt's
+// A reader creates no file: it opens the lock files read-only if they
+// exist (a read-only directory works), and otherwise goes without: bbolt's
 // own shared flock on the ledger file still keeps writers out while it
 // reads.
 type fileLock struct {
@@ -44,13 +44,12 @@ func openFileLock(dbPath string, readOnly bool) (*fileLock, error) {
 	return &fileLock{lock: l, wait: w}, nil
 }
 
-// openLockFile opens (creating) one lock file; for a reader in a place it
-// cannot write, it opens an existing one read-only (flock needs no write
-// access) or returns nil.
+// openLockFile opens (creating) one lock file for a writer. A reader
+// creates nothing: it opens an existing lock file read-only (flock needs no
+// write access) or returns nil.
 func openLockFile(name string, readOnly bool) (*os.File, error) {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
-	if err == nil || !readOnly {
-		return f, err
+	if !readOnly {
+		return os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
 	}
 	if f, err := os.Open(name); err == nil {
 		return f, nil

@@ -22,6 +22,9 @@ type HTTPConfig struct {
 	// Ready reports whether the server can serve (the ledger opens); it
 	// backs /healthz.
 	Ready func(ctx context.Context) error
+	// Health, when set, backs /healthz instead of Ready: ok false answers
+	// 503; details is the JSON body.
+	Health func(ctx context.Context) (ok bool, details any)
 }
 
 // maxBody bounds one HTTP request body, like MaxMessageBytes on stdio.
@@ -48,6 +51,15 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) http.Handler {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
+		if cfg.Health != nil {
+			ok, details := cfg.Health(ctx)
+			if !ok {
+				cfg.Logger.Warn("health check", "details", details)
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			json.NewEncoder(w).Encode(details)
+			return
+		}
 		if cfg.Ready != nil {
 			if err := cfg.Ready(ctx); err != nil {
 				cfg.Logger.Warn("health check", "err", err)
