@@ -111,6 +111,7 @@ func refusedByEveryCommand(t *testing.T, db string, want ...string) {
 			}
 		}
 		lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+		t.Logf("%s: %s", name, lines[len(lines)-1])
 		if len(lines) != 1 {
 			t.Errorf("%s: stderr has %d lines, want one:\n%s", name, len(lines), r.Stderr)
 		}

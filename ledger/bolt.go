@@ -64,7 +64,7 @@ const maxBatch = 256
 // one line naming the file and what to do. The file may be opened by
 // several processes at once; each sees every other's committed writes.
 func OpenBolt(path string, opts Options) (*BoltStore, error) {
-	return openBolt(path, opts, openReadWrite, true)
+	return openBolt(path, opts, openReadWrite, true, true)
 }
 
 // OpenBoltReadOnly opens an existing ledger for reading only: the file is
@@ -72,7 +72,7 @@ func OpenBolt(path string, opts Options) (*BoltStore, error) {
 // directory). Every write returns ErrReadOnly; audit entries of calls are
 // dropped.
 func OpenBoltReadOnly(path string, opts Options) (*BoltStore, error) {
-	return openBolt(path, opts, openReadOnly, false)
+	return openBolt(path, opts, openReadOnly, false, true)
 }
 
 // InitBolt creates a new, empty ledger at path. It never touches an
@@ -98,14 +98,16 @@ const (
 	openReadOnly  openMode = true
 )
 
-func openBolt(path string, opts Options, mode openMode, mayCreate bool) (*BoltStore, error) {
+// openBolt opens the store; deep runs the full page check at the first
+// open (files up to deepCheckLimit).
+func openBolt(path string, opts Options, mode openMode, mayCreate, deep bool) (*BoltStore, error) {
 	if !mayCreate {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, noLedgerError(path) // before any lock file is created beside it
 		}
 	}
 	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{}), readOnly: mode == openReadOnly, path: path}
-	h, err := newHandle(path, s.readOnly, mayCreate, func(db *bolt.DB, first bool) error { return openSchema(path, db, s.readOnly, first) })
+	h, err := newHandle(path, s.readOnly, mayCreate, func(db *bolt.DB, first bool) error { return openSchema(path, db, s.readOnly, first && deep) })
 	if err != nil {
 		return nil, err
 	}

@@ -315,7 +315,7 @@ const maxProblems = 50
 // opened file are in the report.
 func Check(path string) (CheckReport, error) {
 	var rep CheckReport
-	s, err := openBolt(path, Options{}, openReadOnly, false)
+	s, err := openBolt(path, Options{}, openReadOnly, false, false) // deepCheck below reports every problem
 	if err != nil {
 		return rep, err
 	}
