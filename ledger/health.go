@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,6 +58,12 @@ type Health struct {
 	MinFreeBytes uint64 `json:"min_free_bytes"`
 }
 
+// healthText is err as one bounded line without the ledger's path (the
+// health body may be served without authentication).
+func (s *BoltStore) healthText(err error) string {
+	return oneLine(strings.ReplaceAll(err.Error(), s.path, "the ledger file"), 300)
+}
+
 // Health reports whether the ledger can be read and can commit. It reads
 // the file, looks at the free space of its filesystem (statfs) and, when
 // the newest commit failed, runs a probe commit (it writes meta/health_probe)
@@ -64,7 +71,7 @@ type Health struct {
 func (s *BoltStore) Health(ctx context.Context) Health {
 	h := Health{OK: true, MinFreeBytes: MinFreeBytes}
 	if err := s.View(ctx, func(Tx) error { return nil }); err != nil {
-		h.OK, h.Problem = false, "the ledger cannot be read: "+oneLine(err.Error(), 300)
+		h.OK, h.Problem = false, "the ledger cannot be read: "+s.healthText(err)
 	}
 	var st syscall.Statfs_t
 	statErr := syscall.Statfs(filepath.Dir(s.path), &st)
@@ -80,7 +87,7 @@ func (s *BoltStore) Health(ctx context.Context) Health {
 		})
 		h.Probe = "ok"
 		if err != nil {
-			h.Probe = oneLine(err.Error(), 300)
+			h.Probe = s.healthText(err)
 			if h.OK {
 				h.OK, h.Problem = false, "the ledger cannot commit: "+h.Probe
 			}
@@ -92,7 +99,7 @@ func (s *BoltStore) Health(ctx context.Context) Health {
 	if !last.at.IsZero() {
 		h.LastCommitAt = &last.at
 		if last.err != nil {
-			h.LastCommitError = oneLine(last.err.Error(), 300)
+			h.LastCommitError = s.healthText(last.err)
 		}
 	}
 	if !lastOK.IsZero() {
