@@ -307,7 +307,7 @@ func TestBackupWhileServing(t *testing.T) {
 		defer wg.Done()
 		for !stop.Load() {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			e, err := s.call(ctx, "create_order", orderArgs(newKey(), "busy", coffee, map[string]any{"notify_customer": false}))
+			e, err := s.call(ctx, "create_order", orderArgs(newKey(), fmt.Sprintf("busy-%d", placed.Load()), coffee, map[string]any{"notify_customer": false}))
 			cancel()
 			if err != nil || e.Status != "succeeded" {
 				t.Errorf("create_order during backup: %v %s", err, e)

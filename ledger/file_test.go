@@ -144,8 +144,7 @@ func TestEmptyFileRefused(t *testing.T) {
 func TestDeletedLedgerIsNotRecreated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	s := mustOpenPath(t, path, Options{})
-	s.h.idleClose = time.Millisecond
-	time.Sleep(50 * time.Millisecond) // the handle closes the idle file
+	time.Sleep(4 * s.h.idleClose) // the handle closes the idle file
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
