@@ -226,6 +226,54 @@ func TestLedgerFileRefused(t *testing.T) {
 	}
 }
 
+// TestUndecodableRecordReported: a ledger whose pages are sound but one
+// record and one audit entry hold bytes that do not decode: the commands
+// that read them fail with one line naming the key or entry, check lists
+// both, nothing panics.
+func TestUndecodableRecordReported(t *testing.T) {
+	db := filledLedger(t, 3)
+	var recKey, auditKey []byte
+	bdb, err := bolt.Open(db, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket([]byte("records")).Cursor().First()
+		recKey = bytes.Clone(k)
+		if err := tx.Bucket([]byte("records")).Put(k, []byte("{\"state\":")); err != nil {
+			return err
+		}
+		k, _ = tx.Bucket([]byte("audit")).Cursor().Last()
+		auditKey = bytes.Clone(k)
+		return tx.Bucket([]byte("audit")).Put(k, []byte("\xff\x00"))
+	})
+	bdb.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := bytes.Cut(recKey, []byte{0})
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ops", "list", "--json", "--tenant", aprTenant}, string(key)},
+		{[]string{"ops", "show", string(key), "--tenant", aprTenant}, string(key)},
+		{[]string{"audit", "verify"}, fmt.Sprintf("%x", auditKey)},
+		{[]string{"audit", "export"}, fmt.Sprintf("%x", auditKey)},
+		{[]string{"check"}, "2 problem(s)"},
+	} {
+		r := runCLI(t, 30*time.Second, append(c.args, "--db", db)...)
+		name := strings.Join(c.args, " ")
+		lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+		if r.Code == 0 || len(lines) != 1 || !strings.Contains(r.Stderr, c.want) || strings.Contains(r.Stderr, "panic") || strings.Contains(r.Stderr, "goroutine") {
+			t.Errorf("%s: exit %d, stderr %q; want one line naming %q", name, r.Code, r.Stderr, c.want)
+		}
+		if c.args[0] == "check" && (!strings.Contains(r.Stdout, string(key)) || !strings.Contains(r.Stdout, fmt.Sprintf("%x", auditKey))) {
+			t.Errorf("check does not list both problems:\n%s", r.Stdout)
+		}
+	}
+}
+
 // TestReadOnlyCommandsNeverWrite: the read commands open the ledger
 // read-only: the file's bytes and modification time are unchanged after
 // each, and they work on a read-only file in a read-only directory without

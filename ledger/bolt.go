@@ -126,7 +126,7 @@ func openBolt(path string, opts Options, mode openMode, mayCreate, deep bool) (*
 // deepCheckLimit bounds the file size for which the first open in a
 // process runs the full page check (deepCheck); bigger files get only the
 // cheap checks at open, and "idemgate check" on demand.
-const deepCheckLimit = 64 << 20
+const deepCheckLimit = 32 << 20
 
 // createLedger writes a new ledger beside path and links it into place,
 // so a ledger file either does not exist or is complete with its identity
