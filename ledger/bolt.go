@@ -499,13 +499,16 @@ func (s *BoltStore) commit(batch []*gcJob) {
 		var carried []AuditEntry
 		carried, audits = audits, nil
 		s.observed = s.observed[:0]
+		fnFailed := false
 		b.err = s.guardedUpdate(db, func(tx *bolt.Tx) error {
 			if err := appendAudit(tx, carried...); err != nil {
 				return err
 			}
-			return b.run(tx, s.path)
+			err := b.run(tx, s.path)
+			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
+			return err
 		})
-		if b.panicked == nil {
+		if !fnFailed { // fn's own error (a refusal) is not a failed commit
 			s.noteCommit(b.err)
 		}
 		if b.err != nil {
