@@ -255,3 +255,35 @@ func TestBackupIsConsistentCopy(t *testing.T) {
 		t.Errorf("VerifyAudit of the backup: %d %v", n, err)
 	}
 }
+
+// TestHealthFollowsCommits: a healthy store is OK; a refused claim is not
+// a failed commit; when commits fail (here: the file was deleted) Health
+// is not OK, with the commit error and a failed probe.
+func TestHealthFollowsCommits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{RequireIssuedKeys: true})
+	ctx := context.Background()
+	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" || h.FreeBytes == 0 || h.Probe != "" {
+		t.Fatalf("healthy store: %+v", h)
+	}
+	if _, err := s.Claim(ctx, newClaim("t1", "create_order", "fp")); !errors.Is(err, ErrKeyNotIssued) {
+		t.Fatalf("claim of an unissued key: %v", err)
+	}
+	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" {
+		t.Fatalf("after a refused claim: %+v", h)
+	}
+	time.Sleep(4 * s.h.idleClose)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.IssueKey(ctx, "t1", "k"); err == nil {
+		t.Fatal("IssueKey succeeded without a ledger file")
+	}
+	h := s.Health(ctx)
+	if h.OK || !strings.Contains(h.LastCommitError, "no ledger file") || !strings.Contains(h.Probe, "no ledger file") || h.Problem == "" {
+		t.Fatalf("with every commit failing: %+v", h)
+	}
+	if strings.Contains(h.LastCommitError, path) {
+		t.Errorf("health names the file's path: %s", h.LastCommitError)
+	}
+}
