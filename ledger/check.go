@@ -221,8 +221,8 @@ func guard(path string, fn func() error) (err error) {
 // as opposed to a bug in a caller's function. It must be called from the
 // deferred function that recovered r.
 func isDamagePanic(r any) bool {
-	if _, ok := r.(interface{ Addr() uintptr }); ok {
-		return true // a fault on the mapped file (debug.SetPanicOnFault)
+	if a, ok := r.(interface{ Addr() uintptr }); ok && a.Addr() >= 4096 {
+		return true // a fault on the mapped file (debug.SetPanicOnFault); not a nil dereference
 	}
 	pc := make([]uintptr, 64)
 	n := runtime.Callers(3, pc)
@@ -247,28 +247,31 @@ func isDamagePanic(r any) bool {
 // deepCheck walks every bucket, key and value of the file (in this
 // goroutine, under guard, so a damaged page is an error and not a crash)
 // and then runs bbolt's own consistency check (Tx.Check). It returns at
-// most max problems.
-func deepCheck(path string, db *bolt.DB, max int) []error {
+// most limit problems.
+func deepCheck(path string, db *bolt.DB, limit int) []error {
 	var problems []error
 	err := guard(path, func() error {
 		return db.View(func(tx *bolt.Tx) error {
+			var sum byte
 			var walk func(b *bolt.Bucket, depth int) error
 			walk = func(b *bolt.Bucket, depth int) error {
 				return b.ForEach(func(k, v []byte) error {
-					touch(k)
+					sum ^= touch(k)
 					if v == nil && depth < 8 {
 						if child := b.Bucket(k); child != nil {
 							return walk(child, depth+1)
 						}
 						return nil
 					}
-					touch(v)
+					sum ^= touch(v)
 					return nil
 				})
 			}
-			return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 				return walk(b, 0)
 			})
+			runtime.KeepAlive(sum) // the reads above must happen
+			return err
 		})
 	})
 	if err != nil {
@@ -276,7 +279,7 @@ func deepCheck(path string, db *bolt.DB, max int) []error {
 	}
 	err = db.View(func(tx *bolt.Tx) error {
 		for e := range tx.Check() {
-			if len(problems) < max {
+			if len(problems) < limit {
 				problems = append(problems, damagedError(path, e.Error()))
 			}
 		}
@@ -288,14 +291,13 @@ func deepCheck(path string, db *bolt.DB, max int) []error {
 	return problems
 }
 
-var sink byte
-
 // touch reads the first and last byte of b, so a slice that points outside
 // the mapped file faults here, under guard.
-func touch(b []byte) {
-	if len(b) > 0 {
-		sink ^= b[0] ^ b[len(b)-1]
+func touch(b []byte) byte {
+	if len(b) == 0 {
+		return 0
 	}
+	return b[0] ^ b[len(b)-1]
 }
 
 // CheckReport is what Check found.
