@@ -33,7 +33,7 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, p)
 	}
 	if n := len(rep.Problems); n > 0 {
-		return fmt.Errorf("ledger %s: %d problem(s) found (listed on stdout): stop every process using it and restore it from a backup", *db, n)
+		return fmt.Errorf("ledger %s: the ledger file is damaged: %d problem(s) found (listed on stdout): stop every process using it and restore it from a backup (see idemgate backup)", *db, n)
 	}
 	fmt.Fprintf(stdout, "ledger %s: ok (%d records, %d audit entries; every page checked)\n", *db, rep.Records, rep.Audit)
 	return nil

@@ -34,6 +34,8 @@ type BoltStore struct {
 	healthMu   sync.Mutex
 	lastCommit commitResult // the newest commit's outcome (see Health)
 	lastOK     time.Time    // when a commit last succeeded
+	probeAt    time.Time    // when Health last probed, and its outcome
+	probeErr   error
 
 	gcMu      sync.Mutex
 	gcQueue   []*gcJob

@@ -33,8 +33,8 @@ type handle struct {
 	// the first open of this handle, and again after a damage was seen.
 	onOpen func(db *bolt.DB, first bool) error
 
-	opened  bool // an open has succeeded
-	checked bool // onOpen ran with first=true and passed
+	opened  bool // an open has succeeded (guarded by mu)
+	checked bool // onOpen ran with first=true and passed (guarded by mu)
 
 	mu       sync.Mutex
 	cond     *sync.Cond

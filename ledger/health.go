@@ -82,9 +82,7 @@ func (s *BoltStore) Health(ctx context.Context) Health {
 	last, lastOK := s.lastCommit, s.lastOK
 	s.healthMu.Unlock()
 	if last.err != nil && !s.readOnly {
-		err := s.update(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketMeta).Put(keyHealthProbe, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
-		})
+		err := s.probe()
 		h.Probe = "ok"
 		if err != nil {
 			h.Probe = s.healthText(err)
@@ -109,4 +107,27 @@ func (s *BoltStore) Health(ctx context.Context) Health {
 		h.OK, h.Problem = false, fmt.Sprintf("only %d bytes free on the ledger's filesystem (below %d)", h.FreeBytes, uint64(MinFreeBytes))
 	}
 	return h
+}
+
+// probeInterval bounds how often health checks probe with a commit; a
+// check within it reuses the last probe's outcome.
+const probeInterval = time.Second
+
+// probe commits a write (meta/health_probe), at most once per
+// probeInterval, and returns its error.
+func (s *BoltStore) probe() error {
+	s.healthMu.Lock()
+	if !s.probeAt.IsZero() && time.Since(s.probeAt) < probeInterval {
+		err := s.probeErr
+		s.healthMu.Unlock()
+		return err
+	}
+	s.healthMu.Unlock()
+	err := s.update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyHealthProbe, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
+	})
+	s.healthMu.Lock()
+	s.probeAt, s.probeErr = time.Now(), err
+	s.healthMu.Unlock()
+	return err
 }
