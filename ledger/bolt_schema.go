@@ -17,7 +17,7 @@ var (
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
 	keySchemaVersion = []byte("schema_version")
-	keyMagic         = []byte("magic")        // ledgerMagic, written only when the file is created
+	keyMagic         = []byte("magic")        // ledgerMagic: written when the file is created, or when a schema-1 ledger of the build before it is first opened writable
 	keyCreatedAt     = []byte("created_at")   // RFC 3339, when the file was created
 	keyHealthProbe   = []byte("health_probe") // RFC 3339, the newest health probe commit
 )
