@@ -63,7 +63,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	if len(*comment) > 1000 {
 		return usageError{fmt.Errorf("--comment is %d characters; at most 1000", len(*comment))}
 	}
-	store, svc, err := lf.openService(*outbox, 0, quietLogger(stderr))
+	store, svc, err := lf.openServiceMode(sub == "list" || sub == "show", *outbox, 0, quietLogger(stderr))
 	if err != nil {
 		return err
 	}

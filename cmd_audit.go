@@ -27,7 +27,7 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	if *n < 1 || *n > 10000 {
 		return usageError{fmt.Errorf("-n must be 1-10000, got %d", *n)}
 	}
-	store, err := lf.open()
+	store, err := lf.openReadOnly()
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func stats(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	store, err := lf.open()
+	store, err := lf.openReadOnly()
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	if *limit < 1 || *limit > 10000 {
 		return usageError{fmt.Errorf("--limit must be 1-10000, got %d", *limit)}
 	}
-	store, err := lf.open()
+	store, err := lf.openReadOnly()
 	if err != nil {
 		return err
 	}

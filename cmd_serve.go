@@ -133,7 +133,17 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: *bodyTimeout,
-			Ready: func(ctx context.Context) error { return store.View(ctx, func(ledger.Tx) error { return nil }) },
+			Health: func(ctx context.Context) (bool, any) {
+				h := store.Health(ctx)
+				status := "ok"
+				if !h.OK {
+					status = "unavailable"
+				}
+				return h.OK, struct {
+					Status string        `json:"status"`
+					Ledger ledger.Health `json:"ledger"`
+				}{status, h}
+			},
 		})
 		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
 	} else {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -63,7 +64,19 @@ type settings struct {
 	fs      *flag.FlagSet
 	file    fileConfig              // after load: the file with the set flags applied
 	observe func(ledger.AuditEntry) // metrics hook, when metrics are served
+
+	readOnlySink bool // the service delivers nothing (a read-only command)
 }
+
+// readOnlySink is the notification sink of a read-only command: it
+// delivers nothing and creates nothing.
+type readOnlySink struct{}
+
+func (readOnlySink) Deliver(context.Context, *tools.Message) error {
+	return errors.New("a read-only command delivers no notifications")
+}
+
+func (readOnlySink) Flush() error { return nil }
 
 func (l *settings) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger file (bbolt); shared safely by several processes (env IDEMGATE_DB)")
@@ -152,12 +165,27 @@ func (l *settings) load() error {
 // notification sink (webhook gateway, or files in outboxDir, by default
 // "outbox" beside the ledger). The caller closes the store.
 func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
-	store, err := l.open()
+	return l.openServiceMode(false, outboxDir, wait, logger)
+}
+
+// openServiceMode is openService, with the ledger opened read-only when
+// readOnly is set (approvals list and show): the store never writes, and
+// the notification sink refuses to deliver rather than create its
+// directory.
+func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+	open := l.open
+	if readOnly {
+		open = l.openReadOnly
+	}
+	store, err := open()
 	if err != nil {
 		return nil, nil, err
 	}
 	if outboxDir == "" {
 		outboxDir = filepath.Join(filepath.Dir(l.db), "outbox")
+	}
+	if readOnly {
+		l.readOnlySink = true
 	}
 	svc, err := l.service(store, outboxDir, wait, logger)
 	if err != nil {
@@ -192,6 +220,9 @@ func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.
 			return nil, usageError{err}
 		}
 		opts.Sink = sink
+	}
+	if l.readOnlySink {
+		opts.Sink = readOnlySink{}
 	}
 	return tools.New(store, v, opts)
 }

@@ -35,6 +35,10 @@ Usage:
                                   reliability numbers: duplicates, replays, unknown outcomes, retries
   idemgate audit verify|tail|export
                                   check the audit hash chain, print recent entries, or export it as JSON lines
+  idemgate init [--db PATH]       create a new, empty ledger file (never overwrites one)
+  idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
+  idemgate backup FILE [--db PATH]
+                                  write a consistent copy of the ledger, while servers run
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
@@ -69,6 +73,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = settleCmd(args[0], args[1:], stdout, stderr)
 	case "tokens":
 		err = tokensCmd(args[1:], stdout, stderr)
+	case "init":
+		err = initCmd(args[1:], stdout, stderr)
+	case "check":
+		err = checkCmd(args[1:], stdout, stderr)
+	case "backup":
+		err = backupCmd(args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -94,6 +104,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 type usageError struct{ error }
 
+// open opens the ledger for reading and writing, creating a new one only
+// where no file exists (see ledger.OpenBolt).
 func (l *settings) open() (*ledger.BoltStore, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
@@ -104,11 +116,28 @@ func (l *settings) open() (*ledger.BoltStore, error) {
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
-	return ledger.OpenBolt(l.db, ledger.Options{
+	return ledger.OpenBolt(l.db, l.ledgerOptions())
+}
+
+// openReadOnly opens an existing ledger for reading only: the file is
+// opened read-only and never written, nothing is created (see
+// ledger.OpenBoltReadOnly). The read commands use it.
+func (l *settings) openReadOnly() (*ledger.BoltStore, error) {
+	if l.db == "" {
+		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	if err := l.load(); err != nil {
+		return nil, err
+	}
+	return ledger.OpenBoltReadOnly(l.db, l.ledgerOptions())
+}
+
+func (l *settings) ledgerOptions() ledger.Options {
+	return ledger.Options{
 		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
 		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
 		ApprovalTTL: l.file.ApprovalTTL.Duration, Lease: l.lease, Observe: l.observe,
-	})
+	}
 }
 
 // defaultDB is the ledger file in the user's data directory.

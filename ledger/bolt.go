@@ -9,8 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,9 +27,17 @@ import (
 // goroutines are committed together (group commit: one fsync for many
 // claims); reads never write, so a replay costs no fsync.
 type BoltStore struct {
-	opts  Options
-	h     *handle
-	owner string // lease owner id of this process's claims
+	opts     Options
+	h        *handle
+	owner    string // lease owner id of this process's claims
+	path     string
+	readOnly bool
+
+	healthMu   sync.Mutex
+	lastCommit commitResult // the newest commit's outcome (see Health)
+	lastOK     time.Time    // when a commit last succeeded
+	probeAt    time.Time    // when Health last probed, and its outcome
+	probeErr   error
 
 	gcMu      sync.Mutex
 	gcQueue   []*gcJob
@@ -51,74 +63,249 @@ const auditFlushInterval = 200 * time.Millisecond
 // maxBatch bounds the claims committed in one transaction.
 const maxBatch = 256
 
-// OpenBolt opens (creating if needed) the ledger file at path. The parent
-// directory must exist. The file may be opened by several processes at
-// once; each sees every other's committed writes.
+// OpenBolt opens the ledger file at path for reading and writing, creating
+// a new ledger only where no file exists (the parent directory must
+// exist). It refuses an empty file (ErrEmptyFile), a file that is not an
+// idemgate ledger (ErrNotLedger) and a damaged one (ErrDamaged), each with
+// one line naming the file and what to do. The file may be opened by
+// several processes at once; each sees every other's committed writes.
 func OpenBolt(path string, opts Options) (*BoltStore, error) {
-	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{})}
-	h, err := newHandle(path, initSchema)
+	return openBolt(path, opts, openReadWrite, true, true)
+}
+
+// OpenBoltReadOnly opens an existing ledger for reading only: the file is
+// opened O_RDONLY and never written (it may be read-only, in a read-only
+// directory). Every write returns ErrReadOnly; audit entries of calls are
+// dropped.
+func OpenBoltReadOnly(path string, opts Options) (*BoltStore, error) {
+	return openBolt(path, opts, openReadOnly, false, true)
+}
+
+// InitBolt creates a new, empty ledger at path. It never touches an
+// existing file: where one exists (even an empty one) it returns ErrExists.
+func InitBolt(path string) error {
+	if _, err := os.Lstat(path); err == nil {
+		return &fileError{kind: ErrExists, path: path, todo: "idemgate init never overwrites a file; remove it first if it should be replaced"}
+	}
+	if err := createLedger(path); err != nil {
+		return err
+	}
+	s, err := OpenBolt(path, Options{})
+	if err != nil {
+		return err
+	}
+	return s.Close()
+}
+
+type openMode bool
+
+const (
+	openReadWrite openMode = false
+	openReadOnly  openMode = true
+)
+
+// openBolt opens the store; deep runs the full page check at the first
+// open (files up to deepCheckLimit).
+func openBolt(path string, opts Options, mode openMode, mayCreate, deep bool) (*BoltStore, error) {
+	if !mayCreate {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, noLedgerError(path) // before any lock file is created beside it
+		}
+	}
+	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{}), readOnly: mode == openReadOnly, path: path}
+	h, err := newHandle(path, s.readOnly, mayCreate, func(db *bolt.DB, first bool) error { return openSchema(path, db, s.readOnly, first && deep) })
 	if err != nil {
 		return nil, err
 	}
 	s.h = h
-	// Open once now so a bad path or a newer schema fails here, not at the
-	// first tool call.
-	db, err := h.acquire()
-	if err != nil {
+	// Open once now so a bad path, a foreign file or a newer schema fails
+	// here, not at the first tool call.
+	if _, err := h.acquire(); err != nil {
 		h.close()
 		return nil, err
 	}
-	_ = db
 	h.release()
 	go s.flushLoop()
 	return s, nil
 }
 
-// initSchema creates the buckets of a new file and refuses a file of an
-// unknown schema version. It runs at every open; on an initialised file it
-// is one read transaction.
-func initSchema(db *bolt.DB) error {
-	var version []byte
-	missing := false
-	if err := db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketMeta); b != nil {
-			version = bytes.Clone(b.Get(keySchemaVersion))
-		}
-		for _, name := range allBuckets {
-			missing = missing || tx.Bucket(name) == nil
-		}
-		if b := tx.Bucket(bucketAudit); b != nil && !missing {
-			if k, _ := b.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) > auditIndexed(tx) {
-				missing = true // audit entries the per-key index lacks
-			}
-		}
-		return nil
-	}); err != nil {
-		return err
+// deepCheckLimit bounds the file size for which the first open in a
+// process runs the full page check (deepCheck); bigger files get only the
+// cheap checks at open, and "idemgate check" on demand.
+const deepCheckLimit = 32 << 20
+
+// createLedger writes a new ledger beside path and links it into place,
+// so a ledger file either does not exist or is complete with its identity
+// (a crash half-way leaves only a temporary file). It returns ErrExists if
+// another process created path first.
+func createLedger(path string) error {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
 	}
-	if version != nil {
-		v, err := strconv.Atoi(string(version))
-		if err != nil || v > boltSchemaVersion {
-			return fmt.Errorf("%w: file has %q, this build reads up to %d", ErrSchemaVersion, version, boltSchemaVersion)
-		}
+	tmp, err := os.CreateTemp(dir, "."+base+".new-*")
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
 	}
-	if version != nil && !missing {
-		return nil
+	name := tmp.Name()
+	tmp.Close()
+	os.Remove(name) // bbolt initialises a file it creates itself
+	defer os.Remove(name)
+	db, err := bolt.Open(name, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
 	}
-	// A new file, or one written before a bucket was added.
-	return db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
 		}
-		// A file written before the per-key audit index: index its log.
-		if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); k != nil {
-			if err := indexAudit(tx, binary.BigEndian.Uint64(k)); err != nil {
+		m := tx.Bucket(bucketMeta)
+		if err := m.Put(keyMagic, []byte(ledgerMagic)); err != nil {
+			return err
+		}
+		if err := m.Put(keyCreatedAt, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+			return err
+		}
+		return m.Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	if err := os.Link(name, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ErrExists
+		}
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // the new name is durable
+		d.Close()
+	}
+	return nil
+}
+
+// openSchema runs at every open. It refuses a file that is not an idemgate
+// ledger and a file of a newer schema version, and checks that the file's
+// pages are sound: cheaply at every open (precheck ran before), and in
+// full (deepCheck) at the first open of a file up to deepCheckLimit. A
+// writable open adds the buckets of this build that the file lacks.
+//
+// A ledger is recognised by meta/magic, written when the file is created.
+// Files created before the magic existed (schema version 1) are recognised
+// by their exact shape: every top-level bucket is one of idemgate's, the
+// core buckets exist, and the meta bucket holds schema_version "1" and
+// nothing else. Anything else is another program's file, and nothing in it
+// is changed.
+func openSchema(path string, db *bolt.DB, readOnly, first bool) error {
+	var (
+		version  []byte
+		magic    []byte
+		missing  []string
+		foreign  []string
+		metaKeys int
+		// unindexed: audit entries past the per-key index's watermark
+		// (written by a build before the index, or by one sharing the file).
+		unindexed bool
+	)
+	err := guard(path, func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if b := tx.Bucket(bucketMeta); b != nil {
+				version = bytes.Clone(b.Get(keySchemaVersion))
+				magic = bytes.Clone(b.Get(keyMagic))
+				metaKeys = b.Stats().KeyN
+			}
+			for _, name := range allBuckets {
+				if tx.Bucket(name) == nil {
+					missing = append(missing, string(name))
+				}
+			}
+			if b := tx.Bucket(bucketAudit); b != nil && tx.Bucket(bucketMeta) != nil {
+				if k, _ := b.Cursor().Last(); len(k) == 8 && binary.BigEndian.Uint64(k) > auditIndexed(tx) {
+					unindexed = true
+				}
+			}
+			return tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+				if !slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) && len(foreign) < 5 {
+					foreign = append(foreign, strconv.Quote(string(name)))
+				}
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case string(magic) == ledgerMagic:
+	case magic != nil:
+		return notLedgerError(path, fmt.Sprintf("its meta bucket holds magic %q", oneLine(string(magic), 40)))
+	case len(foreign) > 0:
+		return notLedgerError(path, "a bbolt file with buckets idemgate does not use: "+strings.Join(foreign, ", "))
+	case version == nil:
+		return notLedgerError(path, "a bbolt file without idemgate's identity")
+	case string(version) == "1" && metaKeys == 1 && !slices.ContainsFunc(missing, func(m string) bool {
+		return slices.Contains(legacyCore, m)
+	}):
+		// A ledger of the build before the magic: a writable open marks it,
+		// so later builds (which may add keys to meta) still know it.
+		if !readOnly {
+			if err := guard(path, func() error {
+				return db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyMagic, []byte(ledgerMagic)) })
+			}); err != nil {
 				return err
 			}
 		}
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
+	case string(version) != "1" && metaKeys == 1:
+		// schema version checked below
+	default:
+		return notLedgerError(path, "a bbolt file whose meta bucket is not idemgate's")
+	}
+	v, err := strconv.Atoi(string(version))
+	if err != nil || v > boltSchemaVersion || v < 1 {
+		return fmt.Errorf("%w: %s has %q, this build reads up to %d", ErrSchemaVersion, path, version, boltSchemaVersion)
+	}
+	if first {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if fi.Size() <= deepCheckLimit {
+			if problems := deepCheck(path, db, 1); len(problems) > 0 {
+				return problems[0]
+			}
+		}
+	}
+	if len(missing) == 0 && !unindexed {
+		return nil
+	}
+	if readOnly {
+		// Readers cope without the per-key audit index (AuditForKey then
+		// scans the log), so a file of the build before it is readable.
+		missing = slices.DeleteFunc(missing, func(m string) bool { return m == string(bucketAuditByKey) })
+		if len(missing) == 0 {
+			return nil
+		}
+		return fmt.Errorf("ledger %s lacks the buckets %s (written by an older idemgate): open it once with idemgate serve to add them", path, strings.Join(missing, ", "))
+	}
+	// A ledger written before a bucket, or the per-key audit index, was
+	// added.
+	return guard(path, func() error {
+		return db.Update(func(tx *bolt.Tx) error {
+			for _, name := range allBuckets {
+				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+					return err
+				}
+			}
+			if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
+				return indexAudit(tx, binary.BigEndian.Uint64(k))
+			}
+			return nil
+		})
 	})
 }
 
@@ -152,6 +339,9 @@ func (s *BoltStore) flushLoop() {
 }
 
 func (s *BoltStore) flushAudit() error {
+	if s.readOnly {
+		return nil
+	}
 	s.auditMu.Lock()
 	empty := len(s.auditBuf) == 0
 	s.auditMu.Unlock()
@@ -167,6 +357,9 @@ func (s *BoltStore) flushAudit() error {
 func (s *BoltStore) Audit(e AuditEntry) {
 	if e.At.IsZero() {
 		e.At = s.opts.Now()
+	}
+	if s.readOnly {
+		return // a read-only store never writes: the entry is dropped
 	}
 	s.auditMu.Lock()
 	s.auditBuf = append(s.auditBuf, e)
@@ -193,14 +386,19 @@ func (s *BoltStore) restoreAudit(b []AuditEntry) {
 	s.auditMu.Unlock()
 }
 
-// view runs fn in a read-only transaction.
+// view runs fn in a read-only transaction. A fault or a bbolt panic on a
+// damaged page is returned as ErrDamaged (see guard), never a crash.
 func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
 	db, err := s.h.acquire()
 	if err != nil {
 		return err
 	}
 	defer s.h.release()
-	return db.View(fn)
+	err = guard(s.path, func() error { return db.View(fn) })
+	if errors.Is(err, ErrDamaged) {
+		s.h.damaged()
+	}
+	return err
 }
 
 type gcJob struct {
@@ -211,11 +409,17 @@ type gcJob struct {
 }
 
 // run calls j.fn, turning a panic into an error so the batch is rolled
-// back and the lead is handed over; update re-panics in j's caller.
-func (j *gcJob) run(tx *bolt.Tx) (err error) {
+// back and the lead is handed over; update re-panics in j's caller. A
+// panic raised by bbolt on a damaged page (or a fault on the mapped file)
+// is not re-raised: it is the error ErrDamaged.
+func (j *gcJob) run(tx *bolt.Tx, path string) (err error) {
 	j.panicked = nil // a re-run alone may succeed where the batch panicked
 	defer func() {
 		if r := recover(); r != nil {
+			if isDamagePanic(r) {
+				err = damagedError(path, fmt.Sprint(r))
+				return
+			}
 			j.panicked = r
 			err = fmt.Errorf("ledger: panic in transaction: %v", r)
 		}
@@ -234,6 +438,9 @@ var errBatchRetry = errors.New("ledger: batch member failed")
 // commit running leads; when its batch is committed it hands the lead to the
 // next waiter, so no caller waits for more than one commit beyond its own.
 func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
+	if s.readOnly {
+		return ErrReadOnly
+	}
 	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
 	s.gcMu.Lock()
 	s.gcQueue = append(s.gcQueue, j)
@@ -278,22 +485,26 @@ func (s *BoltStore) commit(batch []*gcJob) {
 		for _, b := range batch {
 			b.err = err
 		}
+		s.noteCommit(err)
 		return
 	}
 	defer s.h.release()
 	audits := s.takeAudit()
 	s.observed = s.observed[:0]
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = s.guardedUpdate(db, func(tx *bolt.Tx) error {
 		if err := appendAudit(tx, audits...); err != nil {
 			return err
 		}
 		for _, b := range batch {
-			if b.err = b.run(tx); b.err != nil {
+			if b.err = b.run(tx, s.path); b.err != nil {
 				return errBatchRetry
 			}
 		}
 		return nil
 	})
+	if !errors.Is(err, errBatchRetry) {
+		s.noteCommit(err)
+	}
 	switch {
 	case err == nil:
 		s.observe()
@@ -312,12 +523,18 @@ func (s *BoltStore) commit(batch []*gcJob) {
 		var carried []AuditEntry
 		carried, audits = audits, nil
 		s.observed = s.observed[:0]
-		b.err = db.Update(func(tx *bolt.Tx) error {
+		fnFailed := false
+		b.err = s.guardedUpdate(db, func(tx *bolt.Tx) error {
 			if err := appendAudit(tx, carried...); err != nil {
 				return err
 			}
-			return b.run(tx)
+			err := b.run(tx, s.path)
+			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
+			return err
 		})
+		if !fnFailed { // fn's own error (a refusal) is not a failed commit
+			s.noteCommit(b.err)
+		}
 		if b.err != nil {
 			audits = carried
 		} else {
@@ -325,6 +542,17 @@ func (s *BoltStore) commit(batch []*gcJob) {
 		}
 	}
 	s.restoreAudit(audits)
+}
+
+// guardedUpdate runs db.Update under guard: a fault or a bbolt panic on a
+// damaged page becomes ErrDamaged and the file is checked again at its
+// next open.
+func (s *BoltStore) guardedUpdate(db *bolt.DB, fn func(*bolt.Tx) error) error {
+	err := guard(s.path, func() error { return db.Update(fn) })
+	if errors.Is(err, ErrDamaged) {
+		s.h.damaged()
+	}
+	return err
 }
 
 // appendObserved appends entries written by a transition; Options.Observe
@@ -1517,10 +1745,14 @@ func (s *BoltStore) AuditForKey(ctx context.Context, tenant, key string, limit i
 		audit := tx.Bucket(bucketAudit)
 		var seqs []uint64
 		prefix := recordKey(tenant, key+"\x00")
-		c := tx.Bucket(bucketAuditByKey).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(k) == len(prefix)+8 {
-				seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+		// A file of the build before the index, opened read-only, has no
+		// index bucket: its watermark is 0, so the scan below reads it all.
+		if idx := tx.Bucket(bucketAuditByKey); idx != nil {
+			c := idx.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+				if len(k) == len(prefix)+8 {
+					seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+				}
 			}
 		}
 		done := auditIndexed(tx)

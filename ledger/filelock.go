@@ -19,30 +19,58 @@ import (
 // doorbell: a process holds it shared while it waits for its turn, and the
 // holder probes it with a non-blocking exclusive lock to learn that someone
 // is waiting.
+//
+// A reader (a read-only open) takes the turn shared, so readers do not
+// wait for each other, and yields to a waiting writer like any holder.
+// A reader creates no file: it opens the lock files read-only if they
+// exist (a read-only directory works), and otherwise goes without: bbolt's
+// own shared flock on the ledger file still keeps writers out while it
+// reads.
 type fileLock struct {
-	lock *os.File
+	lock *os.File // nil: no lock files (read-only directory)
 	wait *os.File
 }
 
-func openFileLock(dbPath string) (*fileLock, error) {
-	l, err := os.OpenFile(dbPath+".lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
+func openFileLock(dbPath string, readOnly bool) (*fileLock, error) {
+	l, err := openLockFile(dbPath+".lock", readOnly)
+	if err != nil || l == nil {
+		return &fileLock{}, err
 	}
-	w, err := os.OpenFile(dbPath+".wait", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
+	w, err := openLockFile(dbPath+".wait", readOnly)
+	if err != nil || w == nil {
 		l.Close()
-		return nil, err
+		return &fileLock{}, err
 	}
 	return &fileLock{lock: l, wait: w}, nil
 }
 
-// acquire blocks until this process holds the turn.
-func (f *fileLock) acquire() error {
+// openLockFile opens (creating) one lock file for a writer. A reader
+// creates nothing: it opens an existing lock file read-only (flock needs no
+// write access) or returns nil.
+func openLockFile(name string, readOnly bool) (*os.File, error) {
+	if !readOnly {
+		return os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+	}
+	if f, err := os.Open(name); err == nil {
+		return f, nil
+	}
+	return nil, nil
+}
+
+// acquire blocks until this process holds the turn: exclusive for a
+// writer, shared for a reader.
+func (f *fileLock) acquire(shared bool) error {
+	if f.lock == nil {
+		return nil
+	}
 	if err := flock(f.wait, syscall.LOCK_SH); err != nil {
 		return err
 	}
-	err := flock(f.lock, syscall.LOCK_EX)
+	how := syscall.LOCK_EX
+	if shared {
+		how = syscall.LOCK_SH
+	}
+	err := flock(f.lock, how)
 	if uerr := flock(f.wait, syscall.LOCK_UN); err == nil {
 		err = uerr
 	}
@@ -50,10 +78,18 @@ func (f *fileLock) acquire() error {
 }
 
 // release gives the turn up.
-func (f *fileLock) release() error { return flock(f.lock, syscall.LOCK_UN) }
+func (f *fileLock) release() error {
+	if f.lock == nil {
+		return nil
+	}
+	return flock(f.lock, syscall.LOCK_UN)
+}
 
 // othersWaiting reports whether another process waits for the turn.
 func (f *fileLock) othersWaiting() bool {
+	if f.lock == nil {
+		return false
+	}
 	err := flock(f.wait, syscall.LOCK_EX|syscall.LOCK_NB)
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return true
@@ -65,6 +101,9 @@ func (f *fileLock) othersWaiting() bool {
 }
 
 func (f *fileLock) close() error {
+	if f.lock == nil {
+		return nil
+	}
 	return errors.Join(f.lock.Close(), f.wait.Close())
 }
 

@@ -3,10 +3,13 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterr "go.etcd.io/bbolt/errors"
 )
 
 // handle shares one bbolt file between processes. The file is open only
@@ -21,7 +24,17 @@ type handle struct {
 	lock      *fileLock
 	idleClose time.Duration
 	poll      time.Duration
-	onOpen    func(*bolt.DB) error // runs once per open, before any transaction
+	readOnly  bool // bbolt ReadOnly: the file is opened O_RDONLY and never written
+	// mayCreate: the first open may create a new ledger where no file
+	// exists. Later opens never do: a ledger deleted under a running
+	// process must not come back empty.
+	mayCreate bool
+	// onOpen runs once per open, before any transaction; first is true for
+	// the first open of this handle, and again after a damage was seen.
+	onOpen func(db *bolt.DB, first bool) error
+
+	opened  bool // an open has succeeded (guarded by mu)
+	checked bool // onOpen ran with first=true and passed (guarded by mu)
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -34,12 +47,12 @@ type handle struct {
 	pollDone chan struct{}
 }
 
-func newHandle(path string, onOpen func(*bolt.DB) error) (*handle, error) {
-	l, err := openFileLock(path)
+func newHandle(path string, readOnly, mayCreate bool, onOpen func(*bolt.DB, bool) error) (*handle, error) {
+	l, err := openFileLock(path, readOnly)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: lock file beside %s: %w", path, err)
 	}
-	h := &handle{path: path, lock: l, idleClose: 50 * time.Millisecond, poll: time.Millisecond, onOpen: onOpen}
+	h := &handle{path: path, lock: l, idleClose: 50 * time.Millisecond, poll: time.Millisecond, onOpen: onOpen, readOnly: readOnly, mayCreate: mayCreate}
 	h.cond = sync.NewCond(&h.mu)
 	return h, nil
 }
@@ -84,23 +97,95 @@ func (h *handle) acquire() (*bolt.DB, error) {
 }
 
 func (h *handle) open() (*bolt.DB, error) {
-	if err := h.lock.acquire(); err != nil {
+	if err := h.lock.acquire(h.readOnly); err != nil {
 		return nil, fmt.Errorf("ledger: lock %s: %w", h.path, err)
 	}
+	db, err := h.openLocked()
+	if err != nil {
+		h.lock.release()
+		var fe *fileError
+		if !errors.As(err, &fe) {
+			err = fmt.Errorf("ledger: open %s: %w", h.path, err)
+		}
+		return nil, err
+	}
+	return db, nil
+}
+
+// openLocked opens the file while this process holds the turn: it creates
+// a new ledger where none exists (first open only, when allowed), checks
+// the file before bbolt maps it (precheck), opens it, and runs onOpen.
+func (h *handle) openLocked() (*bolt.DB, error) {
+	h.mu.Lock()
+	first, create := !h.checked, h.mayCreate && !h.opened
+	h.mu.Unlock()
+	if _, err := os.Stat(h.path); errors.Is(err, fs.ErrNotExist) {
+		if !create {
+			return nil, noLedgerError(h.path)
+		}
+		if err := createLedger(h.path); err != nil && !errors.Is(err, ErrExists) {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	if err := precheck(h.path); err != nil {
+		return nil, err
+	}
+	var file *os.File
 	// Our own lock already serialises processes, so bbolt's flock never
 	// waits; the timeout only guards against a foreign process holding the
 	// file (an old idemgate, a bbolt tool).
-	db, err := bolt.Open(h.path, 0o600, &bolt.Options{Timeout: 10 * time.Second})
-	if err == nil && h.onOpen != nil {
-		if err = h.onOpen(db); err != nil {
+	opts := &bolt.Options{Timeout: 10 * time.Second, ReadOnly: h.readOnly, PreLoadFreelist: true,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			flag &^= os.O_CREATE // precheck saw the file; never create one here
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		}}
+	var db *bolt.DB
+	err := guard(h.path, func() error {
+		var err error
+		db, err = bolt.Open(h.path, 0o600, opts)
+		return err
+	})
+	if err != nil {
+		if db == nil && file != nil {
+			file.Close() // bbolt panicked half-way: release its flock
+		}
+		if errors.Is(err, bolterr.ErrInvalid) || errors.Is(err, bolterr.ErrVersionMismatch) {
+			return nil, notLedgerError(h.path, err.Error())
+		}
+		if errors.Is(err, bolterr.ErrChecksum) {
+			return nil, damagedError(h.path, err.Error())
+		}
+		return nil, err
+	}
+	if h.onOpen != nil {
+		if err := h.onOpen(db, first); err != nil {
 			db.Close()
+			return nil, err
 		}
 	}
-	if err != nil {
-		h.lock.release()
-		return nil, fmt.Errorf("ledger: open %s: %w", h.path, err)
-	}
+	h.mu.Lock()
+	h.opened, h.checked = true, true
+	h.mu.Unlock()
 	return db, nil
+}
+
+// damaged makes the next open check the whole file again (onOpen with
+// first=true), and closes the file as soon as no transaction uses it, so
+// a process that saw a damaged page stops using its mapping.
+func (h *handle) damaged() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checked = false
+	if h.db != nil {
+		h.yielding = true
+		if h.active == 0 {
+			h.closeLocked()
+		}
+	}
 }
 
 // release gives back the database borrowed by acquire.

@@ -38,6 +38,9 @@ type HTTPConfig struct {
 	// BodyTimeout bounds the time to receive one request body
 	// (DefaultBodyTimeout when zero).
 	BodyTimeout time.Duration
+	// Health, when set, backs /healthz instead of Ready: ok false answers
+	// 503; details is the JSON body.
+	Health func(ctx context.Context) (ok bool, details any)
 }
 
 // DefaultBodyTimeout is how long a client may take to send one request
@@ -117,6 +120,15 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
+		if cfg.Health != nil {
+			ok, details := cfg.Health(ctx)
+			if !ok {
+				cfg.Logger.Warn("health check", "details", details)
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			json.NewEncoder(w).Encode(details)
+			return
+		}
 		if cfg.Ready != nil {
 			if err := cfg.Ready(ctx); err != nil {
 				cfg.Logger.Warn("health check", "err", err)

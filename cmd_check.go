@@ -1,0 +1,40 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"idemgate/ledger"
+)
+
+// checkCmd checks the whole ledger file read-only: bbolt's page check and
+// every record and audit entry. Problems go to stdout, one a line; the
+// exit status is 1 when there is any.
+func checkCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	db := dbFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("check takes no arguments, got %q; usage: idemgate check [--db PATH]", fs.Args())}
+	}
+	if *db == "" {
+		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	rep, err := ledger.Check(*db)
+	if err != nil {
+		return err
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintln(stdout, p)
+	}
+	if n := len(rep.Problems); n > 0 {
+		return fmt.Errorf("ledger %s: the ledger file is damaged: %d problem(s) found (listed on stdout): stop every process using it and restore it from a backup (see idemgate backup)", *db, n)
+	}
+	fmt.Fprintf(stdout, "ledger %s: ok (%d records, %d audit entries; every page checked)\n", *db, rep.Records, rep.Audit)
+	return nil
+}

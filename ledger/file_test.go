@@ -1,0 +1,289 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// legacyFile writes a ledger as the build before the magic did: every
+// bucket of schema version 1 and meta holding only schema_version.
+func legacyFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		for _, name := range []string{"meta", "records", "by_time", "expiry", "fp_index", "issued", "audit", "data", "approvals", "pending_approvals", "open"} {
+			if _, err := tx.CreateBucket([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte("1"))
+	})
+	return path
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestLegacyLedgerOpens: a ledger of the previous build (no magic) opens
+// read-only unchanged, and a writable open marks it as a ledger.
+func TestLegacyLedgerOpens(t *testing.T) {
+	path := legacyFile(t)
+	before := readFile(t, path)
+	ro, err := OpenBoltReadOnly(path, Options{})
+	if err != nil {
+		t.Fatalf("read-only open of a schema-1 ledger: %v", err)
+	}
+	if _, err := ro.List(context.Background(), Filter{}); err != nil {
+		t.Fatal(err)
+	}
+	ro.Close()
+	if !bytes.Equal(before, readFile(t, path)) {
+		t.Fatal("a read-only open changed the file")
+	}
+	s := mustOpenPath(t, path, Options{})
+	s.Close()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.View(func(tx *bolt.Tx) error {
+		if got := string(tx.Bucket(bucketMeta).Get(keyMagic)); got != ledgerMagic {
+			t.Errorf("magic after a writable open = %q, want %q", got, ledgerMagic)
+		}
+		return nil
+	})
+}
+
+// TestForeignFileRefusedUntouched: another program's bbolt file, even one
+// with idemgate's bucket names, is refused and not written to.
+func TestForeignFileRefusedUntouched(t *testing.T) {
+	for name, fill := range map[string]func(tx *bolt.Tx) error{
+		"other_buckets": func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucket([]byte("sessions"))
+			if err != nil {
+				return err
+			}
+			return b.Put([]byte("x"), []byte("y"))
+		},
+		"other_meta": func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucket([]byte("meta"))
+			if err != nil {
+				return err
+			}
+			b.Put([]byte("schema_version"), []byte("1"))
+			return b.Put([]byte("owner"), []byte("inventory"))
+		},
+		"empty_bbolt": func(tx *bolt.Tx) error { return nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "other.db")
+			rawUpdate(t, path, fill)
+			before := readFile(t, path)
+			for mode, open := range map[string]func(string, Options) (*BoltStore, error){"OpenBolt": OpenBolt, "OpenBoltReadOnly": OpenBoltReadOnly} {
+				s, err := open(path, Options{})
+				if !errors.Is(err, ErrNotLedger) {
+					if s != nil {
+						s.Close()
+					}
+					t.Fatalf("%s of a foreign file: %v, want ErrNotLedger", mode, err)
+				}
+				if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "idemgate init") {
+					t.Errorf("%s: message does not name the file and what to do: %v", mode, err)
+				}
+			}
+			if !bytes.Equal(before, readFile(t, path)) {
+				t.Error("the foreign file was changed")
+			}
+		})
+	}
+}
+
+// TestEmptyFileRefused: a zero-length file is not made into a new ledger.
+func TestEmptyFileRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenBolt(path, Options{})
+	if !errors.Is(err, ErrEmptyFile) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("OpenBolt of an empty file: %v, want ErrEmptyFile", err)
+	}
+	if fi, _ := os.Stat(path); fi.Size() != 0 {
+		t.Error("the empty file was written")
+	}
+	if err := InitBolt(path); !errors.Is(err, ErrExists) {
+		t.Errorf("InitBolt over an existing file: %v, want ErrExists", err)
+	}
+	os.Remove(path)
+	if err := InitBolt(path); err != nil {
+		t.Fatal(err)
+	}
+	mustOpenPath(t, path, Options{})
+}
+
+// TestDeletedLedgerIsNotRecreated: a ledger file removed while a process
+// has it open is not silently re-created empty at the next transaction.
+func TestDeletedLedgerIsNotRecreated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{})
+	time.Sleep(4 * s.h.idleClose) // the handle closes the idle file
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Claim(context.Background(), newClaim("t1", "create_order", "fp"))
+	if !errors.Is(err, ErrNoLedger) {
+		t.Fatalf("claim after the file was deleted: %v, want ErrNoLedger", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Error("the deleted ledger was re-created")
+	}
+}
+
+// TestReadOnlyStoreNeverWrites: every write of a read-only store fails with
+// ErrReadOnly, and the file is unchanged.
+func TestReadOnlyStoreNeverWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{})
+	s.Close()
+	before := readFile(t, path)
+	ro, err := OpenBoltReadOnly(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	ctx := context.Background()
+	if _, err := ro.Claim(ctx, newClaim("t1", "create_order", "fp")); !errors.Is(err, ErrReadOnly) {
+		t.Errorf("Claim: %v, want ErrReadOnly", err)
+	}
+	if err := ro.IssueKey(ctx, "t1", "k"); !errors.Is(err, ErrReadOnly) {
+		t.Errorf("IssueKey: %v, want ErrReadOnly", err)
+	}
+	ro.Audit(AuditEntry{Event: "call"})
+	if _, err := ro.AuditTail(ctx, 10); err != nil {
+		t.Error(err)
+	}
+	ro.Close()
+	if !bytes.Equal(before, readFile(t, path)) {
+		t.Error("a read-only store changed the file")
+	}
+}
+
+// TestUndecodableRecordIsReported: a record whose bytes are not a record
+// is an error naming its key for List and Get, and a problem for Check,
+// never a panic.
+func TestUndecodableRecordIsReported(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{})
+	ctx := context.Background()
+	if _, err := s.Execute(ctx, newClaim("t1", "create_order", "fp"), (&applier{}).succeed(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	var key []byte
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket(bucketRecords).Cursor().First()
+		key = bytes.Clone(k)
+		return tx.Bucket(bucketRecords).Put(k, []byte("\x00\xffnot json"))
+	})
+	_, keyName, _ := bytes.Cut(key, []byte{0})
+	ro, err := OpenBoltReadOnly(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if _, err := ro.List(ctx, Filter{}); err == nil || !strings.Contains(err.Error(), string(keyName)) {
+		t.Errorf("List over an undecodable record: %v, want an error naming %s", err, keyName)
+	}
+	rep, err := Check(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0].Error(), string(keyName)) {
+		t.Errorf("Check problems %v, want one naming %s", rep.Problems, keyName)
+	}
+}
+
+// TestBackupIsConsistentCopy: Backup writes a copy that opens with the
+// same records, and never overwrites a file.
+func TestBackupIsConsistentCopy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{})
+	ctx := context.Background()
+	for i := range 20 {
+		c := newClaim("t1", "create_order", "fp")
+		c.Key = "k" + string(rune('a'+i))
+		c.Fingerprint = "fp-" + c.Key
+		if _, err := s.Execute(ctx, c, (&applier{}).succeed(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := filepath.Join(t.TempDir(), "copy.db")
+	if _, err := s.Backup(dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Backup(dst); !errors.Is(err, ErrExists) {
+		t.Errorf("second Backup to the same file: %v, want ErrExists", err)
+	}
+	rep, err := Check(dst)
+	if err != nil || len(rep.Problems) > 0 || rep.Records != 20 {
+		t.Fatalf("Check of the backup: %+v %v", rep, err)
+	}
+	c, err := OpenBoltReadOnly(dst, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n, err := c.VerifyAudit(ctx); err != nil || n == 0 {
+		t.Errorf("VerifyAudit of the backup: %d %v", n, err)
+	}
+}
+
+// TestHealthFollowsCommits: a healthy store is OK; a refused claim is not
+// a failed commit; when commits fail (here: the file was deleted) Health
+// is not OK, with the commit error and a failed probe.
+func TestHealthFollowsCommits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, Options{RequireIssuedKeys: true})
+	ctx := context.Background()
+	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" || h.FreeBytes == 0 || h.Probe != "" {
+		t.Fatalf("healthy store: %+v", h)
+	}
+	if _, err := s.Claim(ctx, newClaim("t1", "create_order", "fp")); !errors.Is(err, ErrKeyNotIssued) {
+		t.Fatalf("claim of an unissued key: %v", err)
+	}
+	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" {
+		t.Fatalf("after a refused claim: %+v", h)
+	}
+	time.Sleep(4 * s.h.idleClose)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.IssueKey(ctx, "t1", "k"); err == nil {
+		t.Fatal("IssueKey succeeded without a ledger file")
+	}
+	h := s.Health(ctx)
+	if h.OK || !strings.Contains(h.LastCommitError, "no ledger file") || !strings.Contains(h.Probe, "no ledger file") || h.Problem == "" {
+		t.Fatalf("with every commit failing: %+v", h)
+	}
+	if strings.Contains(h.LastCommitError, path) {
+		t.Errorf("health names the file's path: %s", h.LastCommitError)
+	}
+}
