@@ -106,6 +106,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		metrics = server.NewMetrics()
 		lf.observe = metrics.ObserveAudit
 	}
+	lf.mayCreate = true // a server starts a new ledger where none exists
 	store, svc, err := lf.openService(*outbox, *wait, logger)
 	if err != nil {
 		return err

@@ -66,6 +66,10 @@ type settings struct {
 	observe func(ledger.AuditEntry) // metrics hook, when metrics are served
 
 	readOnlySink bool // the service delivers nothing (a read-only command)
+	// mayCreate lets open create a new ledger where no file exists: only
+	// serve (and init) do; every other command refuses a missing ledger
+	// rather than start an empty one that remembers no key.
+	mayCreate bool
 }
 
 // readOnlySink is the notification sink of a read-only command: it

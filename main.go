@@ -113,6 +113,9 @@ func (l *settings) open() (*ledger.BoltStore, error) {
 	if err := l.load(); err != nil {
 		return nil, err
 	}
+	if !l.mayCreate {
+		return ledger.OpenBoltExisting(l.db, l.ledgerOptions())
+	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}

@@ -408,3 +408,32 @@ func TestBackupWhileServing(t *testing.T) {
 		t.Errorf("the restored ledger lists %d orders of customer first, want 1", len(ids))
 	}
 }
+
+// TestMissingLedgerNotCreated: only serve and init start a new ledger. A
+// command that changes a ledger (approve, resolve, requeue) pointed at a
+// path where none exists refuses, and leaves nothing behind: an empty
+// ledger there would remember no key.
+func TestMissingLedgerNotCreated(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "sub", "ledger.db")
+	for _, args := range [][]string{
+		{"approvals", "approve", "apr_x", "--principal", "boss", "--db", db},
+		{"approvals", "reject", "apr_x", "--principal", "boss", "--db", db},
+		{"resolve", "11111111-2222-4333-8444-555555555555", "--outcome", "succeeded", "--evidence", "call log", "--principal", "boss", "--db", db},
+		{"reconcile", "11111111-2222-4333-8444-555555555555", "--db", db},
+		{"outbox", "requeue", "msg_x", "--db", db},
+		{"ops", "list", "--db", db},
+	} {
+		r := runCLI(t, 10*time.Second, args...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "no ledger file") || !strings.Contains(r.Stderr, "idemgate init") {
+			t.Errorf("%v: exit %d, stderr %q; want a refusal naming idemgate init", args, r.Code, r.Stderr)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("the commands left %d entries behind (first %q); want none", len(entries), entries[0].Name())
+	}
+}

@@ -73,6 +73,13 @@ func OpenBolt(path string, opts Options) (*BoltStore, error) {
 	return openBolt(path, opts, openReadWrite, true, true)
 }
 
+// OpenBoltExisting is OpenBolt for an existing ledger only: where no file
+// exists it returns ErrNoLedger and creates nothing (the commands that
+// change a ledger but should never start one: approvals, resolve, outbox).
+func OpenBoltExisting(path string, opts Options) (*BoltStore, error) {
+	return openBolt(path, opts, openReadWrite, false, true)
+}
+
 // OpenBoltReadOnly opens an existing ledger for reading only: the file is
 // opened O_RDONLY and never written (it may be read-only, in a read-only
 // directory). Every write returns ErrReadOnly; audit entries of calls are
