@@ -202,7 +202,7 @@ func TestConformanceSuite(t *testing.T) {
 	}
 	t.Logf("conformance suite %s against idemgate serve --http:\n  %s", conformanceVersion, strings.Join(summary, "\n  "))
 	if t.Failed() {
-		t.Logf("suite output (end):\n%s", tail(out.String(), 6000))
+		t.Logf("suite output (end):\n%s", tail(out.String(), 2000))
 	}
 }
 
@@ -374,6 +374,36 @@ func tokenProxy(t *testing.T, base, token string) string {
 		srv.Close()
 	})
 	return srv.URL
+}
+
+// TestConformanceJudge: the table's rules — a not-applicable scenario
+// still needs wire-schema-valid, a partly exempt one only those checks, a
+// scenario the table does not name must pass.
+func TestConformanceJudge(t *testing.T) {
+	fail := func(id string) conformanceCheck {
+		return conformanceCheck{ID: id, Status: "FAILURE", ErrorMessage: "boom"}
+	}
+	ok := func(id string) conformanceCheck { return conformanceCheck{ID: id, Status: "SUCCESS"} }
+	for _, tc := range []struct {
+		scenario string
+		checks   []conformanceCheck
+		problems int
+	}{
+		{"ping", []conformanceCheck{ok("ping"), ok(wireSchemaCheck)}, 0},
+		{"ping", []conformanceCheck{fail("ping"), ok(wireSchemaCheck)}, 1},
+		{"ping", nil, 1}, // did not finish
+		{"resources-list", []conformanceCheck{fail("resources-list"), ok(wireSchemaCheck)}, 0},
+		{"resources-list", []conformanceCheck{fail("resources-list"), fail(wireSchemaCheck)}, 1},
+		{"server-stateless", []conformanceCheck{fail("sep-2575-missing-capability-http-400"), ok("other")}, 0},
+		{"server-stateless", []conformanceCheck{fail("sep-2575-missing-capability-http-400"), fail("other")}, 1},
+		{"a-scenario-not-in-the-table", []conformanceCheck{ok("x")}, 0},
+		{"a-scenario-not-in-the-table", []conformanceCheck{fail("x")}, 2}, // the failure, and that it must pass
+	} {
+		line, problems := judgeScenario(tc.scenario, tc.checks)
+		if len(problems) != tc.problems {
+			t.Errorf("%s %v: %d problems %q, want %d (%s)", tc.scenario, tc.checks, len(problems), problems, tc.problems, line)
+		}
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {
