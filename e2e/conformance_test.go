@@ -143,11 +143,12 @@ var conformanceTable = map[string]conformanceExpectation{
 
 // conformanceCheck is one entry of a scenario's checks.json.
 type conformanceCheck struct {
-	ID           string `json:"id"`
-	Name         string `json:"name"`
-	Description  string `json:"description"`
-	Status       string `json:"status"` // SUCCESS, FAILURE, WARNING, SKIPPED, INFO
-	ErrorMessage string `json:"errorMessage"`
+	ID           string          `json:"id"`
+	Name         string          `json:"name"`
+	Description  string          `json:"description"`
+	Status       string          `json:"status"` // SUCCESS, FAILURE, WARNING, SKIPPED, INFO
+	ErrorMessage string          `json:"errorMessage"`
+	Details      json.RawMessage `json:"details"`
 }
 
 // TestConformanceSuite runs every server scenario of the official MCP
@@ -232,7 +233,11 @@ func judgeScenario(name string, checks []conformanceCheck) (string, []string) {
 			if exempt(c.ID) {
 				exemptFailed++
 			} else {
-				problems = append(problems, fmt.Sprintf("check %s failed: %s", c.ID, msg))
+				p := fmt.Sprintf("check %s failed: %s", c.ID, msg)
+				if len(c.Details) > 0 && string(c.Details) != "{}" {
+					p += " (details: " + clip(string(c.Details), 800) + ")"
+				}
+				problems = append(problems, p)
 			}
 		case "WARNING":
 			warnings = append(warnings, fmt.Sprintf("%s: %s", c.ID, msg))
@@ -413,6 +418,14 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// clip returns the first n bytes of s.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // tail returns the last n bytes of s.
