@@ -234,8 +234,9 @@ func judgeScenario(name string, checks []conformanceCheck) (string, []string) {
 				exemptFailed++
 			} else {
 				p := fmt.Sprintf("check %s failed: %s", c.ID, msg)
-				if len(c.Details) > 0 && string(c.Details) != "{}" {
-					p += " (details: " + clip(string(c.Details), 800) + ")"
+				var details bytes.Buffer
+				if json.Compact(&details, c.Details) == nil && details.Len() > 2 {
+					p += " (details: " + clip(details.String(), 800) + ")"
 				}
 				problems = append(problems, p)
 			}
