@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -177,7 +179,7 @@ func TestConformanceSuite(t *testing.T) {
 	tokens := filepath.Join(dir, "tokens.json")
 	token := addToken(t, tokens, "conformance", "conformance", "agent")
 	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
-	proxy := tokenProxy(t, base, token)
+	proxy, proxyFailures := tokenProxy(t, base, token)
 
 	results := filepath.Join(dir, "results")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -192,6 +194,10 @@ func TestConformanceSuite(t *testing.T) {
 	// The suite exits 1 when any check fails, as the not-applicable ones do.
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
 		t.Fatalf("conformance suite: %v\n%s", err, tail(out.String(), 4000))
+	}
+
+	for _, f := range proxyFailures() {
+		t.Errorf("the server did not answer a request the suite sent through the proxy: %s", f)
 	}
 
 	ran, err := conformanceResults(out.String(), results)
@@ -363,19 +369,28 @@ func conformanceTools(t *testing.T) (node, suite string) {
 
 // tokenProxy starts a reverse proxy in front of the idemgate server at
 // base that adds "Authorization: Bearer token" to every request (the
-// suite sends none) and returns its URL. Like most reverse proxies it
-// sends the server's own Host; a request whose Origin is the proxy's own
-// origin reaches the server with the server's own origin (the client is
-// same-origin with the proxy, so with the server behind it). Any other
-// Origin passes unchanged, so the server's Origin check is what the
-// DNS-rebinding scenario tests.
-func tokenProxy(t *testing.T, base, token string) string {
+// suite sends none) and returns its URL, and a function that returns the
+// requests it could not pass on (a server that drops connections). Like
+// most reverse proxies it sends the server's own Host; a request whose
+// Origin is the proxy's own origin reaches the server with the server's
+// own origin (the client is same-origin with the proxy, so with the server
+// behind it). Any other Origin passes unchanged, so the server's Origin
+// check is what the DNS-rebinding scenario tests. Every request gets a
+// connection of its own, so no failure comes from reusing a connection
+// the server was closing.
+func tokenProxy(t *testing.T, base, token string) (string, func() []string) {
 	t.Helper()
 	target, err := url.Parse(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var proxyOrigin string
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.DisableKeepAlives = true
+	var (
+		proxyOrigin string
+		mu          sync.Mutex
+		failures    []string
+	)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -384,7 +399,19 @@ func tokenProxy(t *testing.T, base, token string) string {
 				r.Out.Header.Set("Origin", base)
 			}
 		},
+		Transport:     transport,
 		FlushInterval: -1, // SSE: pass every event on at once
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the suite closed the request (a stream it had read enough of)
+			}
+			mu.Lock()
+			failures = append(failures, fmt.Sprintf("%s %s (Mcp-Method %q): %v", r.Method, r.URL.Path, r.Header.Get("Mcp-Method"), err))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":%q}}`, "test proxy: "+err.Error())
+		},
 	}
 	srv := httptest.NewServer(rp)
 	proxyOrigin = srv.URL
@@ -392,7 +419,11 @@ func tokenProxy(t *testing.T, base, token string) string {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
-	return srv.URL
+	return srv.URL, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(failures)
+	}
 }
 
 // TestConformanceJudge: the table's rules — a not-applicable scenario
