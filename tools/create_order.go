@@ -37,8 +37,8 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 	}
 	sum, err := total(a.Items)
 	if err != nil {
-		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments",
-			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", nextFixRetry)
+		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments,
+			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", NextFixRetry)
 	}
 	preview := approvals.ToMap(a)
 	preview["total_minor"] = sum

@@ -90,11 +90,11 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		c.req.OperationKey = rec.Key
 		return s.ledgerError(c, err)
 	case errors.Is(err, ledger.ErrSelfApproval):
-		return errorResponse(rec.Key, ledger.StateAwaitingApproval, "forbidden",
-			"You requested this operation yourself; another approver must decide it.", nextDoNotRetry)
+		return errorResponse(rec.Key, ledger.StateAwaitingApproval, CodeForbidden,
+			"You requested this operation yourself; another approver must decide it.", NextDoNotRetry)
 	case errors.Is(err, ledger.ErrApprovalExpired):
 		r := fromRecord(d.Record)
-		r.Error = &ledger.OpError{Code: "approval_required", Message: "This approval expired before your decision; the operation was rejected (approval_expired) and nothing ran. The requester must ask again under a new operation_key if it is still wanted."}
+		r.Error = opError(CodeApprovalRequired, "This approval expired before your decision; the operation was rejected (approval_expired) and nothing ran. The requester must ask again under a new operation_key if it is still wanted.")
 		r.IsError = true
 		return r
 	case errors.Is(err, ledger.ErrAlreadyDecided):
@@ -108,6 +108,6 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 }
 
 func notFoundApproval(id string) *Response {
-	return errorResponse("", ledger.StateRejected, "not_found",
-		"There is no approval "+id+" in your tenant. list_pending_approvals shows the pending ones.", nextFixRetry)
+	return errorResponse("", ledger.StateRejected, CodeNotFound,
+		"There is no approval "+id+" in your tenant. list_pending_approvals shows the pending ones.", NextFixRetry)
 }

@@ -19,9 +19,9 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 	key := c.req.Args["operation_key"].(string)
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return errorResponse(key, ledger.StateRejected, "not_found",
+		return errorResponse(key, ledger.StateRejected, CodeNotFound,
 			"No operation with this operation_key exists in your tenant: nothing was ever recorded for it (or its record is past retention). If you never sent it, send the intended call with this key.",
-			nextFixRetry)
+			NextFixRetry)
 	}
 	if err != nil {
 		return s.ledgerError(c, err)

@@ -34,7 +34,7 @@ func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
 		pos, err := DecodeCursor(cur, query)
 		if err != nil {
-			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
+			return errorResponse("", ledger.StateRejected, CodeInvalidArguments, "cursor: "+err.Error()+".", NextFixRetry)
 		}
 		after = string(pos)
 	}

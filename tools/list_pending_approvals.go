@@ -30,7 +30,7 @@ func (s *Service) listPendingApprovals(ctx context.Context, c *call) *Response {
 	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
 		pos, err := DecodeCursor(cur, query)
 		if err != nil {
-			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
+			return errorResponse("", ledger.StateRejected, CodeInvalidArguments, "cursor: "+err.Error()+".", NextFixRetry)
 		}
 		after = string(pos)
 	}
@@ -80,7 +80,7 @@ func approvalView(rec *ledger.Record) map[string]any {
 // command line and any other caller honest.
 func (s *Service) requireApprover(c *call) *Response {
 	if err := approvals.CheckApprover(c.actor); err != nil {
-		return errorResponse("", ledger.StateRejected, "forbidden", "Only principals with the approver role may see or decide approvals.", nextDoNotRetry)
+		return errorResponse("", ledger.StateRejected, CodeForbidden, "Only principals with the approver role may see or decide approvals.", NextDoNotRetry)
 	}
 	return nil
 }
@@ -89,7 +89,7 @@ func (s *Service) requireApprover(c *call) *Response {
 // decided, for approvers.
 func (s *Service) ShowApproval(ctx context.Context, actor ledger.Actor, id string) *Response {
 	if err := approvals.CheckApprover(actor); err != nil {
-		return errorResponse("", ledger.StateRejected, "forbidden", "Only principals with the approver role may see approvals.", nextDoNotRetry)
+		return errorResponse("", ledger.StateRejected, CodeForbidden, "Only principals with the approver role may see approvals.", NextDoNotRetry)
 	}
 	rec, err := s.ledger.ApprovalRecord(ctx, actor.Tenant, id)
 	if errors.Is(err, ledger.ErrNotFound) {

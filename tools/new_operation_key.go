@@ -22,6 +22,6 @@ func (s *Service) newOperationKey(ctx context.Context, c *call) *Response {
 	if err := s.ledger.IssueKey(ctx, c.actor.Tenant, key); err != nil {
 		return s.ledgerError(c, err)
 	}
-	return &Response{OperationKey: key, Status: ledger.StateSucceeded, NextAction: nextNone,
+	return &Response{OperationKey: key, Status: ledger.StateSucceeded, NextAction: NextNone,
 		Result: mustJSON(map[string]any{"operation_key": key, "use": "Pass this operation_key with the side-effecting call for this one intent and reuse it on every retry of it."})}
 }

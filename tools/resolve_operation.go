@@ -24,14 +24,14 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+		return errorResponse(key, ledger.StateRejected, CodeNotFound, "No operation with this operation_key exists in your tenant.", NextFixRetry)
 	}
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
 	if ledger.SamePrincipal(rec.Principal, c.actor.Principal) {
-		return errorResponse(key, rec.State, "forbidden",
-			"You requested this operation yourself; another approver must settle it.", nextDoNotRetry)
+		return errorResponse(key, rec.State, CodeForbidden,
+			"You requested this operation yourself; another approver must settle it.", NextDoNotRetry)
 	}
 	outcome, _ := c.req.Args["outcome"].(string)
 	evidence, _ := c.req.Args["evidence"].(string)
@@ -48,14 +48,14 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	rec, err = s.ledger.Settle(ctx, req)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
-		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+		return errorResponse(key, ledger.StateRejected, CodeNotFound, "No operation with this operation_key exists in your tenant.", NextFixRetry)
 	case errors.Is(err, ledger.ErrWrongState):
 		cur, gerr := s.ledger.Get(ctx, c.actor.Tenant, key)
 		if gerr != nil {
 			return s.ledgerError(c, gerr)
 		}
 		r := fromRecord(cur)
-		r.Error = &ledger.OpError{Code: "precondition_failed", Message: "Only an operation whose outcome is unknown can be resolved by hand; this one is " + string(cur.State) + "."}
+		r.Error = opError(CodePreconditionFailed, "Only an operation whose outcome is unknown can be resolved by hand; this one is "+string(cur.State)+".")
 		r.IsError = true
 		return r
 	case err != nil:

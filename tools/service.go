@@ -184,7 +184,7 @@ func (s *Service) Deliverer() *Deliverer { return s.outbox }
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
 	t, ok := s.tools[name]
 	if !ok {
-		return errorResponse("", ledger.StateRejected, "invalid_arguments", fmt.Sprintf("there is no tool named %q", name), "fix_arguments_and_retry_same_key")
+		return errorResponse("", ledger.StateRejected, CodeInvalidArguments, fmt.Sprintf("there is no tool named %q", name), NextFixRetry)
 	}
 	c := &call{actor: actor, progress: progress, started: time.Now()}
 	defer func() {
@@ -208,20 +208,20 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 				key = ""
 			}
 		}
-		c.refused = &refusal{code: "invalid_arguments", detail: ve.Error(), key: key}
+		c.refused = &refusal{code: CodeInvalidArguments, detail: ve.Error(), key: key}
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
-		next := nextFixRetry
+		next := NextFixRetry
 		switch {
 		case keyRefused(ve):
 			// Reusing a refused key can never work: point at a fresh one.
 			key = ""
 			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() +
 				". Get a fresh key for this intent from new_operation_key, then call again with it (and reuse that key on every retry)."
-			next = nextNewKey
+			next = NextNewKey
 		case !t.ReadOnly:
 			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() + ". Fix them and call again with the same operation_key."
 		}
-		r := errorResponse(key, ledger.StateRejected, "invalid_arguments", msg, next)
+		r := errorResponse(key, ledger.StateRejected, CodeInvalidArguments, msg, next)
 		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
 		return r
 	}
@@ -258,9 +258,9 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	v := s.policy.Evaluate(c.actor.Principal, c.req.Tool, c.req.Args)
 	c.policy = v
 	if v.Action == approvals.Deny {
-		c.refused = &refusal{code: "forbidden", detail: v.Rule + ": " + v.Reason, key: key}
-		return errorResponse(key, ledger.StateRejected, "forbidden",
-			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", nextDoNotRetry)
+		c.refused = &refusal{code: CodeForbidden, detail: v.Rule + ": " + v.Reason, key: key}
+		return errorResponse(key, ledger.StateRejected, CodeForbidden,
+			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", NextDoNotRetry)
 	}
 	args, err := json.Marshal(c.req.Args)
 	if err != nil {
@@ -370,19 +370,19 @@ func (s *Service) ledgerError(c *call, err error) *Response {
 	key := c.req.OperationKey
 	switch {
 	case errors.Is(err, ledger.ErrKeyNotIssued):
-		return errorResponse(key, ledger.StateRejected, "invalid_arguments",
+		return errorResponse(key, ledger.StateRejected, CodeInvalidArguments,
 			"This server only accepts operation keys issued by new_operation_key, and this key was not issued to you. Call new_operation_key once for this intent and reuse that key on every retry.",
-			"fix_arguments_and_retry_same_key")
+			NextFixRetry)
 	case errors.Is(err, ledger.ErrDownstreamMismatch):
 		s.log.Error("downstream mismatch", "tool", c.req.Tool, "key", key, "err", err)
-		return errorResponse(key, ledger.StateRejected, "internal",
+		return errorResponse(key, ledger.StateRejected, CodeInternal,
 			"Nothing was run: "+strings.TrimPrefix(err.Error(), ledger.ErrDownstreamMismatch.Error()+": ")+
 				". The server handling this call is configured for a different order system than the one this operation was recorded for; an operator must fix the configuration (--orders-api / --config).",
-			nextDoNotRetry)
+			NextDoNotRetry)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return errorResponse(key, ledger.StateInProgress, "operation_in_progress",
+		return errorResponse(key, ledger.StateInProgress, CodeInProgress,
 			"The call was cancelled before the ledger answered. Nothing is lost: call get_operation_status with this operation_key, or call again with the same key and arguments.",
-			"wait_and_poll_status")
+			NextWaitPoll)
 	}
 	s.log.Error("ledger", "tool", c.req.Tool, "key", key, "err", err)
 	return internalError(key)

@@ -80,7 +80,7 @@ func (s *Service) updateOrder(ctx context.Context, c *call) *Response {
 	}
 	next, err := changedOrder(cur, a.Changes)
 	if err != nil {
-		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments", "The new order total does not fit in 64-bit minor units. Nothing was recorded.", nextFixRetry)
+		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments, "The new order total does not fit in 64-bit minor units. Nothing was recorded.", NextFixRetry)
 	}
 	diff := approvals.UpdateDiff("order", cur.OrderID, cur.Version, diffFields(cur), diffFields(next))
 	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
@@ -103,8 +103,8 @@ func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected
 		return nil, s.downstreamError(c, err)
 	}
 	if o == nil {
-		return nil, errorResponse(key, ledger.StateRejected, "not_found",
-			"There is no order "+id+" in your tenant. Nothing was recorded; check the id with list_orders and call again with the same operation_key.", nextFixRetry)
+		return nil, errorResponse(key, ledger.StateRejected, CodeNotFound,
+			"There is no order "+id+" in your tenant. Nothing was recorded; check the id with list_orders and call again with the same operation_key.", NextFixRetry)
 	}
 	if r := preconditionFailed(key, o, expected, ledger.StateRejected); r != nil {
 		r.Error.Message += " Nothing was recorded: re-read the order and call again with the same operation_key and the current version, if the change still makes sense."
@@ -125,7 +125,7 @@ func preconditionFailed(key string, o *Order, expected int, status ledger.State)
 	default:
 		return nil
 	}
-	r := errorResponse(key, status, "precondition_failed", msg, nextFixRetry)
+	r := errorResponse(key, status, CodePreconditionFailed, msg, NextFixRetry)
 	r.Error.Details = mustJSON(map[string]any{"order_id": o.OrderID, "current_version": o.Version, "expected_version": expected, "order_status": o.Status})
 	return r
 }
@@ -158,7 +158,7 @@ func applyOrderChange(tenant, id string, expected int, verb string, change func(
 		}
 		n, err := change(o)
 		if err != nil {
-			return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "invalid_arguments", Message: err.Error()}}, nil
+			return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeInvalidArguments, err.Error())}, nil
 		}
 		n.Version++
 		n.UpdatedAt = tx.Now()
@@ -174,7 +174,7 @@ func applyOrderChange(tenant, id string, expected int, verb string, change func(
 // was cancelled or moved past the approved version.
 func staleOutcome(key string, o *Order, id string, expected int) (ledger.Outcome, bool) {
 	if o == nil {
-		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "not_found", Message: "Order " + id + " no longer exists; nothing was applied."}}, true
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeNotFound, "Order "+id+" no longer exists; nothing was applied.")}, true
 	}
 	if r := preconditionFailed(key, o, expected, ledger.StateFailed); r != nil {
 		r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
