@@ -15,8 +15,15 @@ var specGetOperationStatus = Spec{
 	ReadOnly: true, Idempotent: true,
 }
 
-func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
-	key := c.req.Args["operation_key"].(string)
+// getOperationStatusTool reports what the ledger knows of a key.
+func getOperationStatusTool() descriptor {
+	return define(specGetOperationStatus, (*Service).getOperationStatus, nil)
+}
+
+// getOperationStatus reads the key from c.req.OperationKey (validated and
+// lowercased like every operation_key).
+func (s *Service) getOperationStatus(ctx context.Context, c *call, _ noArgs) *Response {
+	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
 		return errorResponse(key, ledger.StateRejected, CodeNotFound,

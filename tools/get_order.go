@@ -14,8 +14,15 @@ var specGetOrder = Spec{
 	ReadOnly:    true, Idempotent: true,
 }
 
-func (s *Service) getOrder(ctx context.Context, c *call) *Response {
-	id, _ := c.req.Args["order_id"].(string)
+// getOrderTool reads one order.
+func getOrderTool() descriptor { return define(specGetOrder, (*Service).getOrder, nil) }
+
+type getOrderArgs struct {
+	OrderID string `json:"order_id"`
+}
+
+func (s *Service) getOrder(ctx context.Context, c *call, a getOrderArgs) *Response {
+	id := a.OrderID
 	o, err := s.readOrder(ctx, c.actor.Tenant, id)
 	if err != nil {
 		return s.downstreamError(c, err)

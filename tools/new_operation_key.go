@@ -17,7 +17,12 @@ var specNewOperationKey = Spec{
 	ReadOnly: false, Destructive: false, Idempotent: false, OpenWorld: false,
 }
 
-func (s *Service) newOperationKey(ctx context.Context, c *call) *Response {
+// newOperationKeyTool hands out a fresh key.
+func newOperationKeyTool() descriptor {
+	return define(specNewOperationKey, (*Service).newOperationKey, nil)
+}
+
+func (s *Service) newOperationKey(ctx context.Context, c *call, _ noArgs) *Response {
 	key := uuid.NewString()
 	if err := s.ledger.IssueKey(ctx, c.actor.Tenant, key); err != nil {
 		return s.ledgerError(c, err)

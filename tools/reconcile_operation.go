@@ -16,7 +16,12 @@ var specReconcileOperation = Spec{
 	Idempotent: true, Destructive: false, OpenWorld: true,
 }
 
-func (s *Service) reconcileOperation(ctx context.Context, c *call) *Response {
+// reconcileOperationTool asks the order system about an unknown outcome.
+func reconcileOperationTool() descriptor {
+	return define(specReconcileOperation, (*Service).reconcileOperation, nil)
+}
+
+func (s *Service) reconcileOperation(ctx context.Context, c *call, _ noArgs) *Response {
 	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {

@@ -150,7 +150,7 @@ func nextActionFor(rec *ledger.Record) NextAction {
 // It is total: every decision about a record in any state gets an answer,
 // and every error answer carries an error with a documented code.
 func (s *Service) respond(d ledger.Decision) *Response {
-	r := respondTo(d)
+	r := s.respondTo(d)
 	if r, mended := checked(r); mended {
 		s.log.Error("answer mended: isError without a documented error", "decision", d.Kind, "status", r.Status, "code", r.Error)
 		return r
@@ -158,7 +158,7 @@ func (s *Service) respond(d ledger.Decision) *Response {
 	return r
 }
 
-func respondTo(d ledger.Decision) *Response {
+func (s *Service) respondTo(d ledger.Decision) *Response {
 	rec := d.Record
 	if rec == nil {
 		return internalError("")
@@ -235,7 +235,7 @@ func respondTo(d ledger.Decision) *Response {
 			"Nothing was executed: this request is identical to operation %s (state %s, %s) made moments ago under a different operation_key. "+
 				"If this call is a retry of that same intent, call again with operation_key %s to get its result — never mint a new key for a retry. "+
 				"If a second identical %s is really intended, a human approver must approve approval %s.",
-			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, humanTool(rec.Tool), approvalID(rec)))
+			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, s.human(rec.Tool), approvalID(rec)))
 		r.Error.Details = mustJSON(map[string]any{"earlier_operation_key": earlier.Key, "earlier_status": earlier.State, "earlier_result": earlier.Result})
 		r.IsError = true
 		return r
@@ -260,14 +260,4 @@ func approvalID(rec *ledger.Record) string {
 		return "(none)"
 	}
 	return rec.Approval.ID
-}
-
-func humanTool(name string) string {
-	switch name {
-	case "create_order":
-		return "order"
-	case "send_notification":
-		return "notification"
-	}
-	return name
 }

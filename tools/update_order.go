@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -17,6 +16,19 @@ var specUpdateOrder = Spec{
 		"Every change waits for a human approver, who sees exactly the fields that change; the answer is awaiting_approval with an approval id. " +
 		"Make ONE operation_key per intended change (new_operation_key) and reuse it on every retry and while waiting: repeating the call returns the approval's state and, once approved, the outcome. Never mint a new key to retry.",
 	Idempotent: true, Destructive: true, OpenWorld: false,
+}
+
+// updateOrderTool changes an order at the version the caller read.
+func updateOrderTool() descriptor {
+	return define(specUpdateOrder, (*Service).updateOrder, &sideEffect[updateOrderArgs]{
+		apply: applyUpdateOrder,
+		remote: func(api *OrderAPI, tenant string, a updateOrderArgs) runner {
+			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+				o, err := api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
+				return outcomeOf(o, err, "changed order")
+			}
+		},
+	})
 }
 
 type orderChanges struct {
@@ -66,11 +78,7 @@ func diffFields(o *Order) map[string]any {
 	return out
 }
 
-func (s *Service) updateOrder(ctx context.Context, c *call) *Response {
-	var a updateOrderArgs
-	if err := c.req.Decode(&a); err != nil {
-		return s.ledgerError(c, err)
-	}
+func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *Response {
 	cur, resp := s.currentOrder(ctx, c, a.OrderID, a.ExpectedVersion)
 	if resp != nil {
 		return resp
@@ -133,11 +141,7 @@ func preconditionFailed(key string, o *Order, expected int, status ledger.State)
 // applyUpdateOrder changes the order if it is still at the version the
 // approval was given for; otherwise the operation fails with
 // precondition_failed and nothing is applied.
-func applyUpdateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
-	var a updateOrderArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
+func applyUpdateOrder(tenant string, a updateOrderArgs) (ledger.ApplyFunc, error) {
 	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "changed", func(o *Order) (*Order, error) {
 		return changedOrder(o, a.Changes)
 	}), nil
