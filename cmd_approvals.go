@@ -12,6 +12,7 @@ import (
 	"idemgate/tools"
 	"io"
 	"strings"
+	"time"
 )
 
 // approvalsCmd lets an approver list and decide approvals from a terminal,
@@ -70,32 +71,30 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	defer store.Close()
 	ctx := context.Background()
 	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
-	var resp *tools.Response
 	switch sub {
 	case "list":
-		resp = listAllPending(ctx, svc, actor)
+		list, err := listAllPending(ctx, svc, actor)
+		if err != nil {
+			return err
+		}
+		printApprovals(stdout, list)
+		return nil
 	case "show":
-		resp = svc.ShowApproval(ctx, actor, id)
-	default:
-		args := map[string]any{"approval_id": id, "decision": sub}
-		if *comment != "" {
-			args["comment"] = *comment
+		a, err := svc.ShowApproval(ctx, actor, id)
+		if err != nil {
+			return err
 		}
-		resp = svc.Call(ctx, actor, "decide_approval", args, nil)
-		// Deliver what the approved operation queued, so a confirmation is
-		// not left waiting for the next server to start.
-		svc.Deliverer().DeliverPending(ctx)
+		printApprovals(stdout, []tools.ApprovalView{*a})
+		return nil
 	}
-	if sub == "list" || sub == "show" {
-		if err := printApprovals(stdout, resp); err != nil {
-			return err
-		}
-	} else {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(resp); err != nil {
-			return err
-		}
+	resp := svc.Decide(ctx, actor, tools.DecideRequest{ApprovalID: id, Decision: tools.Decision(sub), Comment: *comment})
+	// Deliver what the approved operation queued, so a confirmation is
+	// not left waiting for the next server to start.
+	svc.Deliverer().DeliverPending(ctx)
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(resp); err != nil {
+		return err
 	}
 	rejectedAsAsked := sub == "reject" && resp.Status == ledger.StateRejected && resp.Approval != nil && ledger.SamePrincipal(resp.Approval.DecidedBy, who.Principal)
 	if resp.IsError && resp.Error != nil && !rejectedAsAsked {
@@ -105,56 +104,34 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // printApprovals prints approvals for a person: each with its diff text.
-func printApprovals(w io.Writer, resp *tools.Response) error {
-	if resp.IsError {
-		return nil
-	}
-	var r struct {
-		Approvals []map[string]any `json:"approvals"`
-		Approval  map[string]any   `json:"approval"`
-	}
-	if err := json.Unmarshal(resp.Result, &r); err != nil {
-		return err
-	}
-	if r.Approval != nil {
-		r.Approvals = append(r.Approvals, r.Approval)
-	}
-	if len(r.Approvals) == 0 {
+func printApprovals(w io.Writer, list []tools.ApprovalView) {
+	if len(list) == 0 {
 		fmt.Fprintln(w, "no pending approvals")
 	}
-	for _, a := range r.Approvals {
-		fmt.Fprintf(w, "%v  %v  %v  requested by %v  expires %v\n  why: %v\n", a["approval_id"], a["status"], a["tool"], a["requested_by"], a["expires_at"], a["reason"])
-		fmt.Fprintf(w, "  operation_key: %v\n", a["operation_key"])
-		for _, line := range strings.Split(strings.TrimRight(fmt.Sprint(a["diff_text"]), "\n"), "\n") {
+	for _, a := range list {
+		fmt.Fprintf(w, "%s  %s  %s  requested by %s  expires %s\n  why: %s\n", a.ApprovalID, a.Status, a.Tool, a.RequestedBy, a.ExpiresAt.Format(time.RFC3339Nano), a.Reason)
+		fmt.Fprintf(w, "  operation_key: %s\n", a.OperationKey)
+		for _, line := range strings.Split(strings.TrimRight(a.DiffText, "\n"), "\n") {
 			fmt.Fprintf(w, "  | %s\n", line)
 		}
 		fmt.Fprintln(w)
 	}
-	return nil
 }
 
-// listAllPending pages through every pending approval, oldest first, and
-// answers as one page (a person at a terminal wants them all).
-func listAllPending(ctx context.Context, svc *tools.Service, actor ledger.Actor) *tools.Response {
-	var all []json.RawMessage
-	args := map[string]any{"limit": 100}
+// listAllPending pages through every pending approval, oldest first (a
+// person at a terminal wants them all).
+func listAllPending(ctx context.Context, svc *tools.Service, actor ledger.Actor) ([]tools.ApprovalView, error) {
+	var all []tools.ApprovalView
+	req := tools.ListApprovalsRequest{Limit: 100}
 	for {
-		resp := svc.Call(ctx, actor, "list_pending_approvals", args, nil)
-		if resp.IsError {
-			return resp
-		}
-		var page struct {
-			Approvals  []json.RawMessage `json:"approvals"`
-			NextCursor string            `json:"next_cursor"`
-		}
-		if err := json.Unmarshal(resp.Result, &page); err != nil {
-			return resp
+		page, err := svc.ListApprovals(ctx, actor, req)
+		if err != nil {
+			return nil, err
 		}
 		all = append(all, page.Approvals...)
 		if page.NextCursor == "" {
-			resp.Result, _ = json.Marshal(map[string]any{"approvals": all, "count": len(all)})
-			return resp
+			return all, nil
 		}
-		args["cursor"] = page.NextCursor
+		req.Cursor = page.NextCursor
 	}
 }

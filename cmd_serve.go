@@ -111,7 +111,14 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	// Every background loop is joined before the ledger closes, on every
+	// way out of serve.
+	bg := newLoops()
+	defer func() {
+		if cerr := closeAfter(bg, store); cerr != nil {
+			logger.Error("shutdown", "err", cerr)
+		}
+	}()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// A second signal during the shutdown ends the process at once.
@@ -121,14 +128,12 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// running operation, so a call that has just started still gets its
 	// result (or its recorded unknown outcome) back.
 	grace := shutdownGrace(lf.file.OrdersAPI.Timeout.Duration, *wait)
-	bg, cancelBg := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); svc.Deliverer().Run(bg) }()
-	go sweepLoop(bg, store, logger)
-	go reconcileLoop(bg, svc, lf.lease, logger)
+	bg.Go(svc.Deliverer().Run)
+	bg.Go(func(ctx context.Context) { sweepLoop(ctx, store, logger) })
+	bg.Go(func(ctx context.Context) { reconcileLoop(ctx, svc, lf.lease, logger) })
 	if *httpAddr != "" {
 		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: *sessionIdle, MaxPerToken: *maxSessions}, logger, metrics)
-		go sessions.Run(bg)
+		bg.Go(sessions.Run)
 		// Over HTTP every request acts for its token's identity; the
 		// --principal/--tenant/--role of stdio do not apply.
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
@@ -151,16 +156,15 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = serveStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, grace, logger)
 	}
-	cancelBg()
-	<-done
+	bg.Stop() // the deliverer's last pass ends before the answer is returned
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 		err = nil
 	}
 	return err
 }
 
-// sweepLoop turns expired records into tombstones every ten minutes until
-// ctx is done.
+// sweepLoop turns expired records into tombstones at once and then every
+// ten minutes; it returns when ctx is done (after the pass in progress).
 func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -179,7 +183,8 @@ func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
 }
 
 // reconcileLoop expires stale leases and reconciles unknown operations
-// with the order API every third of a lease, until ctx is done.
+// with the order API every third of a lease; it returns when ctx is done
+// (after the pass in progress).
 func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration, logger *slog.Logger) {
 	t := time.NewTicker(min(max(lease/3, 100*time.Millisecond), 10*time.Second))
 	defer t.Stop()

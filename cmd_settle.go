@@ -9,6 +9,7 @@ import (
 	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/server"
+	"idemgate/tools"
 	"io"
 	"strings"
 )
@@ -54,16 +55,13 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 	}
 	defer store.Close()
 	actor := ledger.Actor{Tenant: who.Tenant, Principal: who.Principal, Role: who.Role, ClientName: "idemgate-cli"}
-	tool, callArgs := "reconcile_operation", map[string]any{"operation_key": key}
-	if sub == "resolve" {
-		tool = "resolve_operation"
-		callArgs["outcome"], callArgs["evidence"] = *outcome, *evidence
-		if *ref != "" {
-			callArgs["downstream_ref"] = *ref
-		}
-	}
 	ctx := context.Background()
-	resp := svc.Call(ctx, actor, tool, callArgs, nil)
+	var resp *tools.Response
+	if sub == "resolve" {
+		resp = svc.Resolve(ctx, actor, tools.ResolveRequest{OperationKey: key, Outcome: *outcome, Evidence: *evidence, DownstreamRef: *ref})
+	} else {
+		resp = svc.Reconcile(ctx, actor, tools.ReconcileRequest{OperationKey: key})
+	}
 	svc.Deliverer().DeliverPending(ctx) // a settled order's confirmation goes out now
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")

@@ -8,10 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"runtime"
 
-	"idemgate/ledger"
 	"idemgate/server"
 )
 
@@ -100,68 +97,4 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-type usageError struct{ error }
-
-// open opens the ledger for reading and writing, creating a new one only
-// where no file exists (see ledger.OpenBolt).
-func (l *settings) open() (*ledger.BoltStore, error) {
-	if l.db == "" {
-		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
-	}
-	if err := l.load(); err != nil {
-		return nil, err
-	}
-	if !l.mayCreate {
-		return ledger.OpenBoltExisting(l.db, l.ledgerOptions())
-	}
-	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
-		return nil, fmt.Errorf("ledger directory: %w", err)
-	}
-	return ledger.OpenBolt(l.db, l.ledgerOptions())
-}
-
-// openReadOnly opens an existing ledger for reading only: the file is
-// opened read-only and never written, nothing is created (see
-// ledger.OpenBoltReadOnly). The read commands use it.
-func (l *settings) openReadOnly() (*ledger.BoltStore, error) {
-	if l.db == "" {
-		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
-	}
-	if err := l.load(); err != nil {
-		return nil, err
-	}
-	return ledger.OpenBoltReadOnly(l.db, l.ledgerOptions())
-}
-
-func (l *settings) ledgerOptions() ledger.Options {
-	return ledger.Options{
-		Retention: l.retention, TombstoneRetention: l.tombstoneRetention,
-		SuspectWindow: l.suspectWindow, RequireIssuedKeys: l.requireIssued,
-		ApprovalTTL: l.file.ApprovalTTL.Duration, Lease: l.lease, Observe: l.observe,
-	}
-}
-
-// defaultDB is the ledger file in the user's data directory.
-func defaultDB() string {
-	dir := os.Getenv("XDG_DATA_HOME")
-	if dir == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return ""
-		}
-		dir = filepath.Join(home, ".local", "share")
-		if runtime.GOOS == "darwin" {
-			dir = filepath.Join(home, "Library", "Application Support")
-		}
-	}
-	return filepath.Join(dir, "idemgate", "ledger.db")
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

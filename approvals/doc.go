@@ -3,9 +3,12 @@
 //
 // # Policy
 //
-// [Policy.Evaluate] looks at one validated request and answers allow,
-// approve or deny, naming the rule that decided (the rule goes into the
-// audit entry). Deny rules come first: a tool the principal may not use, a
+// [Policy.Evaluate] looks at one validated request — the tool's name, the
+// principal, and the [Facts] the tool computes from its typed arguments
+// (an order's total and currency, a message's channel and recipients) —
+// and answers allow, approve or deny, naming the rule that decided (the
+// rule goes into the audit entry). Rules never read a tool's raw
+// arguments, so a rule applies to every tool that has its fact. Deny rules come first: a tool the principal may not use, a
 // currency not accepted, a recipient domain not allowed — the call is
 // refused with forbidden and leaves no record. Then approval rules:
 // update_order and cancel_order always (configurable), a create_order whose

@@ -127,96 +127,56 @@ const (
 	Deny    = "deny"
 )
 
-// Evaluate decides for one validated request of principal. args are the
-// tool's arguments as the schemas package decoded them.
-func (p Policy) Evaluate(principal, tool string, args map[string]any) Verdict {
+// Facts are what the policy looks at in one request. The tool computes
+// them from its typed, validated arguments (each tool's descriptor says
+// which facts it has); a zero field is a fact the request does not have,
+// and the rules about it do not apply.
+type Facts struct {
+	// Amount is the order total the operation commits, in minor units of
+	// Currency; HasAmount says the request has one (create_order).
+	Amount    int64
+	HasAmount bool
+	// Currency is the ISO 4217 code the request pays in, "" for none.
+	Currency string
+	// Channel and Recipients are where a message goes (send_notification):
+	// email, sms or webhook, and the recipients as written.
+	Channel    string
+	Recipients []string
+}
+
+// Evaluate decides for one validated request of principal to tool, from
+// the request's facts. Deny rules come first, then approval rules; the
+// first that matches decides.
+func (p Policy) Evaluate(principal, tool string, f Facts) Verdict {
 	for name, denied := range p.DeniedTools {
 		if ledger.SamePrincipal(name, principal) && slices.Contains(denied, tool) {
 			return Verdict{Deny, "denied_tool", fmt.Sprintf("principal %s may not use %s", principal, tool)}
 		}
 	}
-	switch tool {
-	case "create_order":
-		cur, _ := args["currency"].(string)
-		if len(p.AllowedCurrencies) > 0 && !slices.Contains(p.AllowedCurrencies, cur) {
-			return Verdict{Deny, "currency_not_allowed", fmt.Sprintf("currency %s is not accepted (accepted: %s)", cur, strings.Join(p.AllowedCurrencies, ", "))}
-		}
-	case "send_notification":
-		if len(p.AllowedRecipientDomains) > 0 {
-			channel, _ := args["channel"].(string)
-			for _, to := range recipients(args["to"]) {
-				d, ok := recipientDomain(channel, to)
-				if !ok {
-					return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient %.64q is not one %s address whose domain can be checked against the allowed domains", to, channel)}
-				}
-				if d != "" && !slices.Contains(p.AllowedRecipientDomains, d) {
-					return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient domain %s is not allowed (allowed: %s)", d, strings.Join(p.AllowedRecipientDomains, ", "))}
-				}
+	if f.Currency != "" && len(p.AllowedCurrencies) > 0 && !slices.Contains(p.AllowedCurrencies, f.Currency) {
+		return Verdict{Deny, "currency_not_allowed", fmt.Sprintf("currency %s is not accepted (accepted: %s)", f.Currency, strings.Join(p.AllowedCurrencies, ", "))}
+	}
+	if len(p.AllowedRecipientDomains) > 0 {
+		for _, to := range f.Recipients {
+			d, ok := recipientDomain(f.Channel, to)
+			if !ok {
+				return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient %.64q is not one %s address whose domain can be checked against the allowed domains", to, f.Channel)}
+			}
+			if d != "" && !slices.Contains(p.AllowedRecipientDomains, d) {
+				return Verdict{Deny, "recipient_domain_not_allowed", fmt.Sprintf("recipient domain %s is not allowed (allowed: %s)", d, strings.Join(p.AllowedRecipientDomains, ", "))}
 			}
 		}
 	}
 	if slices.Contains(p.AlwaysApprove, tool) {
 		return Verdict{Approve, "always_approve", tool + " always needs a human approver"}
 	}
-	switch tool {
-	case "create_order":
-		if p.CreateOrderThresholdMinor > 0 {
-			if total, ok := OrderTotal(args["items"]); !ok || total >= p.CreateOrderThresholdMinor {
-				return Verdict{Approve, "amount_threshold", fmt.Sprintf("the order total %d (minor units) is at or above the approval threshold %d", total, p.CreateOrderThresholdMinor)}
-			}
-		}
-	case "send_notification":
-		if n := len(recipients(args["to"])); p.MaxRecipients > 0 && n > p.MaxRecipients {
-			return Verdict{Approve, "max_recipients", fmt.Sprintf("the notification goes to %d recipients, more than %d", n, p.MaxRecipients)}
-		}
+	if f.HasAmount && p.CreateOrderThresholdMinor > 0 && f.Amount >= p.CreateOrderThresholdMinor {
+		return Verdict{Approve, "amount_threshold", fmt.Sprintf("the order total %d (minor units) is at or above the approval threshold %d", f.Amount, p.CreateOrderThresholdMinor)}
+	}
+	if n := len(f.Recipients); p.MaxRecipients > 0 && n > p.MaxRecipients {
+		return Verdict{Approve, "max_recipients", fmt.Sprintf("the notification goes to %d recipients, more than %d", n, p.MaxRecipients)}
 	}
 	return Verdict{Allow, "default_allow", ""}
-}
-
-// OrderTotal sums quantity × unit_price_minor over decoded items; false on
-// overflow or a malformed item.
-func OrderTotal(items any) (int64, bool) {
-	list, _ := items.([]any)
-	var total int64
-	for _, it := range list {
-		m, _ := it.(map[string]any)
-		q, ok1 := asInt64(m["quantity"])
-		u, ok2 := asInt64(m["unit_price_minor"])
-		if !ok1 || !ok2 || q < 0 || u < 0 || (q != 0 && u > (1<<62)/q) {
-			return total, false
-		}
-		total += q * u
-		if total > 1<<62 {
-			return total, false
-		}
-	}
-	return total, true
-}
-
-func asInt64(v any) (int64, bool) {
-	switch n := v.(type) {
-	case float64:
-		return int64(n), n == float64(int64(n))
-	case int64:
-		return n, true
-	case int:
-		return int64(n), true
-	case interface{ Int64() (int64, error) }:
-		i, err := n.Int64()
-		return i, err == nil
-	}
-	return 0, false
-}
-
-func recipients(v any) []string {
-	list, _ := v.([]any)
-	out := make([]string, 0, len(list))
-	for _, x := range list {
-		if s, ok := x.(string); ok {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // recipientDomain is the domain a recipient goes to, checked strictly so

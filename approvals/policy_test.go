@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-func items(q, price float64) []any {
-	return []any{map[string]any{"sku": "s", "quantity": q, "unit_price_minor": price}}
+func order(currency string, q, price int64) Facts {
+	return Facts{HasAmount: true, Amount: q * price, Currency: currency}
 }
 
 func TestEvaluate(t *testing.T) {
@@ -18,16 +18,16 @@ func TestEvaluate(t *testing.T) {
 	p.DeniedTools = map[string][]string{"intern": {"cancel_order"}}
 	tests := []struct {
 		name, principal, tool string
-		args                  map[string]any
+		facts                 Facts
 		action, rule          string
 	}{
-		{"small order runs", "a", "create_order", map[string]any{"currency": "EUR", "items": items(1, 500)}, Allow, "default_allow"},
-		{"at the threshold needs approval", "a", "create_order", map[string]any{"currency": "EUR", "items": items(100, 1000)}, Approve, "amount_threshold"},
-		{"above the threshold needs approval", "a", "create_order", map[string]any{"currency": "EUR", "items": items(1000, 1000)}, Approve, "amount_threshold"},
-		{"currency not accepted", "a", "create_order", map[string]any{"currency": "USD", "items": items(1, 1)}, Deny, "currency_not_allowed"},
-		{"cancel always needs approval", "a", "cancel_order", map[string]any{}, Approve, "always_approve"},
-		{"update always needs approval", "a", "update_order", map[string]any{}, Approve, "always_approve"},
-		{"denied tool wins over approval", "intern", "cancel_order", map[string]any{}, Deny, "denied_tool"},
+		{"small order runs", "a", "create_order", order("EUR", 1, 500), Allow, "default_allow"},
+		{"at the threshold needs approval", "a", "create_order", order("EUR", 100, 1000), Approve, "amount_threshold"},
+		{"above the threshold needs approval", "a", "create_order", order("EUR", 1000, 1000), Approve, "amount_threshold"},
+		{"currency not accepted", "a", "create_order", order("USD", 1, 1), Deny, "currency_not_allowed"},
+		{"cancel always needs approval", "a", "cancel_order", Facts{}, Approve, "always_approve"},
+		{"update always needs approval", "a", "update_order", Facts{}, Approve, "always_approve"},
+		{"denied tool wins over approval", "intern", "cancel_order", Facts{}, Deny, "denied_tool"},
 		{"allowed e-mail domain", "a", "send_notification", email("Ann <ann@example.com>"), Allow, "default_allow"},
 		{"recipient domain not allowed", "a", "send_notification", email("x@evil.test"), Deny, "recipient_domain_not_allowed"},
 		{"a list in one recipient fails closed", "a", "send_notification", email("a@evil.test, b@example.com"), Deny, "recipient_domain_not_allowed"},
@@ -37,13 +37,13 @@ func TestEvaluate(t *testing.T) {
 		{"scheme-relative webhook fails closed", "a", "send_notification", webhook("//evil.test/hook"), Deny, "recipient_domain_not_allowed"},
 		{"padded webhook fails closed", "a", "send_notification", webhook(" https://evil.test/x"), Deny, "recipient_domain_not_allowed"},
 		{"e-mail address on the webhook channel fails closed", "a", "send_notification", webhook("x@example.com"), Deny, "recipient_domain_not_allowed"},
-		{"sms numbers have no domain", "a", "send_notification", map[string]any{"channel": "sms", "to": []any{"+15551234567"}}, Allow, "default_allow"},
-		{"too many recipients", "a", "send_notification", map[string]any{"channel": "email", "to": manyRecipients(11)}, Approve, "max_recipients"},
-		{"exactly the maximum runs", "a", "send_notification", map[string]any{"channel": "email", "to": manyRecipients(10)}, Allow, "default_allow"},
+		{"sms numbers have no domain", "a", "send_notification", Facts{Channel: "sms", Recipients: []string{"+15551234567"}}, Allow, "default_allow"},
+		{"too many recipients", "a", "send_notification", Facts{Channel: "email", Recipients: manyRecipients(11)}, Approve, "max_recipients"},
+		{"exactly the maximum runs", "a", "send_notification", Facts{Channel: "email", Recipients: manyRecipients(10)}, Allow, "default_allow"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := p.Evaluate(tt.principal, tt.tool, tt.args)
+			got := p.Evaluate(tt.principal, tt.tool, tt.facts)
 			if got.Action != tt.action || got.Rule != tt.rule {
 				t.Errorf("Evaluate = %+v, want %s by %s", got, tt.action, tt.rule)
 			}
@@ -54,29 +54,20 @@ func TestEvaluate(t *testing.T) {
 	}
 }
 
-func email(to string) map[string]any {
-	return map[string]any{"channel": "email", "to": []any{to}}
+func email(to string) Facts {
+	return Facts{Channel: "email", Recipients: []string{to}}
 }
 
-func webhook(to string) map[string]any {
-	return map[string]any{"channel": "webhook", "to": []any{to}}
+func webhook(to string) Facts {
+	return Facts{Channel: "webhook", Recipients: []string{to}}
 }
 
-func manyRecipients(n int) []any {
-	out := make([]any, n)
+func manyRecipients(n int) []string {
+	out := make([]string, n)
 	for i := range out {
 		out[i] = "user" + strings.Repeat("x", i) + "@example.com"
 	}
 	return out
-}
-
-func TestOrderTotalRefusesOverflow(t *testing.T) {
-	if _, ok := OrderTotal(items(1e4, 1e15)); ok {
-		t.Error("OrderTotal accepted a total that overflows")
-	}
-	if total, ok := OrderTotal(append(items(2, 250), items(3, 100)...)); !ok || total != 800 {
-		t.Errorf("OrderTotal = %d, %v, want 800, true", total, ok)
-	}
 }
 
 func TestLoad(t *testing.T) {
@@ -141,11 +132,11 @@ func TestDeniedToolsMatchPrincipalCaseInsensitively(t *testing.T) {
 	p := Default()
 	p.DeniedTools = map[string][]string{"Intern-Bot": {"cancel_order"}}
 	for _, name := range []string{"intern-bot", "INTERN-BOT", "Intern-Bot"} {
-		if v := p.Evaluate(name, "cancel_order", nil); v.Action != Deny {
+		if v := p.Evaluate(name, "cancel_order", Facts{}); v.Action != Deny {
 			t.Errorf("Evaluate(%q, cancel_order) = %+v, want deny", name, v)
 		}
 	}
-	if v := p.Evaluate("intern-bot-2", "cancel_order", nil); v.Action == Deny {
+	if v := p.Evaluate("intern-bot-2", "cancel_order", Facts{}); v.Action == Deny {
 		t.Errorf("another principal denied: %+v", v)
 	}
 }

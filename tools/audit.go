@@ -22,8 +22,9 @@ type auditor interface{ Audit(ledger.AuditEntry) }
 // arguments, policy deny): its audit entry is written once the answer is
 // known, with the answer's digest.
 type refusal struct {
-	code, detail string
-	key          string // the operation_key as sent, even when it was the thing refused
+	code   Code
+	detail string
+	key    string // the operation_key as sent, even when it was the thing refused
 }
 
 // audit writes the entry that ends a tool call: a refusal's "call" entry,
@@ -57,7 +58,7 @@ func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
 		e.ResponseSHA256 = hex.EncodeToString(sum[:])
 	}
 	if r := c.refused; r != nil {
-		e.Event, e.Decision, e.ErrorCode, e.Detail = "call", "refused", r.code, clipDetail(r.detail)
+		e.Event, e.Decision, e.ErrorCode, e.Detail = "call", "refused", string(r.code), clipDetail(r.detail)
 		e.Key, e.StateAfter, e.Attempt = r.key, "", 0
 	}
 	a.Audit(e)

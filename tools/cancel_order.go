@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
@@ -17,17 +16,26 @@ var specCancelOrder = Spec{
 	Idempotent: true, Destructive: true, OpenWorld: false,
 }
 
+// cancelOrderTool cancels an order at the version the caller read.
+func cancelOrderTool() descriptor {
+	return define(specCancelOrder, (*Service).cancelOrder, &sideEffect[cancelOrderArgs]{
+		apply: applyCancelOrder,
+		remote: func(api *OrderAPI, tenant string, a cancelOrderArgs) runner {
+			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+				o, err := api.Cancel(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Reason)
+				return outcomeOf(o, err, "cancelled order")
+			}
+		},
+	})
+}
+
 type cancelOrderArgs struct {
 	OrderID         string `json:"order_id"`
 	ExpectedVersion int    `json:"expected_version"`
 	Reason          string `json:"reason"`
 }
 
-func (s *Service) cancelOrder(ctx context.Context, c *call) *Response {
-	var a cancelOrderArgs
-	if err := c.req.Decode(&a); err != nil {
-		return s.ledgerError(c, err)
-	}
+func (s *Service) cancelOrder(ctx context.Context, c *call, a cancelOrderArgs) *Response {
 	cur, resp := s.currentOrder(ctx, c, a.OrderID, a.ExpectedVersion)
 	if resp != nil {
 		return resp
@@ -41,11 +49,7 @@ func (s *Service) cancelOrder(ctx context.Context, c *call) *Response {
 
 // applyCancelOrder cancels the order if it is still at the approved
 // version.
-func applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
-	var a cancelOrderArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
+func applyCancelOrder(tenant string, a cancelOrderArgs) (ledger.ApplyFunc, error) {
 	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "cancelled", func(o *Order) (*Order, error) {
 		n := *o
 		n.Status, n.CancelReason = "cancelled", a.Reason

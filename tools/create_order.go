@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"idemgate/approvals"
@@ -20,6 +19,30 @@ var specCreateOrder = Spec{
 	Idempotent: true, Destructive: false, OpenWorld: false,
 }
 
+// createOrderTool places an order (embedded store or order API) and may
+// queue its confirmation message.
+func createOrderTool() descriptor {
+	return define(specCreateOrder, (*Service).createOrder, &sideEffect[createOrderArgs]{
+		noun: "order",
+		facts: func(a createOrderArgs) approvals.Facts {
+			sum, _ := total(a.Items) // the call refused an overflowing total before the policy
+			return approvals.Facts{HasAmount: true, Amount: sum, Currency: a.Currency}
+		},
+		apply: applyCreateOrder,
+		remote: func(api *OrderAPI, tenant string, a createOrderArgs) runner {
+			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+				o, err := api.Create(ctx, tenant, opRef(rec), a)
+				out := outcomeOf(o, err, "order")
+				if out.State != ledger.StateSucceeded {
+					return out
+				}
+				return withStep(out, o, confirmationStep(tenant, rec, a, o))
+			}
+		},
+		afterOrder: confirmationStep,
+	})
+}
+
 type createOrderArgs struct {
 	CustomerID            string   `json:"customer_id"`
 	Items                 []Item   `json:"items"`
@@ -30,15 +53,11 @@ type createOrderArgs struct {
 	NotifyCustomer        bool     `json:"notify_customer"`
 }
 
-func (s *Service) createOrder(ctx context.Context, c *call) *Response {
-	var a createOrderArgs
-	if err := c.req.Decode(&a); err != nil {
-		return s.ledgerError(c, err)
-	}
+func (s *Service) createOrder(ctx context.Context, c *call, a createOrderArgs) *Response {
 	sum, err := total(a.Items)
 	if err != nil {
-		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments",
-			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", nextFixRetry)
+		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments,
+			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", NextFixRetry)
 	}
 	preview := approvals.ToMap(a)
 	preview["total_minor"] = sum
@@ -47,11 +66,7 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 
 // applyCreateOrder places the order (and queues its confirmation) inside
 // the ledger's transaction.
-func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
-	var a createOrderArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
+func applyCreateOrder(tenant string, a createOrderArgs) (ledger.ApplyFunc, error) {
 	sum, err := total(a.Items)
 	if err != nil {
 		return nil, err
@@ -94,6 +109,16 @@ func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *Order
 	}
 	view := map[string]any{"message_id": messageID(tenant, opRef(rec), m.Step), "state": MessageQueued}
 	return view, func(tx ledger.Tx) error { return enqueue(tx, m) }
+}
+
+// confirmationStep is the confirmation of a create_order as a step of
+// it; nil when the order was placed without notify_customer.
+func confirmationStep(tenant string, rec *ledger.Record, a createOrderArgs, o *Order) *step {
+	if !a.NotifyCustomer {
+		return nil
+	}
+	view, queue := confirmation(tenant, rec, a, o)
+	return &step{name: "confirmation", view: view, queue: queue}
 }
 
 // formatMinor renders minor units with two decimals (display only).

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
@@ -17,13 +16,16 @@ var specDecideApproval = Spec{
 	Idempotent: true, Destructive: true, OpenWorld: false,
 }
 
-func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
-	if r := s.requireApprover(c); r != nil {
-		return r
+// decideApprovalTool is Decide as a tool.
+func decideApprovalTool() descriptor {
+	return define(specDecideApproval, (*Service).decideApproval, nil)
+}
+
+func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) *Response {
+	if err := s.requireApprover(c.actor); err != nil {
+		return answerOf(err)
 	}
-	id, _ := c.req.Args["approval_id"].(string)
-	decision, _ := c.req.Args["decision"].(string)
-	comment, _ := c.req.Args["comment"].(string)
+	id, approve, comment := a.ApprovalID, a.Decision == Approve, a.Comment
 	rec, err := s.ledger.ApprovalRecord(ctx, c.actor.Tenant, id)
 	if errors.Is(err, ledger.ErrNotFound) {
 		return notFoundApproval(id)
@@ -36,28 +38,23 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	if decision == "approve" && rec.State == ledger.StateAwaitingApproval && !external {
-		build, ok := s.appliers[rec.Tool]
-		if !ok {
+	if approve && rec.State == ledger.StateAwaitingApproval && !external {
+		eff := s.effectOf(rec.Tool)
+		if eff == nil {
 			s.log.Error("no applier for held tool", "tool", rec.Tool, "key", rec.Key)
 			return internalError(rec.Key)
 		}
-		if apply, err = build(rec.Tenant, rec.Args); err != nil {
+		if apply, err = eff.applier(rec.Tenant, rec.Args); err != nil {
 			return s.ledgerError(c, err)
 		}
 		apply = audited(s.downstream(rec.Tool), apply)
 	}
-	if external && decision == "approve" && rec.State == ledger.StateAwaitingApproval && rec.Approval != nil && rec.Approval.Rule == "rerun_after_unknown" {
+	if external && approve && rec.State == ledger.StateAwaitingApproval && rec.Approval != nil && rec.Approval.Rule == "rerun_after_unknown" {
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
 		trace := &httpTrace{}
 		if o, lerr := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
-			var a createOrderArgs
-			json.Unmarshal(rec.Args, &a)
-			out := outcomeOf(o, nil, "order")
-			if rec.Tool == "create_order" {
-				out = withConfirmation(out, rec.Tenant, rec, a, o)
-			}
+			out := withFollowUp(outcomeOf(o, nil, "order"), s.effectOf(rec.Tool), rec.Tenant, rec, o)
 			out.Call = trace.downstreamCall(rec.Attempts)
 			noteOrder(out.Call, out.Result)
 			auditedAlso(&out)
@@ -71,7 +68,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 			}
 		}
 	}
-	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: decision == "approve", Comment: comment, Downstream: s.downstream(rec.Tool)}, apply)
+	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: approve, Comment: comment, Downstream: s.downstream(rec.Tool)}, apply)
 	if err == nil && d.Kind == ledger.DecisionClaimed {
 		// An external downstream: the approval claimed it; call out now.
 		d = s.runClaimed(c.actor, d.Record, run)
@@ -90,11 +87,11 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		c.req.OperationKey = rec.Key
 		return s.ledgerError(c, err)
 	case errors.Is(err, ledger.ErrSelfApproval):
-		return errorResponse(rec.Key, ledger.StateAwaitingApproval, "forbidden",
-			"You requested this operation yourself; another approver must decide it.", nextDoNotRetry)
+		return errorResponse(rec.Key, ledger.StateAwaitingApproval, CodeForbidden,
+			"You requested this operation yourself; another approver must decide it.", NextDoNotRetry)
 	case errors.Is(err, ledger.ErrApprovalExpired):
 		r := fromRecord(d.Record)
-		r.Error = &ledger.OpError{Code: "approval_required", Message: "This approval expired before your decision; the operation was rejected (approval_expired) and nothing ran. The requester must ask again under a new operation_key if it is still wanted."}
+		r.Error = opError(CodeApprovalRequired, "This approval expired before your decision; the operation was rejected (approval_expired) and nothing ran. The requester must ask again under a new operation_key if it is still wanted.")
 		r.IsError = true
 		return r
 	case errors.Is(err, ledger.ErrAlreadyDecided):
@@ -108,6 +105,6 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 }
 
 func notFoundApproval(id string) *Response {
-	return errorResponse("", ledger.StateRejected, "not_found",
-		"There is no approval "+id+" in your tenant. list_pending_approvals shows the pending ones.", nextFixRetry)
+	return errorResponse("", ledger.StateRejected, CodeNotFound,
+		"There is no approval "+id+" in your tenant. list_pending_approvals shows the pending ones.", NextFixRetry)
 }

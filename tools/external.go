@@ -19,52 +19,12 @@ type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
 // external returns the runner of tool when its downstream is the HTTP
 // order API, or false when the tool runs on the embedded store.
 func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
-	if s.api == nil {
+	e := s.effectOf(tool)
+	if s.api == nil || e == nil || !e.onOrders() {
 		return nil, false, nil
 	}
-	switch tool {
-	case "create_order":
-		var a createOrderArgs
-		if err := json.Unmarshal(args, &a); err != nil {
-			return nil, true, err
-		}
-		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Create(ctx, tenant, opRef(rec), a)
-			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec, a, o)
-		}, true, nil
-	case "update_order":
-		var a updateOrderArgs
-		if err := json.Unmarshal(args, &a); err != nil {
-			return nil, true, err
-		}
-		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
-			return outcomeOf(o, err, "changed order")
-		}, true, nil
-	case "cancel_order":
-		var a cancelOrderArgs
-		if err := json.Unmarshal(args, &a); err != nil {
-			return nil, true, err
-		}
-		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Cancel(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Reason)
-			return outcomeOf(o, err, "cancelled order")
-		}, true, nil
-	}
-	return nil, false, nil
-}
-
-// withConfirmation adds the confirmation step to a succeeded create_order
-// of the order API: it is queued in the transaction that records the
-// order, exactly as with the embedded store.
-func withConfirmation(out ledger.Outcome, tenant string, rec *ledger.Record, a createOrderArgs, o *Order) ledger.Outcome {
-	if out.State != ledger.StateSucceeded || !a.NotifyCustomer {
-		return out
-	}
-	view, queue := confirmation(tenant, rec, a, o)
-	out.Result = mustJSON(map[string]any{"order": o, "confirmation": view})
-	out.Also = queue
-	return out
+	run, err := e.runner(s.api, tenant, args)
+	return run, true, err
 }
 
 // executeExternal is execute for an external downstream: claim with a
@@ -296,13 +256,7 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
-		req.Outcome = outcomeOf(o, nil, "order")
-		if rec.Tool == "create_order" {
-			var a createOrderArgs
-			if json.Unmarshal(rec.Args, &a) == nil {
-				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec, a, o)
-			}
-		}
+		req.Outcome = withFollowUp(outcomeOf(o, nil, "order"), s.effectOf(rec.Tool), rec.Tenant, rec, o)
 		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
 	case errors.Is(err, errAbsent) && s.api.SafeRetry:
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}

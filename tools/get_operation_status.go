@@ -15,13 +15,20 @@ var specGetOperationStatus = Spec{
 	ReadOnly: true, Idempotent: true,
 }
 
-func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
-	key := c.req.Args["operation_key"].(string)
+// getOperationStatusTool reports what the ledger knows of a key.
+func getOperationStatusTool() descriptor {
+	return define(specGetOperationStatus, (*Service).getOperationStatus, nil)
+}
+
+// getOperationStatus reads the key from c.req.OperationKey (validated and
+// lowercased like every operation_key).
+func (s *Service) getOperationStatus(ctx context.Context, c *call, _ noArgs) *Response {
+	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return errorResponse(key, ledger.StateRejected, "not_found",
+		return errorResponse(key, ledger.StateRejected, CodeNotFound,
 			"No operation with this operation_key exists in your tenant: nothing was ever recorded for it (or its record is past retention). If you never sent it, send the intended call with this key.",
-			nextFixRetry)
+			NextFixRetry)
 	}
 	if err != nil {
 		return s.ledgerError(c, err)

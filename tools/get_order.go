@@ -14,22 +14,29 @@ var specGetOrder = Spec{
 	ReadOnly:    true, Idempotent: true,
 }
 
-func (s *Service) getOrder(ctx context.Context, c *call) *Response {
-	id, _ := c.req.Args["order_id"].(string)
+// getOrderTool reads one order.
+func getOrderTool() descriptor { return define(specGetOrder, (*Service).getOrder, nil) }
+
+type getOrderArgs struct {
+	OrderID string `json:"order_id"`
+}
+
+func (s *Service) getOrder(ctx context.Context, c *call, a getOrderArgs) *Response {
+	id := a.OrderID
 	o, err := s.readOrder(ctx, c.actor.Tenant, id)
 	if err != nil {
 		return s.downstreamError(c, err)
 	}
 	if o == nil {
-		return errorResponse("", ledger.StateFailed, "not_found",
-			"There is no order "+id+" in your tenant. Check the id, or use list_orders with the customer_id to find it.", nextFixRetry)
+		return errorResponse("", ledger.StateFailed, CodeNotFound,
+			"There is no order "+id+" in your tenant. Check the id, or use list_orders with the customer_id to find it.", NextFixRetry)
 	}
 	return readResponse(map[string]any{"order": o})
 }
 
 // readResponse is the envelope of a successful read.
 func readResponse(result any) *Response {
-	return &Response{Status: ledger.StateSucceeded, Result: mustJSON(result), NextAction: nextNone}
+	return &Response{Status: ledger.StateSucceeded, Result: mustJSON(result), NextAction: NextNone}
 }
 
 // readOrder reads an order from wherever orders live; (nil, nil) when it
@@ -51,8 +58,8 @@ func (s *Service) readOrder(ctx context.Context, tenant, id string) (*Order, err
 func (s *Service) downstreamError(c *call, err error) *Response {
 	var ae *APIError
 	if errors.As(err, &ae) {
-		return errorResponse("", ledger.StateFailed, "downstream_error",
-			"The order system could not answer: "+ae.Error()+". Nothing was changed; try again shortly.", nextWaitPoll)
+		return errorResponse("", ledger.StateFailed, CodeDownstreamError,
+			"The order system could not answer: "+ae.Error()+". Nothing was changed; try again shortly.", NextWaitPoll)
 	}
 	return s.ledgerError(c, err)
 }

@@ -19,22 +19,27 @@ var specListOrders = Spec{
 // maxAPICursor bounds the order API's own cursor, carried inside ours.
 const maxAPICursor = 512
 
-func (s *Service) listOrders(ctx context.Context, c *call) *Response {
-	customer, _ := c.req.Args["customer_id"].(string)
-	limit := 20
-	if l, ok := c.req.Args["limit"]; ok {
-		limit = asInt(l, 20)
-	}
+// listOrdersTool pages through one customer's orders.
+func listOrdersTool() descriptor { return define(specListOrders, (*Service).listOrders, nil) }
+
+type listOrdersArgs struct {
+	CustomerID string `json:"customer_id"`
+	Limit      int    `json:"limit"` // the schema's default when absent
+	Cursor     string `json:"cursor"`
+}
+
+func (s *Service) listOrders(ctx context.Context, c *call, a listOrdersArgs) *Response {
+	customer, limit := a.CustomerID, a.Limit
 	backend := "embedded"
 	if s.api != nil {
 		backend = "orders_api"
 	}
 	query := []string{"list_orders", c.actor.Tenant, customer, backend}
 	var after string
-	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
+	if cur := a.Cursor; cur != "" {
 		pos, err := DecodeCursor(cur, query)
 		if err != nil {
-			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
+			return errorResponse("", ledger.StateRejected, CodeInvalidArguments, "cursor: "+err.Error()+".", NextFixRetry)
 		}
 		after = string(pos)
 	}
@@ -63,21 +68,4 @@ func (s *Service) listOrders(ctx context.Context, c *call) *Response {
 		out["next_cursor"] = EncodeCursor(query, []byte(next))
 	}
 	return readResponse(out)
-}
-
-// asInt reads a JSON number decoded by the schemas package.
-func asInt(v any, def int) int {
-	switch n := v.(type) {
-	case float64:
-		return int(n)
-	case int:
-		return n
-	case int64:
-		return int(n)
-	case interface{ Int64() (int64, error) }:
-		if i, err := n.Int64(); err == nil {
-			return int(i)
-		}
-	}
-	return def
 }

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"errors"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
@@ -17,87 +16,28 @@ var specListPendingApprovals = Spec{
 	ReadOnly: true, Idempotent: true,
 }
 
-func (s *Service) listPendingApprovals(ctx context.Context, c *call) *Response {
-	if r := s.requireApprover(c); r != nil {
-		return r
-	}
-	limit := asInt(c.req.Args["limit"], 20)
-	if limit < 1 {
-		limit = 20
-	}
-	query := []string{"list_pending_approvals", c.actor.Tenant}
-	var after string
-	if cur, _ := c.req.Args["cursor"].(string); cur != "" {
-		pos, err := DecodeCursor(cur, query)
-		if err != nil {
-			return errorResponse("", ledger.StateRejected, "invalid_arguments", "cursor: "+err.Error()+".", nextFixRetry)
-		}
-		after = string(pos)
-	}
-	recs, err := s.ledger.PendingApprovals(ctx, c.actor.Tenant, after, limit+1)
+// listPendingApprovalsTool is ListApprovals as a tool.
+func listPendingApprovalsTool() descriptor {
+	return define(specListPendingApprovals, (*Service).listPendingApprovals, nil)
+}
+
+func (s *Service) listPendingApprovals(ctx context.Context, c *call, a ListApprovalsRequest) *Response {
+	list, err := s.ListApprovals(ctx, c.actor, a)
 	if err != nil {
-		return s.ledgerError(c, err)
+		return answerOf(err)
 	}
-	var next string
-	if len(recs) > limit {
-		recs = recs[:limit]
-		next = EncodeCursor(query, []byte(ledger.ApprovalPosition(recs[limit-1])))
-	}
-	list := make([]map[string]any, 0, len(recs))
-	for _, rec := range recs {
-		list = append(list, approvalView(rec))
-	}
-	out := map[string]any{"approvals": list, "count": len(list)}
-	if next != "" {
-		out["next_cursor"] = next
-	}
-	return readResponse(out)
+	return readResponse(list)
 }
 
-// approvalView is what an approver sees of one held operation.
-func approvalView(rec *ledger.Record) map[string]any {
-	a := rec.Approval
-	v := map[string]any{
-		"approval_id": a.ID, "status": a.Status, "operation_key": rec.Key, "tool": rec.Tool,
-		"requested_by": a.RequestedBy, "reason": a.Reason, "rule": a.Rule,
-		"created_at": a.CreatedAt, "expires_at": a.ExpiresAt,
-		"diff": a.Diff, "diff_text": a.DiffText,
-	}
-	if a.ResourceVersion != 0 {
-		v["resource_version"] = a.ResourceVersion
-	}
-	if a.EarlierKey != "" {
-		v["earlier_operation_key"] = a.EarlierKey
-	}
-	if a.DecidedBy != "" {
-		v["decided_by"], v["decided_at"], v["comment"] = a.DecidedBy, a.DecidedAt, a.Comment
-	}
-	return v
-}
+// isApprover reports whether a holds the approver role.
+func isApprover(a ledger.Actor) bool { return approvals.CheckApprover(a) == nil }
 
-// requireApprover refuses callers without the approver role. Hidden tools
-// are also refused by the server's tool filter; this check keeps the
-// command line and any other caller honest.
-func (s *Service) requireApprover(c *call) *Response {
-	if err := approvals.CheckApprover(c.actor); err != nil {
-		return errorResponse("", ledger.StateRejected, "forbidden", "Only principals with the approver role may see or decide approvals.", nextDoNotRetry)
+// requireApprover refuses callers without the approver role (an *Error).
+// Hidden tools are also refused by the server's tool filter; this check
+// keeps the command line and any other caller honest.
+func (s *Service) requireApprover(a ledger.Actor) error {
+	if !isApprover(a) {
+		return &Error{errorResponse("", ledger.StateRejected, CodeForbidden, "Only principals with the approver role may see or decide approvals.", NextDoNotRetry)}
 	}
 	return nil
-}
-
-// ShowApproval returns one approval of the actor's tenant, pending or
-// decided, for approvers.
-func (s *Service) ShowApproval(ctx context.Context, actor ledger.Actor, id string) *Response {
-	if err := approvals.CheckApprover(actor); err != nil {
-		return errorResponse("", ledger.StateRejected, "forbidden", "Only principals with the approver role may see approvals.", nextDoNotRetry)
-	}
-	rec, err := s.ledger.ApprovalRecord(ctx, actor.Tenant, id)
-	if errors.Is(err, ledger.ErrNotFound) {
-		return notFoundApproval(id)
-	}
-	if err != nil {
-		s.log.Error("ledger", "approval", id, "err", err)
-		return internalError("")
-	}
-	return readResponse(map[string]any{"approval": approvalView(rec)})
 }

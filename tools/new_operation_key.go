@@ -17,11 +17,16 @@ var specNewOperationKey = Spec{
 	ReadOnly: false, Destructive: false, Idempotent: false, OpenWorld: false,
 }
 
-func (s *Service) newOperationKey(ctx context.Context, c *call) *Response {
+// newOperationKeyTool hands out a fresh key.
+func newOperationKeyTool() descriptor {
+	return define(specNewOperationKey, (*Service).newOperationKey, nil)
+}
+
+func (s *Service) newOperationKey(ctx context.Context, c *call, _ noArgs) *Response {
 	key := uuid.NewString()
 	if err := s.ledger.IssueKey(ctx, c.actor.Tenant, key); err != nil {
 		return s.ledgerError(c, err)
 	}
-	return &Response{OperationKey: key, Status: ledger.StateSucceeded, NextAction: nextNone,
+	return &Response{OperationKey: key, Status: ledger.StateSucceeded, NextAction: NextNone,
 		Result: mustJSON(map[string]any{"operation_key": key, "use": "Pass this operation_key with the side-effecting call for this one intent and reuse it on every retry of it."})}
 }

@@ -16,11 +16,16 @@ var specReconcileOperation = Spec{
 	Idempotent: true, Destructive: false, OpenWorld: true,
 }
 
-func (s *Service) reconcileOperation(ctx context.Context, c *call) *Response {
+// reconcileOperationTool asks the order system about an unknown outcome.
+func reconcileOperationTool() descriptor {
+	return define(specReconcileOperation, (*Service).reconcileOperation, nil)
+}
+
+func (s *Service) reconcileOperation(ctx context.Context, c *call, _ noArgs) *Response {
 	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+		return errorResponse(key, ledger.StateRejected, CodeNotFound, "No operation with this operation_key exists in your tenant.", NextFixRetry)
 	}
 	if err != nil {
 		return s.ledgerError(c, err)
@@ -43,7 +48,7 @@ func (s *Service) reconcileOperation(ctx context.Context, c *call) *Response {
 	r := fromRecord(d.Record)
 	r.IsError = d.Record.State == ledger.StateUnknown
 	if r.IsError {
-		r.Error = &ledger.OpError{Code: "outcome_unknown", Message: "The order system could not say yet whether this operation took effect. It stays unknown and will not be re-sent; the background reconciler keeps asking. An approver can settle it with resolve_operation given evidence."}
+		r.Error = opError(CodeOutcomeUnknown, "The order system could not say yet whether this operation took effect. It stays unknown and will not be re-sent; the background reconciler keeps asking. An approver can settle it with resolve_operation given evidence.")
 	} else {
 		r.Error = nil
 	}

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
@@ -17,25 +16,28 @@ var specResolveOperation = Spec{
 	Idempotent: true, Destructive: true, OpenWorld: false,
 }
 
-func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
-	if r := s.requireApprover(c); r != nil {
-		return r
+// resolveOperationTool is Resolve as a tool.
+func resolveOperationTool() descriptor {
+	return define(specResolveOperation, (*Service).resolveOperation, nil)
+}
+
+func (s *Service) resolveOperation(ctx context.Context, c *call, a ResolveRequest) *Response {
+	if err := s.requireApprover(c.actor); err != nil {
+		return answerOf(err)
 	}
 	key := c.req.OperationKey
 	rec, err := s.ledger.Get(ctx, c.actor.Tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+		return errorResponse(key, ledger.StateRejected, CodeNotFound, "No operation with this operation_key exists in your tenant.", NextFixRetry)
 	}
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
 	if ledger.SamePrincipal(rec.Principal, c.actor.Principal) {
-		return errorResponse(key, rec.State, "forbidden",
-			"You requested this operation yourself; another approver must settle it.", nextDoNotRetry)
+		return errorResponse(key, rec.State, CodeForbidden,
+			"You requested this operation yourself; another approver must settle it.", NextDoNotRetry)
 	}
-	outcome, _ := c.req.Args["outcome"].(string)
-	evidence, _ := c.req.Args["evidence"].(string)
-	ref, _ := c.req.Args["downstream_ref"].(string)
+	outcome, evidence, ref := a.Outcome, a.Evidence, a.DownstreamRef
 	req := ledger.SettleRequest{
 		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown},
 		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
@@ -48,14 +50,14 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	rec, err = s.ledger.Settle(ctx, req)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
-		return errorResponse(key, ledger.StateRejected, "not_found", "No operation with this operation_key exists in your tenant.", nextFixRetry)
+		return errorResponse(key, ledger.StateRejected, CodeNotFound, "No operation with this operation_key exists in your tenant.", NextFixRetry)
 	case errors.Is(err, ledger.ErrWrongState):
 		cur, gerr := s.ledger.Get(ctx, c.actor.Tenant, key)
 		if gerr != nil {
 			return s.ledgerError(c, gerr)
 		}
 		r := fromRecord(cur)
-		r.Error = &ledger.OpError{Code: "precondition_failed", Message: "Only an operation whose outcome is unknown can be resolved by hand; this one is " + string(cur.State) + "."}
+		r.Error = opError(CodePreconditionFailed, "Only an operation whose outcome is unknown can be resolved by hand; this one is "+string(cur.State)+".")
 		r.IsError = true
 		return r
 	case err != nil:
@@ -74,7 +76,8 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Record, ref, evidence string) ledger.Outcome {
 	resolution := map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref}
 	out := ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand", Result: mustJSON(resolution)}
-	if ref == "" || (rec.Tool != "create_order" && rec.Tool != "update_order" && rec.Tool != "cancel_order") {
+	eff := s.effectOf(rec.Tool)
+	if ref == "" || eff == nil || !eff.onOrders() {
 		return out
 	}
 	o, err := s.readOrder(ctx, c.actor.Tenant, ref)
@@ -82,13 +85,9 @@ func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Reco
 		o = &Order{OrderID: ref}
 	}
 	out.Result = mustJSON(map[string]any{"order": o, "resolution": resolution})
-	if rec.Tool == "create_order" {
-		var a createOrderArgs
-		if json.Unmarshal(rec.Args, &a) == nil && a.NotifyCustomer {
-			view, queue := confirmation(rec.Tenant, rec, a, o)
-			out.Result = mustJSON(map[string]any{"order": o, "confirmation": view, "resolution": resolution})
-			out.Also = queue
-		}
+	if st := eff.followUp(rec.Tenant, rec, o); st != nil {
+		out.Result = mustJSON(map[string]any{"order": o, st.name: st.view, "resolution": resolution})
+		out.Also = st.queue
 	}
 	return out
 }

@@ -4,11 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"idemgate/ledger"
-	"idemgate/schemas"
 )
 
 // Response is the result envelope every tool answers with (DESIGN §4). The
@@ -21,48 +19,22 @@ type Response struct {
 	Result       json.RawMessage  `json:"result,omitempty"`
 	Error        *ledger.OpError  `json:"error,omitempty"`
 	Approval     *ledger.Approval `json:"approval,omitempty"`
-	NextAction   string           `json:"next_action"`
+	NextAction   NextAction       `json:"next_action"`
 	Attempts     int              `json:"attempts,omitempty"`
 	FirstSeenAt  *time.Time       `json:"first_seen_at,omitempty"`
 	CompletedAt  *time.Time       `json:"completed_at,omitempty"`
 	IsError      bool             `json:"-"`
 }
 
-// The next actions a response can advise (the next_action enum of
-// schemas/result.json).
-const (
-	nextNone      = "none"
-	nextWaitPoll  = "wait_and_poll_status"
-	nextAwait     = "await_approval"
-	nextReconcile = "reconcile"
-	nextFixRetry  = "fix_arguments_and_retry_same_key"
-	// nextRetry: nothing happened and the arguments were fine; call again
-	// with the same key and arguments (after error.details.retry_after_seconds
-	// when the downstream asked for a delay).
-	nextRetry      = "retry_same_key"
-	nextNewKey     = "use_new_key_for_new_intent"
-	nextDoNotRetry = "do_not_retry"
-)
-
-// errorCodes are the documented error codes (DESIGN §4): the error.code
-// enum of the published output schema, schemas/result.json.
-var errorCodes = sync.OnceValue(func() []string {
-	var doc struct {
-		Properties struct {
-			Error struct {
-				Properties struct {
-					Code struct {
-						Enum []string `json:"enum"`
-					} `json:"code"`
-				} `json:"properties"`
-			} `json:"error"`
-		} `json:"properties"`
+// errorCodes are the documented error codes as strings (Codes); a test
+// keeps them equal to the error.code enum of schemas/result.json.
+func errorCodes() []string {
+	out := make([]string, 0, len(Codes()))
+	for _, c := range Codes() {
+		out = append(out, string(c))
 	}
-	if err := json.Unmarshal(schemas.OutputSchema(), &doc); err != nil || len(doc.Properties.Error.Properties.Code.Enum) == 0 {
-		panic("tools: result.json has no error.code enum") // embedded at build time; tested
-	}
-	return doc.Properties.Error.Properties.Code.Enum
-})
+	return out
+}
 
 // documentedCode reports whether code is one of errorCodes.
 func documentedCode(code string) bool { return slices.Contains(errorCodes(), code) }
@@ -106,19 +78,19 @@ func checked(r *Response) (*Response, bool) {
 func defaultError(status ledger.State) *ledger.OpError {
 	switch status {
 	case ledger.StateInProgress:
-		return &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
+		return opError(CodeInProgress, msgInProgress)
 	case ledger.StateUnknown:
-		return &ledger.OpError{Code: "outcome_unknown", Message: msgUnknown}
+		return opError(CodeOutcomeUnknown, msgUnknown)
 	case ledger.StateAwaitingApproval:
-		return &ledger.OpError{Code: "approval_required", Message: "This operation is waiting for a human approver; nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key."}
+		return opError(CodeApprovalRequired, "This operation is waiting for a human approver; nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key.")
 	case ledger.StateRetryable:
-		return &ledger.OpError{Code: "downstream_error", Message: msgRetryable}
+		return opError(CodeDownstreamError, msgRetryable)
 	case ledger.StateFailed:
-		return &ledger.OpError{Code: "downstream_error", Message: "The operation failed and nothing was changed. Do not retry it; look at get_operation_status for details."}
+		return opError(CodeDownstreamError, "The operation failed and nothing was changed. Do not retry it; look at get_operation_status for details.")
 	case ledger.StateRejected:
-		return &ledger.OpError{Code: "forbidden", Message: "The operation was refused and nothing was executed. Do not retry it under any key."}
+		return opError(CodeForbidden, "The operation was refused and nothing was executed. Do not retry it under any key.")
 	}
-	return &ledger.OpError{Code: "internal", Message: "idemgate hit an internal error; it has been logged. Do not mint a new key: call get_operation_status with this operation_key to see whether anything ran, or call again later with the same key and arguments."}
+	return opError(CodeInternal, "idemgate hit an internal error; it has been logged. Do not mint a new key: call get_operation_status with this operation_key to see whether anything ran, or call again later with the same key and arguments.")
 }
 
 // Messages shared by several answers.
@@ -128,12 +100,12 @@ const (
 	msgRetryable  = "The earlier attempt stopped before it could take effect (nothing happened); call again with the same key and arguments to run it."
 )
 
-func errorResponse(key string, status ledger.State, code, msg, next string) *Response {
-	return &Response{OperationKey: key, Status: status, Error: &ledger.OpError{Code: code, Message: msg}, NextAction: next, IsError: true}
+func errorResponse(key string, status ledger.State, code Code, msg string, next NextAction) *Response {
+	return &Response{OperationKey: key, Status: status, Error: opError(code, msg), NextAction: next, IsError: true}
 }
 
 func internalError(key string) *Response {
-	return errorResponse(key, ledger.StateUnknown, "internal", defaultError("").Message, nextWaitPoll)
+	return errorResponse(key, ledger.StateUnknown, CodeInternal, defaultError("").Message, NextWaitPoll)
 }
 
 // fromRecord fills the envelope fields every answer about rec shares. The
@@ -156,29 +128,29 @@ func fromRecord(rec *ledger.Record) *Response {
 }
 
 // nextActionFor is the advice for a record in its state.
-func nextActionFor(rec *ledger.Record) string {
+func nextActionFor(rec *ledger.Record) NextAction {
 	switch rec.State {
 	case ledger.StateSucceeded:
-		return nextNone
+		return NextNone
 	case ledger.StateFailed, ledger.StateRejected:
-		return nextDoNotRetry
+		return NextDoNotRetry
 	case ledger.StateInProgress:
-		return nextWaitPoll
+		return NextWaitPoll
 	case ledger.StateAwaitingApproval:
-		return nextAwait
+		return NextAwait
 	case ledger.StateUnknown:
-		return nextReconcile
+		return NextReconcile
 	case ledger.StateRetryable:
-		return nextRetry
+		return NextRetry
 	}
-	return nextWaitPoll
+	return NextWaitPoll
 }
 
 // respond turns a ledger decision into the answer of a side-effecting call.
 // It is total: every decision about a record in any state gets an answer,
 // and every error answer carries an error with a documented code.
 func (s *Service) respond(d ledger.Decision) *Response {
-	r := respondTo(d)
+	r := s.respondTo(d)
 	if r, mended := checked(r); mended {
 		s.log.Error("answer mended: isError without a documented error", "decision", d.Kind, "status", r.Status, "code", r.Error)
 		return r
@@ -186,7 +158,7 @@ func (s *Service) respond(d ledger.Decision) *Response {
 	return r
 }
 
-func respondTo(d ledger.Decision) *Response {
+func (s *Service) respondTo(d ledger.Decision) *Response {
 	rec := d.Record
 	if rec == nil {
 		return internalError("")
@@ -213,32 +185,32 @@ func respondTo(d ledger.Decision) *Response {
 		r.Replayed = true
 		return r
 	case ledger.DecisionMismatch:
-		r := errorResponse(rec.Key, ledger.StateRejected, "key_reused_with_different_request",
+		r := errorResponse(rec.Key, ledger.StateRejected, CodeKeyReused,
 			fmt.Sprintf("This operation_key already belongs to a different request (tool %s, state %s, first seen %s); nothing was executed. "+
 				"If you meant to retry that earlier request, send exactly its arguments again. If this is a new intent, get a new key from new_operation_key.",
 				rec.Tool, rec.State, rec.FirstSeenAt.UTC().Format(time.RFC3339)),
-			nextNewKey)
+			NextNewKey)
 		r.Error.Details = mustJSON(map[string]any{"existing_tool": rec.Tool, "existing_state": rec.State})
 		return r
 	case ledger.DecisionBusy:
 		r := fromRecord(rec)
-		r.Error = &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
-		r.NextAction = nextWaitPoll
+		r.Error = opError(CodeInProgress, msgInProgress)
+		r.NextAction = NextWaitPoll
 		r.IsError = true
 		return r
 	case ledger.DecisionHeld:
 		r := fromRecord(rec)
 		switch rec.State {
 		case ledger.StateAwaitingApproval:
-			r.Error = &ledger.OpError{Code: "approval_required", Message: "This operation is waiting for a human approver (approval " + approvalID(rec) + "); nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key."}
+			r.Error = opError(CodeApprovalRequired, "This operation is waiting for a human approver (approval "+approvalID(rec)+"); nothing has run yet. Do not resend it under a new key: poll get_operation_status with this key.")
 		case ledger.StateUnknown:
-			r.Error = &ledger.OpError{Code: "outcome_unknown", Message: msgUnknown}
+			r.Error = opError(CodeOutcomeUnknown, msgUnknown)
 		case ledger.StateRetryable:
-			if rec.Error == nil || rec.Error.Code != "downstream_error" { // keep the attempt's own error (and its retry_after_seconds)
-				r.Error = &ledger.OpError{Code: "downstream_error", Message: msgRetryable}
+			if !CodeDownstreamError.Is(rec.Error) { // keep the attempt's own error (and its retry_after_seconds)
+				r.Error = opError(CodeDownstreamError, msgRetryable)
 			}
 		case ledger.StateInProgress:
-			r.Error = &ledger.OpError{Code: "operation_in_progress", Message: msgInProgress}
+			r.Error = opError(CodeInProgress, msgInProgress)
 		}
 		r.IsError = true
 		return r
@@ -248,9 +220,9 @@ func respondTo(d ledger.Decision) *Response {
 		if rec.Approval != nil {
 			reason = rec.Approval.Reason
 		}
-		r.Error = &ledger.OpError{Code: "approval_required", Message: "Held for a human approver: " + reason +
-			". Nothing has run yet. An approver sees exactly this request (approval " + approvalID(rec) + ") and approves or rejects it. " +
-			"Do not resend it under a new key: repeat this exact call, or poll get_operation_status with this operation_key, to learn the outcome."}
+		r.Error = opError(CodeApprovalRequired, "Held for a human approver: "+reason+
+			". Nothing has run yet. An approver sees exactly this request (approval "+approvalID(rec)+") and approves or rejects it. "+
+			"Do not resend it under a new key: repeat this exact call, or poll get_operation_status with this operation_key, to learn the outcome.")
 		r.IsError = true
 		return r
 	case ledger.DecisionSuspectedDuplicate:
@@ -259,11 +231,11 @@ func respondTo(d ledger.Decision) *Response {
 		if earlier == nil {
 			earlier = &ledger.Record{Key: "(unknown)"}
 		}
-		r.Error = &ledger.OpError{Code: "approval_required", Message: fmt.Sprintf(
+		r.Error = opError(CodeApprovalRequired, fmt.Sprintf(
 			"Nothing was executed: this request is identical to operation %s (state %s, %s) made moments ago under a different operation_key. "+
 				"If this call is a retry of that same intent, call again with operation_key %s to get its result — never mint a new key for a retry. "+
 				"If a second identical %s is really intended, a human approver must approve approval %s.",
-			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, humanTool(rec.Tool), approvalID(rec))}
+			earlier.Key, earlier.State, earlier.FirstSeenAt.UTC().Format(time.RFC3339), earlier.Key, s.human(rec.Tool), approvalID(rec)))
 		r.Error.Details = mustJSON(map[string]any{"earlier_operation_key": earlier.Key, "earlier_status": earlier.State, "earlier_result": earlier.Result})
 		r.IsError = true
 		return r
@@ -271,11 +243,11 @@ func respondTo(d ledger.Decision) *Response {
 		r := fromRecord(rec)
 		r.Replayed = true
 		r.Result = nil
-		r.Error = &ledger.OpError{Code: "key_expired", Message: fmt.Sprintf(
+		r.Error = opError(CodeKeyExpired, fmt.Sprintf(
 			"This operation finished long ago (state %s, %s, completed %s) and its full result is no longer kept. It was NOT executed again. Do not retry; look the outcome up with get_order or list_orders.",
-			rec.State, rec.Summary, rec.CompletedAt.UTC().Format(time.RFC3339))}
+			rec.State, rec.Summary, rec.CompletedAt.UTC().Format(time.RFC3339)))
 		r.Error.Details = mustJSON(map[string]any{"final_state": rec.State, "summary": rec.Summary})
-		r.NextAction = nextDoNotRetry
+		r.NextAction = NextDoNotRetry
 		r.IsError = true
 		return r
 	}
@@ -288,14 +260,4 @@ func approvalID(rec *ledger.Record) string {
 		return "(none)"
 	}
 	return rec.Approval.ID
-}
-
-func humanTool(name string) string {
-	switch name {
-	case "create_order":
-		return "order"
-	case "send_notification":
-		return "notification"
-	}
-	return name
 }

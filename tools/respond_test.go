@@ -90,7 +90,7 @@ func TestRespondIsTotal(t *testing.T) {
 		if r.Error != nil && (!slices.Contains(codes, r.Error.Code) || r.Error.Message == "") {
 			t.Errorf("%s: error %+v has no documented code and message", what, r.Error)
 		}
-		if !slices.Contains(nexts, r.NextAction) {
+		if !slices.Contains(nexts, string(r.NextAction)) {
 			t.Errorf("%s: next_action %q is not in the schema's enum", what, r.NextAction)
 		}
 		if r.Status == ledger.StateSucceeded && r.IsError && r.Error.Code != "key_expired" {
@@ -124,7 +124,7 @@ func TestRespondIsTotal(t *testing.T) {
 func TestHeldInProgressIsOperationInProgress(t *testing.T) {
 	svc := &Service{log: slog.New(slog.DiscardHandler)}
 	r := svc.respond(ledger.Decision{Kind: ledger.DecisionHeld, Record: &ledger.Record{Key: "k1", State: ledger.StateInProgress, Attempts: 2}})
-	if !r.IsError || r.Error == nil || r.Error.Code != "operation_in_progress" || r.NextAction != nextWaitPoll {
+	if !r.IsError || r.Error == nil || r.Error.Code != "operation_in_progress" || r.NextAction != NextWaitPoll {
 		t.Fatalf("held in_progress = %+v %+v, want operation_in_progress / wait_and_poll_status", r, r.Error)
 	}
 }
@@ -157,7 +157,7 @@ func TestCheckedMends(t *testing.T) {
 			}
 		})
 	}
-	ok := Response{Status: ledger.StateSucceeded, NextAction: nextNone}
+	ok := Response{Status: ledger.StateSucceeded, NextAction: NextNone}
 	if _, mended := checked(&ok); mended {
 		t.Errorf("a good answer was mended")
 	}

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
@@ -17,6 +16,17 @@ var specSendNotification = Spec{
 	Idempotent: true, Destructive: false, OpenWorld: true,
 }
 
+// sendNotificationTool queues a message in the outbox.
+func sendNotificationTool() descriptor {
+	return define(specSendNotification, (*Service).sendNotification, &sideEffect[sendNotificationArgs]{
+		noun: "notification",
+		facts: func(a sendNotificationArgs) approvals.Facts {
+			return approvals.Facts{Channel: a.Channel, Recipients: a.To}
+		},
+		apply: applySendNotification,
+	})
+}
+
 type sendNotificationArgs struct {
 	Channel string   `json:"channel"`
 	To      []string `json:"to"`
@@ -25,21 +35,13 @@ type sendNotificationArgs struct {
 	OrderID string   `json:"order_id,omitempty"`
 }
 
-func (s *Service) sendNotification(ctx context.Context, c *call) *Response {
-	var a sendNotificationArgs
-	if err := c.req.Decode(&a); err != nil {
-		return s.ledgerError(c, err)
-	}
+func (s *Service) sendNotification(ctx context.Context, c *call, a sendNotificationArgs) *Response {
 	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("notification", approvals.ToMap(a))})
 }
 
 // applySendNotification queues the message in the outbox inside the
 // ledger's transaction.
-func applySendNotification(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
-	var a sendNotificationArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
+func applySendNotification(tenant string, a sendNotificationArgs) (ledger.ApplyFunc, error) {
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		m := &Message{
 			Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "notification",

@@ -58,20 +58,27 @@ type Service struct {
 	// lookups logs outages of the order API's lookup (external.go).
 	reconciling singleflight.Group
 	lookups     lookupHealth
-	tools       map[string]tool
-	// appliers build the side effect of a side-effecting tool from its
-	// saved arguments, both at the call and when an approver approves it.
-	appliers map[string]applier
+	tools       map[string]descriptor
 }
 
-// applier builds the side effect of one operation from its validated
-// arguments (as saved in the ledger record).
-type applier func(tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
-
-// tool is one tool's spec and behaviour.
-type tool struct {
-	Spec
-	run func(ctx context.Context, c *call) *Response
+// registry lists every tool's descriptor. Adding a tool is its own file
+// (spec, typed arguments, handler and, for a side-effecting tool, its
+// effect and policy facts) and one line here.
+func registry() []descriptor {
+	return []descriptor{
+		createOrderTool(),
+		sendNotificationTool(),
+		getOrderTool(),
+		listOrdersTool(),
+		newOperationKeyTool(),
+		getOperationStatusTool(),
+		updateOrderTool(),
+		cancelOrderTool(),
+		listPendingApprovalsTool(),
+		decideApprovalTool(),
+		reconcileOperationTool(),
+		resolveOperationTool(),
+	}
 }
 
 // Spec describes a tool for registration: name, texts and the behaviour
@@ -132,34 +139,32 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	if opts.Policy != nil {
 		s.policy = *opts.Policy
 	}
-	s.appliers = map[string]applier{
-		"create_order":      applyCreateOrder,
-		"send_notification": applySendNotification,
-		"update_order":      applyUpdateOrder,
-		"cancel_order":      applyCancelOrder,
-	}
 	s.outbox = NewDeliverer(store, sink, opts.Logger)
-	s.tools = map[string]tool{}
-	for _, t := range []tool{
-		{specCreateOrder, s.createOrder},
-		{specSendNotification, s.sendNotification},
-		{specGetOrder, s.getOrder},
-		{specListOrders, s.listOrders},
-		{specNewOperationKey, s.newOperationKey},
-		{specGetOperationStatus, s.getOperationStatus},
-		{specUpdateOrder, s.updateOrder},
-		{specCancelOrder, s.cancelOrder},
-		{specListPendingApprovals, s.listPendingApprovals},
-		{specDecideApproval, s.decideApproval},
-		{specReconcileOperation, s.reconcileOperation},
-		{specResolveOperation, s.resolveOperation},
-	} {
+	s.tools = map[string]descriptor{}
+	for _, t := range registry() {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
 			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
+		}
+		if _, dup := s.tools[t.Name]; dup {
+			return nil, fmt.Errorf("tools: tool %q registered twice", t.Name)
 		}
 		s.tools[t.Name] = t
 	}
 	return s, nil
+}
+
+// effectOf is the side effect of the tool named tool, nil when it has
+// none (or there is no such tool).
+func (s *Service) effectOf(tool string) effect {
+	return s.tools[tool].effect
+}
+
+// human is what answers call one operation of tool ("order").
+func (s *Service) human(tool string) string {
+	if e := s.effectOf(tool); e != nil && e.human() != "" {
+		return e.human()
+	}
+	return tool
 }
 
 // Specs lists the tools, sorted by name.
@@ -184,16 +189,10 @@ func (s *Service) Deliverer() *Deliverer { return s.outbox }
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
 	t, ok := s.tools[name]
 	if !ok {
-		return errorResponse("", ledger.StateRejected, "invalid_arguments", fmt.Sprintf("there is no tool named %q", name), "fix_arguments_and_retry_same_key")
+		return errorResponse("", ledger.StateRejected, CodeInvalidArguments, fmt.Sprintf("there is no tool named %q", name), NextFixRetry)
 	}
 	c := &call{actor: actor, progress: progress, started: time.Now()}
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("tool panicked", "tool", name, "panic", r)
-			resp = internalError("")
-		}
-		s.audit(c, name, t.ReadOnly, resp)
-	}()
+	defer s.finish(c, name, t.ReadOnly, &resp)
 	req, err := s.schemas.Prepare(name, args)
 	if err != nil {
 		var ve *schemas.ValidationError
@@ -208,20 +207,20 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 				key = ""
 			}
 		}
-		c.refused = &refusal{code: "invalid_arguments", detail: ve.Error(), key: key}
+		c.refused = &refusal{code: CodeInvalidArguments, detail: ve.Error(), key: key}
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
-		next := nextFixRetry
+		next := NextFixRetry
 		switch {
 		case keyRefused(ve):
 			// Reusing a refused key can never work: point at a fresh one.
 			key = ""
 			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() +
 				". Get a fresh key for this intent from new_operation_key, then call again with it (and reuse that key on every retry)."
-			next = nextNewKey
+			next = NextNewKey
 		case !t.ReadOnly:
 			msg = "The arguments were refused and nothing was recorded or executed: " + ve.Error() + ". Fix them and call again with the same operation_key."
 		}
-		r := errorResponse(key, ledger.StateRejected, "invalid_arguments", msg, next)
+		r := errorResponse(key, ledger.StateRejected, CodeInvalidArguments, msg, next)
 		r.Error.Details = mustJSON(map[string]any{"problems": ve.Problems})
 		return r
 	}
@@ -229,7 +228,17 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 		c.progress = func(float64, float64, string) {}
 	}
 	c.req = req
-	return t.run(ctx, c)
+	return t.run(s, ctx, c)
+}
+
+// finish ends a call (deferred by Call): a panic becomes an internal-error
+// answer in *resp, and the call is audited with its answer.
+func (s *Service) finish(c *call, name string, readOnly bool, resp **Response) {
+	if r := recover(); r != nil {
+		s.log.Error("tool panicked", "tool", name, "panic", r)
+		*resp = internalError("")
+	}
+	s.audit(c, name, readOnly, *resp)
 }
 
 // keyRefused reports whether the operation key itself was refused
@@ -255,18 +264,27 @@ type proposal struct {
 // outcome in one transaction). Duplicates get the recorded answer.
 func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 	key := c.req.OperationKey
-	v := s.policy.Evaluate(c.actor.Principal, c.req.Tool, c.req.Args)
-	c.policy = v
-	if v.Action == approvals.Deny {
-		c.refused = &refusal{code: "forbidden", detail: v.Rule + ": " + v.Reason, key: key}
-		return errorResponse(key, ledger.StateRejected, "forbidden",
-			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", nextDoNotRetry)
+	eff := s.effectOf(c.req.Tool)
+	if eff == nil {
+		s.log.Error("no effect for a side-effecting call", "tool", c.req.Tool)
+		return internalError(key)
 	}
 	args, err := json.Marshal(c.req.Args)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	apply, err := s.appliers[c.req.Tool](c.actor.Tenant, args)
+	facts, err := eff.policyFacts(args)
+	if err != nil {
+		return s.ledgerError(c, err)
+	}
+	v := s.policy.Evaluate(c.actor.Principal, c.req.Tool, facts)
+	c.policy = v
+	if v.Action == approvals.Deny {
+		c.refused = &refusal{code: CodeForbidden, detail: v.Rule + ": " + v.Reason, key: key}
+		return errorResponse(key, ledger.StateRejected, CodeForbidden,
+			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", NextDoNotRetry)
+	}
+	apply, err := eff.applier(c.actor.Tenant, args)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
@@ -354,8 +372,7 @@ func decisionFor(rec *ledger.Record) ledger.Decision {
 // embedded store, or the order API at its base URL. Notifications always go
 // through the outbox.
 func (s *Service) downstream(tool string) string {
-	switch tool {
-	case "create_order", "update_order", "cancel_order":
+	if e := s.effectOf(tool); e != nil && e.onOrders() {
 		if s.api != nil {
 			return "orders_api " + s.api.base.String()
 		}
@@ -367,24 +384,28 @@ func (s *Service) downstream(tool string) string {
 // ledgerError maps a ledger error to a response; unknown errors are logged
 // whole and answered as internal.
 func (s *Service) ledgerError(c *call, err error) *Response {
-	key := c.req.OperationKey
+	return s.failed(c.req.Tool, c.req.OperationKey, err)
+}
+
+// failed is ledgerError for a call of tool about key ("" for none).
+func (s *Service) failed(tool, key string, err error) *Response {
 	switch {
 	case errors.Is(err, ledger.ErrKeyNotIssued):
-		return errorResponse(key, ledger.StateRejected, "invalid_arguments",
+		return errorResponse(key, ledger.StateRejected, CodeInvalidArguments,
 			"This server only accepts operation keys issued by new_operation_key, and this key was not issued to you. Call new_operation_key once for this intent and reuse that key on every retry.",
-			"fix_arguments_and_retry_same_key")
+			NextFixRetry)
 	case errors.Is(err, ledger.ErrDownstreamMismatch):
-		s.log.Error("downstream mismatch", "tool", c.req.Tool, "key", key, "err", err)
-		return errorResponse(key, ledger.StateRejected, "internal",
+		s.log.Error("downstream mismatch", "tool", tool, "key", key, "err", err)
+		return errorResponse(key, ledger.StateRejected, CodeInternal,
 			"Nothing was run: "+strings.TrimPrefix(err.Error(), ledger.ErrDownstreamMismatch.Error()+": ")+
 				". The server handling this call is configured for a different order system than the one this operation was recorded for; an operator must fix the configuration (--orders-api / --config).",
-			nextDoNotRetry)
+			NextDoNotRetry)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return errorResponse(key, ledger.StateInProgress, "operation_in_progress",
+		return errorResponse(key, ledger.StateInProgress, CodeInProgress,
 			"The call was cancelled before the ledger answered. Nothing is lost: call get_operation_status with this operation_key, or call again with the same key and arguments.",
-			"wait_and_poll_status")
+			NextWaitPoll)
 	}
-	s.log.Error("ledger", "tool", c.req.Tool, "key", key, "err", err)
+	s.log.Error("ledger", "tool", tool, "key", key, "err", err)
 	return internalError(key)
 }
 

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -17,6 +16,19 @@ var specUpdateOrder = Spec{
 		"Every change waits for a human approver, who sees exactly the fields that change; the answer is awaiting_approval with an approval id. " +
 		"Make ONE operation_key per intended change (new_operation_key) and reuse it on every retry and while waiting: repeating the call returns the approval's state and, once approved, the outcome. Never mint a new key to retry.",
 	Idempotent: true, Destructive: true, OpenWorld: false,
+}
+
+// updateOrderTool changes an order at the version the caller read.
+func updateOrderTool() descriptor {
+	return define(specUpdateOrder, (*Service).updateOrder, &sideEffect[updateOrderArgs]{
+		apply: applyUpdateOrder,
+		remote: func(api *OrderAPI, tenant string, a updateOrderArgs) runner {
+			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+				o, err := api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
+				return outcomeOf(o, err, "changed order")
+			}
+		},
+	})
 }
 
 type orderChanges struct {
@@ -66,11 +78,7 @@ func diffFields(o *Order) map[string]any {
 	return out
 }
 
-func (s *Service) updateOrder(ctx context.Context, c *call) *Response {
-	var a updateOrderArgs
-	if err := c.req.Decode(&a); err != nil {
-		return s.ledgerError(c, err)
-	}
+func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *Response {
 	cur, resp := s.currentOrder(ctx, c, a.OrderID, a.ExpectedVersion)
 	if resp != nil {
 		return resp
@@ -80,7 +88,7 @@ func (s *Service) updateOrder(ctx context.Context, c *call) *Response {
 	}
 	next, err := changedOrder(cur, a.Changes)
 	if err != nil {
-		return errorResponse(c.req.OperationKey, ledger.StateRejected, "invalid_arguments", "The new order total does not fit in 64-bit minor units. Nothing was recorded.", nextFixRetry)
+		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments, "The new order total does not fit in 64-bit minor units. Nothing was recorded.", NextFixRetry)
 	}
 	diff := approvals.UpdateDiff("order", cur.OrderID, cur.Version, diffFields(cur), diffFields(next))
 	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
@@ -103,8 +111,8 @@ func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected
 		return nil, s.downstreamError(c, err)
 	}
 	if o == nil {
-		return nil, errorResponse(key, ledger.StateRejected, "not_found",
-			"There is no order "+id+" in your tenant. Nothing was recorded; check the id with list_orders and call again with the same operation_key.", nextFixRetry)
+		return nil, errorResponse(key, ledger.StateRejected, CodeNotFound,
+			"There is no order "+id+" in your tenant. Nothing was recorded; check the id with list_orders and call again with the same operation_key.", NextFixRetry)
 	}
 	if r := preconditionFailed(key, o, expected, ledger.StateRejected); r != nil {
 		r.Error.Message += " Nothing was recorded: re-read the order and call again with the same operation_key and the current version, if the change still makes sense."
@@ -125,7 +133,7 @@ func preconditionFailed(key string, o *Order, expected int, status ledger.State)
 	default:
 		return nil
 	}
-	r := errorResponse(key, status, "precondition_failed", msg, nextFixRetry)
+	r := errorResponse(key, status, CodePreconditionFailed, msg, NextFixRetry)
 	r.Error.Details = mustJSON(map[string]any{"order_id": o.OrderID, "current_version": o.Version, "expected_version": expected, "order_status": o.Status})
 	return r
 }
@@ -133,11 +141,7 @@ func preconditionFailed(key string, o *Order, expected int, status ledger.State)
 // applyUpdateOrder changes the order if it is still at the version the
 // approval was given for; otherwise the operation fails with
 // precondition_failed and nothing is applied.
-func applyUpdateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
-	var a updateOrderArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, err
-	}
+func applyUpdateOrder(tenant string, a updateOrderArgs) (ledger.ApplyFunc, error) {
 	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "changed", func(o *Order) (*Order, error) {
 		return changedOrder(o, a.Changes)
 	}), nil
@@ -158,7 +162,7 @@ func applyOrderChange(tenant, id string, expected int, verb string, change func(
 		}
 		n, err := change(o)
 		if err != nil {
-			return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "invalid_arguments", Message: err.Error()}}, nil
+			return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeInvalidArguments, err.Error())}, nil
 		}
 		n.Version++
 		n.UpdatedAt = tx.Now()
@@ -174,7 +178,7 @@ func applyOrderChange(tenant, id string, expected int, verb string, change func(
 // was cancelled or moved past the approved version.
 func staleOutcome(key string, o *Order, id string, expected int) (ledger.Outcome, bool) {
 	if o == nil {
-		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "not_found", Message: "Order " + id + " no longer exists; nothing was applied."}}, true
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeNotFound, "Order "+id+" no longer exists; nothing was applied.")}, true
 	}
 	if r := preconditionFailed(key, o, expected, ledger.StateFailed); r != nil {
 		r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
