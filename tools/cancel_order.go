@@ -6,6 +6,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specCancelOrder = Spec{
@@ -41,14 +42,13 @@ func (s *Service) cancelOrder(ctx context.Context, c *call) *Response {
 
 // applyCancelOrder cancels the order if it is still at the approved
 // version.
-func applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
+func (s *Service) applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
 	var a cancelOrderArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return nil, err
 	}
-	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "cancelled", func(o *Order) (*Order, error) {
-		n := *o
-		n.Status, n.CancelReason = "cancelled", a.Reason
-		return &n, nil
-	}), nil
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		n, err := s.local.CancelTx(tx, tenant, orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason})
+		return orderChangeOutcome(rec.Key, a.OrderID, a.ExpectedVersion, "cancelled", n, err)
+	}, nil
 }

@@ -3,10 +3,10 @@ package tools
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specCreateOrder = Spec{
@@ -21,13 +21,13 @@ var specCreateOrder = Spec{
 }
 
 type createOrderArgs struct {
-	CustomerID            string   `json:"customer_id"`
-	Items                 []Item   `json:"items"`
-	Currency              string   `json:"currency"`
-	ShipTo                *Address `json:"ship_to,omitempty"`
-	RequestedDeliveryDate string   `json:"requested_delivery_date,omitempty"`
-	Note                  string   `json:"note,omitempty"`
-	NotifyCustomer        bool     `json:"notify_customer"`
+	CustomerID            string          `json:"customer_id"`
+	Items                 []orders.Item   `json:"items"`
+	Currency              string          `json:"currency"`
+	ShipTo                *orders.Address `json:"ship_to,omitempty"`
+	RequestedDeliveryDate string          `json:"requested_delivery_date,omitempty"`
+	Note                  string          `json:"note,omitempty"`
+	NotifyCustomer        bool            `json:"notify_customer"`
 }
 
 func (s *Service) createOrder(ctx context.Context, c *call) *Response {
@@ -45,58 +45,36 @@ func (s *Service) createOrder(ctx context.Context, c *call) *Response {
 	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("order", preview)})
 }
 
-// applyCreateOrder places the order (and queues its confirmation) inside
-// the ledger's transaction.
-func applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
+// request is the order the arguments ask for.
+func (a createOrderArgs) request() orders.CreateRequest {
+	return orders.CreateRequest{
+		CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, ShipTo: a.ShipTo,
+		RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note, NotifyCustomer: a.NotifyCustomer,
+	}
+}
+
+// applyCreateOrder places the order (and queues its follow-up steps)
+// inside the ledger's transaction.
+func (s *Service) applyCreateOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
 	var a createOrderArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return nil, err
 	}
-	sum, err := total(a.Items)
-	if err != nil {
+	if _, err := total(a.Items); err != nil {
 		return nil, err
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		now := tx.Now()
-		o := &Order{
-			OrderID: orderID(tenant, opRef(rec)), Version: 1, Status: "placed",
-			CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, TotalMinor: sum,
-			ShipTo: a.ShipTo, RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note,
-			OperationKey: rec.Key, CreatedAt: now, UpdatedAt: now,
-		}
-		if err := putOrder(tx, tenant, o); err != nil {
+		o, err := s.local.CreateTx(tx, tenant, rec.Key, opRef(rec), a.request())
+		if err != nil {
 			return ledger.Outcome{}, err
 		}
 		result := map[string]any{"order": o}
-		if a.NotifyCustomer {
-			view, queue := confirmation(tenant, rec, a, o)
-			if err := queue(tx); err != nil {
+		for _, st := range followUps(tenant, rec, raw, o) {
+			if err := st.queue(tx); err != nil {
 				return ledger.Outcome{}, err
 			}
-			result["confirmation"] = view
+			result[st.name] = st.view
 		}
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "order " + o.OrderID, DownstreamRef: o.OrderID}, nil
 	}, nil
-}
-
-// confirmation is the second step of a create_order (rec): the message
-// telling the customer, with its own stable id (derived from rec's key and
-// incarnation, and the step). It returns what the result shows of it and
-// the write that queues it in the outbox, to run in the transaction that
-// records the order.
-func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *Order) (map[string]any, func(ledger.Tx) error) {
-	sum, _ := total(a.Items) // validated when the order was requested
-	m := &Message{
-		Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
-		To:      []string{"customer:" + a.CustomerID},
-		Subject: "Order " + o.OrderID + " confirmed",
-		Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), a.Currency),
-	}
-	view := map[string]any{"message_id": messageID(tenant, opRef(rec), m.Step), "state": MessageQueued}
-	return view, func(tx ledger.Tx) error { return enqueue(tx, m) }
-}
-
-// formatMinor renders minor units with two decimals (display only).
-func formatMinor(v int64) string {
-	return fmt.Sprintf("%d.%02d", v/100, v%100)
 }

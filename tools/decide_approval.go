@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
@@ -51,13 +50,8 @@ func (s *Service) decideApproval(ctx context.Context, c *call) *Response {
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
 		trace := &httpTrace{}
-		if o, lerr := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
-			var a createOrderArgs
-			json.Unmarshal(rec.Args, &a)
-			out := outcomeOf(o, nil, "order")
-			if rec.Tool == "create_order" {
-				out = withConfirmation(out, rec.Tenant, rec, a, o)
-			}
+		if o, lerr := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
+			out := withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
 			out.Call = trace.downstreamCall(rec.Attempts)
 			noteOrder(out.Call, out.Result)
 			auditedAlso(&out)

@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 // runner performs one operation against an external downstream, with no
 // transaction open. Its outcome may be unknown.
 type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
 
-// external returns the runner of tool when its downstream is the HTTP
-// order API, or false when the tool runs on the embedded store.
+// external returns the runner of tool when its downstream is remote (the
+// HTTP order API), or false when the tool runs in the ledger's transaction.
 func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
-	if s.api == nil {
+	if s.remote == nil {
 		return nil, false, nil
 	}
 	switch tool {
@@ -29,8 +30,8 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Create(ctx, tenant, opRef(rec), a)
-			return withConfirmation(outcomeOf(o, err, "order"), tenant, rec, a, o)
+			o, err := s.remote.Create(ctx, tenant, opRef(rec), a.request())
+			return withFollowUps(outcomeOf(o, err, "order"), tenant, rec, args, o, map[string]any{"order": o})
 		}, true, nil
 	case "update_order":
 		var a updateOrderArgs
@@ -38,7 +39,7 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
+			o, err := s.remote.Update(ctx, tenant, opRef(rec), a.request())
 			return outcomeOf(o, err, "changed order")
 		}, true, nil
 	case "cancel_order":
@@ -47,24 +48,11 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.api.Cancel(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Reason)
+			o, err := s.remote.Cancel(ctx, tenant, opRef(rec), orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason})
 			return outcomeOf(o, err, "cancelled order")
 		}, true, nil
 	}
 	return nil, false, nil
-}
-
-// withConfirmation adds the confirmation step to a succeeded create_order
-// of the order API: it is queued in the transaction that records the
-// order, exactly as with the embedded store.
-func withConfirmation(out ledger.Outcome, tenant string, rec *ledger.Record, a createOrderArgs, o *Order) ledger.Outcome {
-	if out.State != ledger.StateSucceeded || !a.NotifyCustomer {
-		return out
-	}
-	view, queue := confirmation(tenant, rec, a, o)
-	out.Result = mustJSON(map[string]any{"order": o, "confirmation": view})
-	out.Also = queue
-	return out
 }
 
 // executeExternal is execute for an external downstream: claim with a
@@ -253,7 +241,7 @@ func (s *Service) renewalFailed(ctx context.Context, rec *ledger.Record, err err
 // runs detached from the caller that started it: that caller giving up
 // does not fail the others. Its settlement is attributed to that caller.
 func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger.Record) (ledger.Decision, error) {
-	if s.api == nil {
+	if s.remote == nil {
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
 	detached := context.WithoutCancel(ctx)
@@ -291,23 +279,17 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 		return settledDecision(rec), nil // settled meanwhile: nothing to ask
 	}
 	trace := &httpTrace{}
-	o, err := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
+	o, err := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
 	s.lookups.observe(s.log, rec.Key, err)
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
-		req.Outcome = outcomeOf(o, nil, "order")
-		if rec.Tool == "create_order" {
-			var a createOrderArgs
-			if json.Unmarshal(rec.Args, &a) == nil {
-				req.Outcome = withConfirmation(req.Outcome, rec.Tenant, rec, a, o)
-			}
-		}
+		req.Outcome = withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
 		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
-	case errors.Is(err, errAbsent) && s.api.SafeRetry:
+	case errors.Is(err, orders.ErrAbsent) && s.remote.SafeRetry():
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
 		req.Why = "reconciled: the order system has nothing for this key, and same-key retries are safe"
-	case errors.Is(err, errAbsent):
+	case errors.Is(err, orders.ErrAbsent):
 		req.Outcome = ledger.Outcome{State: ledger.StateAwaitingApproval}
 		req.Proposal = &ledger.Approval{Rule: "rerun_after_unknown",
 			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
@@ -361,7 +343,7 @@ const maxOutageKeys = 10000
 func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err != nil && !errors.Is(err, errAbsent) {
+	if err != nil && !errors.Is(err, orders.ErrAbsent) {
 		h.failed++
 		if h.keys == nil {
 			h.keys = map[string]struct{}{}
@@ -391,7 +373,7 @@ func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
 // It returns how many of each it handled.
 func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error) {
 	expired, err = s.ledger.ExpireLeases(ctx)
-	if err != nil || s.api == nil {
+	if err != nil || s.remote == nil {
 		return expired, 0, err
 	}
 	// Page through the unknown records, a hundred per pass, wrapping

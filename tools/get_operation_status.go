@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"idemgate/ledger"
+	"idemgate/outbox"
 )
 
 var specGetOperationStatus = Spec{
@@ -26,9 +27,9 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	var msgs []*Message
+	var msgs []*outbox.Message
 	if err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		msgs, err = messagesOf(tx, c.actor.Tenant, key, rec.Incarnation)
+		msgs, err = outbox.OfOperation(tx, c.actor.Tenant, key, rec.Incarnation)
 		return err
 	}); err != nil {
 		return s.ledgerError(c, err)
@@ -66,7 +67,7 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call) *Response {
 			if !m.NextAttemptAt.IsZero() {
 				step["next_attempt_at"] = m.NextAttemptAt
 			}
-			if m.State == MessageDead {
+			if m.State == outbox.MessageDead {
 				step["note"] = "delivery stopped after repeated failures; an operator can requeue it (idemgate outbox requeue " + m.MessageID + ")"
 			}
 			steps = append(steps, step)

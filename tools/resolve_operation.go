@@ -2,10 +2,10 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specResolveOperation = Spec{
@@ -79,16 +79,8 @@ func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Reco
 	}
 	o, err := s.readOrder(ctx, c.actor.Tenant, ref)
 	if err != nil || o == nil {
-		o = &Order{OrderID: ref}
+		o = &orders.Order{OrderID: ref}
 	}
 	out.Result = mustJSON(map[string]any{"order": o, "resolution": resolution})
-	if rec.Tool == "create_order" {
-		var a createOrderArgs
-		if json.Unmarshal(rec.Args, &a) == nil && a.NotifyCustomer {
-			view, queue := confirmation(rec.Tenant, rec, a, o)
-			out.Result = mustJSON(map[string]any{"order": o, "confirmation": view, "resolution": resolution})
-			out.Also = queue
-		}
-	}
-	return out
+	return withFollowUps(out, rec.Tenant, rec, rec.Args, o, map[string]any{"order": o, "resolution": resolution})
 }

@@ -6,6 +6,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/outbox"
 )
 
 var specSendNotification = Spec{
@@ -41,11 +42,11 @@ func applySendNotification(tenant string, raw json.RawMessage) (ledger.ApplyFunc
 		return nil, err
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		m := &Message{
+		m := &outbox.Message{
 			Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "notification",
 			Channel: a.Channel, To: a.To, Subject: a.Subject, Body: a.Body, OrderID: a.OrderID,
 		}
-		if err := enqueue(tx, m); err != nil {
+		if err := outbox.Enqueue(tx, m); err != nil {
 			return ledger.Outcome{}, err
 		}
 		result := map[string]any{"message": map[string]any{"message_id": m.MessageID, "channel": m.Channel, "recipients": len(m.To), "state": m.State}}
