@@ -109,9 +109,9 @@ var ErrAbsent = errors.New("orders API: no order for this idempotency key")
 // that key made, however long the API remembers its keys.
 func IdempotencyKey(tenant, ref string) string { return tenant + ":" + ref }
 
-// Request describes one request the client made, as reported to the
+// HTTPCall describes one request the client made, as reported to the
 // observer of its context (WithObserver).
-type Request struct {
+type HTTPCall struct {
 	Method   string
 	Path     string // the URL path, without the query
 	Status   int    // the HTTP status, 0 when none was received
@@ -124,7 +124,7 @@ type observerKey struct{}
 // WithObserver returns a context under which every request the client
 // makes is reported to observe when it ends (for an audit of downstream
 // calls). observe may be called from several goroutines at once.
-func WithObserver(ctx context.Context, observe func(Request)) context.Context {
+func WithObserver(ctx context.Context, observe func(HTTPCall)) context.Context {
 	return context.WithValue(ctx, observerKey{}, observe)
 }
 
@@ -140,8 +140,8 @@ func (a *API) do(ctx context.Context, method, path string, query url.Values, hea
 		if errors.As(err, &ae) {
 			failure = ae.Class
 		}
-		if observe, _ := ctx.Value(observerKey{}).(func(Request)); observe != nil {
-			observe(Request{Method: method, Path: a.base.Path + path, Status: status, Failure: failure, Duration: time.Since(started)})
+		if observe, _ := ctx.Value(observerKey{}).(func(HTTPCall)); observe != nil {
+			observe(HTTPCall{Method: method, Path: a.base.Path + path, Status: status, Failure: failure, Duration: time.Since(started)})
 		}
 	}()
 	u := *a.base

@@ -153,7 +153,7 @@ func withHTTPTrace(ctx context.Context, t *httpTrace) context.Context {
 
 // note records one request's method, path, answer and duration; the last
 // request of a call wins.
-func (t *httpTrace) note(r orders.Request) {
+func (t *httpTrace) note(r orders.HTTPCall) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.method, t.path, t.status, t.failure, t.duration = r.Method, r.Path, r.Status, r.Failure, r.Duration

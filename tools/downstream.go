@@ -113,14 +113,17 @@ func followUps(tenant string, rec *ledger.Record, args json.RawMessage, o *order
 }
 
 // withFollowUps adds the follow-up steps of rec (in tenant, with
-// arguments args) to a succeeded outcome: result
-// (the outcome's result members, e.g. {"order": o}) gains one member per
-// step, and the steps are queued by out.Also in the transaction that
+// arguments args) to a succeeded outcome: result (the outcome's result
+// members, e.g. {"order": o}) gains one member per step and becomes
+// out.Result, and out.Also queues the steps in the transaction that
 // records the outcome. Any other outcome, or one without steps, is
 // returned as it is.
 func withFollowUps(out ledger.Outcome, tenant string, rec *ledger.Record, args json.RawMessage, o *orders.Order, result map[string]any) ledger.Outcome {
+	if out.State != ledger.StateSucceeded {
+		return out
+	}
 	steps := followUps(tenant, rec, args, o)
-	if out.State != ledger.StateSucceeded || len(steps) == 0 {
+	if len(steps) == 0 {
 		return out
 	}
 	for _, st := range steps {
