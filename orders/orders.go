@@ -47,7 +47,8 @@ type Address struct {
 	Country    string `json:"country"`
 }
 
-// Order is an order of the embedded store.
+// Order is an order: as the embedded store keeps it, and as the order
+// API answers it (the same JSON).
 type Order struct {
 	OrderID               string    `json:"order_id"`
 	Version               int       `json:"version"`

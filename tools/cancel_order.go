@@ -40,6 +40,11 @@ func (s *Service) cancelOrder(ctx context.Context, c *call) *Response {
 	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
 }
 
+// request is the cancellation the arguments ask for.
+func (a cancelOrderArgs) request() orders.CancelRequest {
+	return orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason}
+}
+
 // applyCancelOrder cancels the order if it is still at the approved
 // version.
 func (s *Service) applyCancelOrder(tenant string, raw json.RawMessage) (ledger.ApplyFunc, error) {
@@ -48,7 +53,7 @@ func (s *Service) applyCancelOrder(tenant string, raw json.RawMessage) (ledger.A
 		return nil, err
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		n, err := s.local.CancelTx(tx, tenant, orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason})
+		n, err := s.local.CancelTx(tx, tenant, a.request())
 		return orderChangeOutcome(rec.Key, a.OrderID, a.ExpectedVersion, "cancelled", n, err)
 	}, nil
 }

@@ -74,6 +74,12 @@ type RemoteOrders interface {
 	SafeRetry() bool
 }
 
+// The two order systems idemgate ships.
+var (
+	_ LocalOrders  = (*orders.Embedded)(nil)
+	_ RemoteOrders = (*orders.API)(nil)
+)
+
 // opRef names an operation to its downstreams: order and message ids are
 // derived from it, and the order API's Idempotency-Key is
 // <tenant>:<opRef>. It is the key and the record's incarnation,

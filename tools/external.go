@@ -48,7 +48,7 @@ func (s *Service) external(tool string, tenant string, args json.RawMessage) (ru
 			return nil, true, err
 		}
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			o, err := s.remote.Cancel(ctx, tenant, opRef(rec), orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason})
+			o, err := s.remote.Cancel(ctx, tenant, opRef(rec), a.request())
 			return outcomeOf(o, err, "cancelled order")
 		}, true, nil
 	}
