@@ -5,7 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"idemgate/tools"
+	"idemgate/outbox"
 	"io"
 	"strings"
 )
@@ -31,7 +31,7 @@ func outboxCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer store.Close()
 	if err := svc.Deliverer().Requeue(context.Background(), id); err != nil {
-		if errors.Is(err, tools.ErrMessageNotFound) || errors.Is(err, tools.ErrMessageNotDead) {
+		if errors.Is(err, outbox.ErrMessageNotFound) || errors.Is(err, outbox.ErrMessageNotDead) {
 			return usageError{err}
 		}
 		return err

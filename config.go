@@ -21,6 +21,8 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 	"idemgate/schemas"
 	"idemgate/tools"
 )
@@ -80,7 +82,7 @@ type settings struct {
 // delivers nothing and creates nothing.
 type readOnlySink struct{}
 
-func (readOnlySink) Deliver(context.Context, *tools.Message) error {
+func (readOnlySink) Deliver(context.Context, *outbox.Message) error {
 	return errors.New("a read-only command delivers no notifications")
 }
 
@@ -216,14 +218,14 @@ func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.
 	opts := tools.Options{WaitInProgress: wait, OutboxDir: outboxDir, Logger: logger, Policy: &l.file.Policy,
 		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration}
 	if u := l.file.OrdersAPI.URL; u != "" {
-		api, err := tools.NewOrderAPI(u, l.file.OrdersAPI.Timeout.Duration, l.file.OrdersAPI.SafeRetry)
+		api, err := orders.NewAPI(u, l.file.OrdersAPI.Timeout.Duration, l.file.OrdersAPI.SafeRetry)
 		if err != nil {
 			return nil, usageError{err}
 		}
 		opts.OrdersAPI = api
 	}
 	if u := l.file.Notifications.WebhookURL; u != "" {
-		sink, err := tools.NewWebhookSink(u, 10*time.Second)
+		sink, err := outbox.NewWebhookSink(u, 10*time.Second)
 		if err != nil {
 			return nil, usageError{err}
 		}

@@ -2,7 +2,7 @@ package e2e
 
 // A fake HTTP order API and a fake notification gateway for the
 // fault-injection suite (faults_test.go, crashloop_test.go). The fake order
-// API implements the contract idemgate's client expects (tools/orderapi.go,
+// API implements the contract idemgate's client expects (orders/api.go,
 // README "HTTP order API"), counts every real side effect, and injects the
 // faults of seed 004 on demand: a queue of faults, each consumed by the next
 // request it matches, plus a few standing conditions (connections refused,
@@ -138,7 +138,7 @@ func (h *hold) Wait(t testing.TB, timeout time.Duration) {
 // The fake order API
 
 // fakeOrder is an order as the fake API stores and answers it (the JSON
-// shape idemgate decodes into tools.Order).
+// shape idemgate decodes into orders.Order).
 type fakeOrder struct {
 	OrderID               string          `json:"order_id"`
 	Version               int             `json:"version"`

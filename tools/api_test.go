@@ -11,6 +11,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 // legacyApprovalView is how list_pending_approvals built an approval
@@ -142,10 +143,10 @@ func TestEffectFacts(t *testing.T) {
 // TestTotalRefusesOverflow: an order total that does not fit in int64 is
 // an error, never a wrapped number (the policy's amount comes from it).
 func TestTotalRefusesOverflow(t *testing.T) {
-	if _, err := total([]Item{{SKU: "s", Quantity: 1e4, UnitPriceMinor: 1e15}}); err == nil {
+	if _, err := total([]orders.Item{{SKU: "s", Quantity: 1e4, UnitPriceMinor: 1e15}}); err == nil {
 		t.Error("total accepted a total that overflows")
 	}
-	if sum, err := total([]Item{{SKU: "s", Quantity: 2, UnitPriceMinor: 250}, {SKU: "t", Quantity: 3, UnitPriceMinor: 100}}); err != nil || sum != 800 {
+	if sum, err := total([]orders.Item{{SKU: "s", Quantity: 2, UnitPriceMinor: 250}, {SKU: "t", Quantity: 3, UnitPriceMinor: 100}}); err != nil || sum != 800 {
 		t.Errorf("total = %d, %v, want 800, nil", sum, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 	"idemgate/schemas"
 )
 
@@ -50,9 +51,9 @@ func orderArgs(key string, qty int) map[string]any {
 		"items": []any{map[string]any{"sku": "s1", "quantity": float64(qty), "unit_price_minor": float64(500)}}}
 }
 
-func resultOrder(t *testing.T, r *Response) Order {
+func resultOrder(t *testing.T, r *Response) orders.Order {
 	t.Helper()
-	var res struct{ Order Order }
+	var res struct{ Order orders.Order }
 	if err := json.Unmarshal(r.Result, &res); err != nil {
 		t.Fatalf("result %s: %v", r.Result, err)
 	}

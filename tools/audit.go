@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 )
 
 // What the audit log learns from the tools: the policy check of a call,
@@ -85,7 +87,7 @@ func (t *recordingTx) Put(collection, key string, value []byte) error {
 		return err
 	}
 	switch collection {
-	case collOrders:
+	case orders.Collection:
 		var o struct {
 			OrderID string `json:"order_id"`
 			Version int    `json:"version"`
@@ -93,7 +95,7 @@ func (t *recordingTx) Put(collection, key string, value []byte) error {
 		if json.Unmarshal(value, &o) == nil {
 			t.call.OrderID, t.call.Version = o.OrderID, o.Version
 		}
-	case collOutbox:
+	case outbox.Collection:
 		if !slices.Contains(t.call.MessageIDs, key) {
 			t.call.MessageIDs = append(t.call.MessageIDs, key)
 		}
@@ -135,7 +137,8 @@ func auditedAlso(out *ledger.Outcome) {
 }
 
 // httpTrace collects the order API request of one downstream call, for
-// the audit; OrderAPI.do fills it when the context carries one.
+// the audit; the order API client reports to it when the context carries
+// one (withHTTPTrace).
 type httpTrace struct {
 	mu       sync.Mutex
 	method   string
@@ -145,22 +148,16 @@ type httpTrace struct {
 	duration time.Duration
 }
 
-type httpTraceKey struct{}
-
 func withHTTPTrace(ctx context.Context, t *httpTrace) context.Context {
-	return context.WithValue(ctx, httpTraceKey{}, t)
+	return orders.WithObserver(ctx, t.note)
 }
 
-// noteHTTP records one request's method, path, answer and duration on the
-// context's trace, if any; the last request of a call wins.
-func noteHTTP(ctx context.Context, method, path string, status int, failure string, d time.Duration) {
-	t, _ := ctx.Value(httpTraceKey{}).(*httpTrace)
-	if t == nil {
-		return
-	}
+// note records one request's method, path, answer and duration; the last
+// request of a call wins.
+func (t *httpTrace) note(r orders.HTTPCall) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.method, t.path, t.status, t.failure, t.duration = method, path, status, failure, d
+	t.method, t.path, t.status, t.failure, t.duration = r.Method, r.Path, r.Status, r.Failure, r.Duration
 }
 
 // downstreamCall is the trace as an audit record of attempt.

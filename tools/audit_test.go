@@ -11,6 +11,8 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 )
 
 // callerOf is an actor with every request field an audit entry records.
@@ -122,7 +124,7 @@ func TestAuditFieldsEmbedded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantMsg := messageID("t1", opRef(rec), "confirmation")
+	wantMsg := outbox.MessageID("t1", opRef(rec), "confirmation")
 	if c == nil || c.System != "embedded" || c.OrderID != o.OrderID || c.Version != 1 || c.Attempt != 1 ||
 		len(c.MessageIDs) != 1 || c.MessageIDs[0] != wantMsg || ex.Downstream != "embedded" {
 		t.Errorf("executed downstream = %+v (downstream %q), want embedded order %s v1 attempt 1 message %s", c, ex.Downstream, o.OrderID, wantMsg)
@@ -263,7 +265,7 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 	for _, e := range find(history(t, svc, failKey), "transition", "completed") {
 		fc = e.Call
 	}
-	if fc == nil || fc.Method != "POST" || fc.Status != 500 || fc.Failure != Indeterminate || fc.OrderID != "" {
+	if fc == nil || fc.Method != "POST" || fc.Status != 500 || fc.Failure != orders.Indeterminate || fc.OrderID != "" {
 		t.Errorf("failed downstream call = %+v, want POST → 500 indeterminate, no order", fc)
 	}
 }

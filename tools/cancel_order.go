@@ -5,6 +5,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specCancelOrder = Spec{
@@ -19,13 +20,11 @@ var specCancelOrder = Spec{
 // cancelOrderTool cancels an order at the version the caller read.
 func cancelOrderTool() descriptor {
 	return define(specCancelOrder, (*Service).cancelOrder, &sideEffect[cancelOrderArgs]{
-		apply: applyCancelOrder,
-		remote: func(api *OrderAPI, tenant string, a cancelOrderArgs) runner {
-			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-				o, err := api.Cancel(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Reason)
-				return outcomeOf(o, err, "cancelled order")
-			}
+		apply: (*Service).applyCancelOrder,
+		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a cancelOrderArgs) (*orders.Order, error) {
+			return api.Cancel(ctx, tenant, ref, a.request())
 		},
+		remoteSummary: "cancelled order",
 	})
 }
 
@@ -47,12 +46,16 @@ func (s *Service) cancelOrder(ctx context.Context, c *call, a cancelOrderArgs) *
 	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
 }
 
+// request is the cancellation the arguments ask for.
+func (a cancelOrderArgs) request() orders.CancelRequest {
+	return orders.CancelRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Reason: a.Reason}
+}
+
 // applyCancelOrder cancels the order if it is still at the approved
 // version.
-func applyCancelOrder(tenant string, a cancelOrderArgs) (ledger.ApplyFunc, error) {
-	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "cancelled", func(o *Order) (*Order, error) {
-		n := *o
-		n.Status, n.CancelReason = "cancelled", a.Reason
-		return &n, nil
-	}), nil
+func (s *Service) applyCancelOrder(tenant string, a cancelOrderArgs) (ledger.ApplyFunc, error) {
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		n, err := s.local.CancelTx(tx, tenant, a.request())
+		return orderChangeOutcome(rec.Key, a.OrderID, a.ExpectedVersion, "cancelled", n, err)
+	}, nil
 }

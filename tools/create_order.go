@@ -6,6 +6,8 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 )
 
 var specCreateOrder = Spec{
@@ -28,29 +30,23 @@ func createOrderTool() descriptor {
 			sum, _ := total(a.Items) // the call refused an overflowing total before the policy
 			return approvals.Facts{HasAmount: true, Amount: sum, Currency: a.Currency}
 		},
-		apply: applyCreateOrder,
-		remote: func(api *OrderAPI, tenant string, a createOrderArgs) runner {
-			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-				o, err := api.Create(ctx, tenant, opRef(rec), a)
-				out := outcomeOf(o, err, "order")
-				if out.State != ledger.StateSucceeded {
-					return out
-				}
-				return withStep(out, o, confirmationStep(tenant, rec, a, o))
-			}
+		apply: (*Service).applyCreateOrder,
+		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a createOrderArgs) (*orders.Order, error) {
+			return api.Create(ctx, tenant, ref, a.request())
 		},
-		afterOrder: confirmationStep,
+		remoteSummary: "order",
+		followUps:     createOrderFollowUps,
 	})
 }
 
 type createOrderArgs struct {
-	CustomerID            string   `json:"customer_id"`
-	Items                 []Item   `json:"items"`
-	Currency              string   `json:"currency"`
-	ShipTo                *Address `json:"ship_to,omitempty"`
-	RequestedDeliveryDate string   `json:"requested_delivery_date,omitempty"`
-	Note                  string   `json:"note,omitempty"`
-	NotifyCustomer        bool     `json:"notify_customer"`
+	CustomerID            string          `json:"customer_id"`
+	Items                 []orders.Item   `json:"items"`
+	Currency              string          `json:"currency"`
+	ShipTo                *orders.Address `json:"ship_to,omitempty"`
+	RequestedDeliveryDate string          `json:"requested_delivery_date,omitempty"`
+	Note                  string          `json:"note,omitempty"`
+	NotifyCustomer        bool            `json:"notify_customer"`
 }
 
 func (s *Service) createOrder(ctx context.Context, c *call, a createOrderArgs) *Response {
@@ -64,61 +60,56 @@ func (s *Service) createOrder(ctx context.Context, c *call, a createOrderArgs) *
 	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("order", preview)})
 }
 
-// applyCreateOrder places the order (and queues its confirmation) inside
-// the ledger's transaction.
-func applyCreateOrder(tenant string, a createOrderArgs) (ledger.ApplyFunc, error) {
-	sum, err := total(a.Items)
-	if err != nil {
+// request is the order the arguments ask for.
+func (a createOrderArgs) request() orders.CreateRequest {
+	return orders.CreateRequest{
+		CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, ShipTo: a.ShipTo,
+		RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note, NotifyCustomer: a.NotifyCustomer,
+	}
+}
+
+// applyCreateOrder places the order in the embedded store and queues its
+// follow-up steps, all inside the ledger's transaction.
+func (s *Service) applyCreateOrder(tenant string, a createOrderArgs) (ledger.ApplyFunc, error) {
+	if _, err := total(a.Items); err != nil {
 		return nil, err
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		now := tx.Now()
-		o := &Order{
-			OrderID: orderID(tenant, opRef(rec)), Version: 1, Status: "placed",
-			CustomerID: a.CustomerID, Items: a.Items, Currency: a.Currency, TotalMinor: sum,
-			ShipTo: a.ShipTo, RequestedDeliveryDate: a.RequestedDeliveryDate, Note: a.Note,
-			OperationKey: rec.Key, CreatedAt: now, UpdatedAt: now,
-		}
-		if err := putOrder(tx, tenant, o); err != nil {
+		o, err := s.local.CreateTx(tx, tenant, rec.Key, opRef(rec), a.request())
+		if err != nil {
 			return ledger.Outcome{}, err
 		}
 		result := map[string]any{"order": o}
-		if a.NotifyCustomer {
-			view, queue := confirmation(tenant, rec, a, o)
-			if err := queue(tx); err != nil {
-				return ledger.Outcome{}, err
-			}
-			result["confirmation"] = view
+		if err := queueSteps(tx, createOrderFollowUps(tenant, rec, a, o), result); err != nil {
+			return ledger.Outcome{}, err
 		}
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(result), Summary: "order " + o.OrderID, DownstreamRef: o.OrderID}, nil
 	}, nil
 }
 
-// confirmation is the second step of a create_order (rec): the message
-// telling the customer, with its own stable id (derived from rec's key and
-// incarnation, and the step). It returns what the result shows of it and
-// the write that queues it in the outbox, to run in the transaction that
-// records the order.
-func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *Order) (map[string]any, func(ledger.Tx) error) {
+// createOrderFollowUps is the follow-up steps of a create_order (rec)
+// whose order is o: the customer's confirmation when notify_customer asks
+// for it, none otherwise.
+func createOrderFollowUps(tenant string, rec *ledger.Record, a createOrderArgs, o *orders.Order) []followUp {
+	if !a.NotifyCustomer {
+		return nil
+	}
+	return []followUp{confirmation(tenant, rec, a, o)}
+}
+
+// confirmation is the confirmation step of a create_order (rec): the
+// message telling the customer, with its own stable id (derived from rec's
+// key and incarnation, and the step).
+func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *orders.Order) followUp {
 	sum, _ := total(a.Items) // validated when the order was requested
-	m := &Message{
+	m := &outbox.Message{
 		Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "confirmation", Channel: "email", OrderID: o.OrderID,
 		To:      []string{"customer:" + a.CustomerID},
 		Subject: "Order " + o.OrderID + " confirmed",
 		Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), a.Currency),
 	}
-	view := map[string]any{"message_id": messageID(tenant, opRef(rec), m.Step), "state": MessageQueued}
-	return view, func(tx ledger.Tx) error { return enqueue(tx, m) }
-}
-
-// confirmationStep is the confirmation of a create_order as a step of
-// it; nil when the order was placed without notify_customer.
-func confirmationStep(tenant string, rec *ledger.Record, a createOrderArgs, o *Order) *step {
-	if !a.NotifyCustomer {
-		return nil
-	}
-	view, queue := confirmation(tenant, rec, a, o)
-	return &step{name: "confirmation", view: view, queue: queue}
+	view := map[string]any{"message_id": outbox.MessageID(tenant, opRef(rec), m.Step), "state": outbox.MessageQueued}
+	return followUp{name: "confirmation", view: view, queue: func(tx ledger.Tx) error { return outbox.Enqueue(tx, m) }}
 }
 
 // formatMinor renders minor units with two decimals (display only).

@@ -44,7 +44,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 			s.log.Error("no applier for held tool", "tool", rec.Tool, "key", rec.Key)
 			return internalError(rec.Key)
 		}
-		if apply, err = eff.applier(rec.Tenant, rec.Args); err != nil {
+		if apply, err = eff.applier(s, rec.Tenant, rec.Args); err != nil {
 			return s.ledgerError(c, err)
 		}
 		apply = audited(s.downstream(rec.Tool), apply)
@@ -53,8 +53,8 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
 		trace := &httpTrace{}
-		if o, lerr := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
-			out := withFollowUp(outcomeOf(o, nil, "order"), s.effectOf(rec.Tool), rec.Tenant, rec, o)
+		if o, lerr := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
+			out := s.withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
 			out.Call = trace.downstreamCall(rec.Attempts)
 			noteOrder(out.Call, out.Result)
 			auditedAlso(&out)

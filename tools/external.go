@@ -10,21 +10,28 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 // runner performs one operation against an external downstream, with no
 // transaction open. Its outcome may be unknown.
 type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
 
-// external returns the runner of tool when its downstream is the HTTP
-// order API, or false when the tool runs on the embedded store.
+// external returns the runner of tool when its downstream is remote (the
+// HTTP order API), or false when the tool runs in the ledger's transaction.
 func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
 	e := s.effectOf(tool)
-	if s.api == nil || e == nil || !e.onOrders() {
+	if s.remote == nil || e == nil || !e.onOrders() {
 		return nil, false, nil
 	}
-	run, err := e.runner(s.api, tenant, args)
-	return run, true, err
+	write, summary, err := e.remoteWrite(s.remote, tenant, args)
+	if err != nil {
+		return nil, true, err
+	}
+	return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+		o, err := write(ctx, opRef(rec))
+		return s.withFollowUps(outcomeOf(o, err, summary), tenant, rec, args, o, map[string]any{"order": o})
+	}, true, nil
 }
 
 // executeExternal is execute for an external downstream: claim with a
@@ -213,7 +220,7 @@ func (s *Service) renewalFailed(ctx context.Context, rec *ledger.Record, err err
 // runs detached from the caller that started it: that caller giving up
 // does not fail the others. Its settlement is attributed to that caller.
 func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger.Record) (ledger.Decision, error) {
-	if s.api == nil {
+	if s.remote == nil {
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
 	detached := context.WithoutCancel(ctx)
@@ -251,17 +258,17 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 		return settledDecision(rec), nil // settled meanwhile: nothing to ask
 	}
 	trace := &httpTrace{}
-	o, err := s.api.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
+	o, err := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
 	s.lookups.observe(s.log, rec.Key, err)
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
-		req.Outcome = withFollowUp(outcomeOf(o, nil, "order"), s.effectOf(rec.Tool), rec.Tenant, rec, o)
+		req.Outcome = s.withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
 		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
-	case errors.Is(err, errAbsent) && s.api.SafeRetry:
+	case errors.Is(err, orders.ErrAbsent) && s.remote.SafeRetry():
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
 		req.Why = "reconciled: the order system has nothing for this key, and same-key retries are safe"
-	case errors.Is(err, errAbsent):
+	case errors.Is(err, orders.ErrAbsent):
 		req.Outcome = ledger.Outcome{State: ledger.StateAwaitingApproval}
 		req.Proposal = &ledger.Approval{Rule: "rerun_after_unknown",
 			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
@@ -315,7 +322,7 @@ const maxOutageKeys = 10000
 func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err != nil && !errors.Is(err, errAbsent) {
+	if err != nil && !errors.Is(err, orders.ErrAbsent) {
 		h.failed++
 		if h.keys == nil {
 			h.keys = map[string]struct{}{}
@@ -345,7 +352,7 @@ func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
 // It returns how many of each it handled.
 func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error) {
 	expired, err = s.ledger.ExpireLeases(ctx)
-	if err != nil || s.api == nil {
+	if err != nil || s.remote == nil {
 		return expired, 0, err
 	}
 	// Page through the unknown records, a hundred per pass, wrapping

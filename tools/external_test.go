@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 	"idemgate/schemas"
 )
 
@@ -128,7 +130,7 @@ func externalServiceWith(t *testing.T, safeRetry bool, opts Options) (*Service, 
 	if opts.CallTimeout == 0 {
 		opts.CallTimeout = 200 * time.Millisecond
 	}
-	api, err := NewOrderAPI(srv.URL, opts.CallTimeout, safeRetry)
+	api, err := orders.NewAPI(srv.URL, opts.CallTimeout, safeRetry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,19 +321,19 @@ func TestLookupsCoalesced(t *testing.T) {
 	fake.byKey["t1:k1"] = `{"order_id":"ext-1","version":1,"status":"placed"}`
 	fake.lookupDelay = 100 * time.Millisecond
 	const n = 16
-	got := make([]*Order, n)
+	got := make([]*orders.Order, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	impatient, cancel := context.WithCancel(ctx)
 	wg.Go(func() { // starts the flight, then gives up
-		_, err := svc.api.Lookup(impatient, "t1", "k1")
+		_, err := svc.remote.Lookup(impatient, "t1", "k1")
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("the impatient caller got %v, want context.Canceled", err)
 		}
 	})
 	time.Sleep(10 * time.Millisecond)
 	for i := range n {
-		wg.Go(func() { got[i], errs[i] = svc.api.Lookup(ctx, "t1", "k1") })
+		wg.Go(func() { got[i], errs[i] = svc.remote.Lookup(ctx, "t1", "k1") })
 	}
 	time.Sleep(10 * time.Millisecond)
 	cancel()
@@ -375,26 +377,56 @@ func TestRetryableAdvisesSameKey(t *testing.T) {
 	}
 }
 
-func TestRetryAfterParsing(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+// TestOutcomeOfClasses: each class of a failed order API call maps to the
+// operation's state and error code — not sent is retryable, definitive is
+// failed with the API's code, indeterminate is unknown — and a success to
+// succeeded (with TestOrderAPIClassification in orders, which maps each
+// HTTP answer to its class).
+func TestOutcomeOfClasses(t *testing.T) {
 	tests := []struct {
-		header string
-		want   time.Duration
+		name  string
+		err   error
+		state ledger.State
+		code  string
 	}{
-		{"", 0},
-		{"0", 0},
-		{"-3", 0},
-		{"soon", 0},
-		{"7", 7 * time.Second},
-		{" 120 ", 2 * time.Minute},
-		{"999999999999", maxRetryAfter},
-		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
-		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
+		{"success", nil, ledger.StateSucceeded, ""},
+		{"not sent", &orders.APIError{Class: orders.NotSent, Status: 429}, ledger.StateRetryable, "downstream_error"},
+		{"definitive 400", &orders.APIError{Class: orders.Definitive, Status: 400, Code: "downstream_error"}, ledger.StateFailed, "downstream_error"},
+		{"definitive 404", &orders.APIError{Class: orders.Definitive, Status: 404, Code: "not_found"}, ledger.StateFailed, "not_found"},
+		{"definitive 412", &orders.APIError{Class: orders.Definitive, Status: 412, Code: "precondition_failed"}, ledger.StateFailed, "precondition_failed"},
+		{"indeterminate", &orders.APIError{Class: orders.Indeterminate, Status: 503}, ledger.StateUnknown, "outcome_unknown"},
+		{"unclassified", errors.New("boom"), ledger.StateUnknown, "outcome_unknown"},
 	}
 	for _, tt := range tests {
-		if got := retryAfter(tt.header, now); got != tt.want {
-			t.Errorf("retryAfter(%q) = %v, want %v", tt.header, got, tt.want)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			var o *orders.Order
+			if tt.err == nil {
+				o = &orders.Order{OrderID: "o1", Version: 1, Status: "placed"}
+			}
+			out := outcomeOf(o, tt.err, "order")
+			if out.State != tt.state || (tt.code != "" && (out.Error == nil || out.Error.Code != tt.code)) {
+				t.Errorf("outcome %s %+v, want %s %s", out.State, out.Error, tt.state, tt.code)
+			}
+		})
+	}
+}
+
+// TestRefusedConnectionIsRetryable: a create that never reached the API
+// (nothing listens) leaves the operation retryable.
+func TestRefusedConnectionIsRetryable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens here now
+	api, err := orders.NewAPI("http://"+addr, time.Second, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := api.Create(context.Background(), "t1", "k1", orders.CreateRequest{})
+	if out := outcomeOf(o, err, "order"); out.State != ledger.StateRetryable {
+		t.Errorf("outcome %s, want retryable", out.State)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"idemgate/ledger"
+	"idemgate/outbox"
 )
 
 var specGetOperationStatus = Spec{
@@ -33,9 +34,9 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call, _ noArgs) *Re
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
-	var msgs []*Message
+	var msgs []*outbox.Message
 	if err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		msgs, err = messagesOf(tx, c.actor.Tenant, key, rec.Incarnation)
+		msgs, err = outbox.OfOperation(tx, c.actor.Tenant, key, rec.Incarnation)
 		return err
 	}); err != nil {
 		return s.ledgerError(c, err)
@@ -73,7 +74,7 @@ func (s *Service) getOperationStatus(ctx context.Context, c *call, _ noArgs) *Re
 			if !m.NextAttemptAt.IsZero() {
 				step["next_attempt_at"] = m.NextAttemptAt
 			}
-			if m.State == MessageDead {
+			if m.State == outbox.MessageDead {
 				step["note"] = "delivery stopped after repeated failures; an operator can requeue it (idemgate outbox requeue " + m.MessageID + ")"
 			}
 			steps = append(steps, step)

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specGetOrder = Spec{
@@ -41,22 +42,13 @@ func readResponse(result any) *Response {
 
 // readOrder reads an order from wherever orders live; (nil, nil) when it
 // does not exist.
-func (s *Service) readOrder(ctx context.Context, tenant, id string) (*Order, error) {
-	if s.api != nil {
-		return s.api.Get(ctx, tenant, id)
-	}
-	var o *Order
-	err := s.ledger.View(ctx, func(tx ledger.Tx) error {
-		var err error
-		o, err = getOrderTx(tx, tenant, id)
-		return err
-	})
-	return o, err
+func (s *Service) readOrder(ctx context.Context, tenant, id string) (*orders.Order, error) {
+	return s.orders.Get(ctx, tenant, id)
 }
 
 // downstreamError answers a failed read of the order API (or the ledger).
 func (s *Service) downstreamError(c *call, err error) *Response {
-	var ae *APIError
+	var ae *orders.APIError
 	if errors.As(err, &ae) {
 		return errorResponse("", ledger.StateFailed, CodeDownstreamError,
 			"The order system could not answer: "+ae.Error()+". Nothing was changed; try again shortly.", NextWaitPoll)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specListOrders = Spec{
@@ -31,7 +32,7 @@ type listOrdersArgs struct {
 func (s *Service) listOrders(ctx context.Context, c *call, a listOrdersArgs) *Response {
 	customer, limit := a.CustomerID, a.Limit
 	backend := "embedded"
-	if s.api != nil {
+	if s.remote != nil {
 		backend = "orders_api"
 	}
 	query := []string{"list_orders", c.actor.Tenant, customer, backend}
@@ -43,27 +44,17 @@ func (s *Service) listOrders(ctx context.Context, c *call, a listOrdersArgs) *Re
 		}
 		after = string(pos)
 	}
-	var orders []*Order
-	var next string
-	var err error
-	if s.api != nil {
-		orders, next, err = s.api.List(ctx, c.actor.Tenant, customer, limit, after)
-		if err == nil && len(next) > maxAPICursor {
-			err = &APIError{Class: Definitive, Code: "downstream_error", Msg: fmt.Sprintf("the order API's next_cursor is %d bytes; at most %d are carried", len(next), maxAPICursor)}
-		}
-	} else {
-		err = s.ledger.View(ctx, func(tx ledger.Tx) error {
-			orders, next, err = listOrdersTx(tx, c.actor.Tenant, customer, after, limit)
-			return err
-		})
+	page, next, err := s.orders.List(ctx, c.actor.Tenant, customer, limit, after)
+	if err == nil && s.remote != nil && len(next) > maxAPICursor {
+		err = &orders.APIError{Class: orders.Definitive, Code: "downstream_error", Msg: fmt.Sprintf("the order API's next_cursor is %d bytes; at most %d are carried", len(next), maxAPICursor)}
 	}
 	if err != nil {
 		return s.downstreamError(c, err)
 	}
-	if orders == nil {
-		orders = []*Order{}
+	if page == nil {
+		page = []*orders.Order{}
 	}
-	out := map[string]any{"customer_id": customer, "orders": orders, "count": len(orders)}
+	out := map[string]any{"customer_id": customer, "orders": page, "count": len(page)}
 	if next != "" {
 		out["next_cursor"] = EncodeCursor(query, []byte(next))
 	}

@@ -16,6 +16,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 	"idemgate/schemas"
 )
 
@@ -28,9 +29,9 @@ func distinctOrder(i int) map[string]any {
 }
 
 type orderPage struct {
-	Orders     []Order `json:"orders"`
-	Count      int     `json:"count"`
-	NextCursor *string `json:"next_cursor"`
+	Orders     []orders.Order `json:"orders"`
+	Count      int            `json:"count"`
+	NextCursor *string        `json:"next_cursor"`
 }
 
 func listPage(t *testing.T, svc *Service, actor ledger.Actor, args map[string]any) orderPage {
@@ -70,7 +71,7 @@ func TestListOrdersPagesCompletely(t *testing.T) {
 	svc.Call(ctx, agent, "create_order", other, nil)
 
 	seen := map[string]int{}
-	var got []Order
+	var got []orders.Order
 	args := map[string]any{"customer_id": "c1", "limit": float64(7)}
 	for pages := 0; ; pages++ {
 		if pages > 40 {
@@ -235,7 +236,7 @@ func TestListOrdersPagesThroughTheOrderAPI(t *testing.T) {
 		json.NewEncoder(w).Encode(out)
 	}))
 	t.Cleanup(api.Close)
-	oa, err := NewOrderAPI(api.URL, 5*time.Second, false)
+	oa, err := orders.NewAPI(api.URL, 5*time.Second, false)
 	if err != nil {
 		t.Fatal(err)
 	}

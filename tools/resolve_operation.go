@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specResolveOperation = Spec{
@@ -82,12 +83,8 @@ func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Reco
 	}
 	o, err := s.readOrder(ctx, c.actor.Tenant, ref)
 	if err != nil || o == nil {
-		o = &Order{OrderID: ref}
+		o = &orders.Order{OrderID: ref}
 	}
 	out.Result = mustJSON(map[string]any{"order": o, "resolution": resolution})
-	if st := eff.followUp(rec.Tenant, rec, o); st != nil {
-		out.Result = mustJSON(map[string]any{"order": o, st.name: st.view, "resolution": resolution})
-		out.Also = st.queue
-	}
-	return out
+	return s.withFollowUps(out, rec.Tenant, rec, rec.Args, o, map[string]any{"order": o, "resolution": resolution})
 }

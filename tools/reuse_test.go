@@ -13,6 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 	"idemgate/schemas"
 )
 
@@ -42,7 +44,7 @@ func reuseService(t *testing.T, clock *testClock, api string) (*Service, *ledger
 	t.Cleanup(func() { store.Close() })
 	opts := Options{OutboxDir: t.TempDir(), Lease: time.Second, CallTimeout: 200 * time.Millisecond}
 	if api != "" {
-		a, err := NewOrderAPI(api, 200*time.Millisecond, false)
+		a, err := orders.NewAPI(api, 200*time.Millisecond, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,17 +92,17 @@ func TestKeyReuseEmbeddedIsANewOrder(t *testing.T) {
 	if o1.OrderID == o2.OrderID {
 		t.Fatalf("both operations name order %s", o1.OrderID)
 	}
+	got, err := svc.orders.Get(ctx, "t1", o1.OrderID)
+	if err != nil || got == nil || got.TotalMinor != 1000 {
+		t.Errorf("first order now %+v (%v), want total 1000 as placed", got, err)
+	}
+	list, _, _ := svc.orders.List(ctx, "t1", "c1", 10, "")
+	if len(list) != 2 || list[0].OrderID == list[1].OrderID {
+		t.Errorf("list = %d orders, want 2 different", len(list))
+	}
 	store.View(ctx, func(tx ledger.Tx) error {
-		got, err := getOrderTx(tx, "t1", o1.OrderID)
-		if err != nil || got == nil || got.TotalMinor != 1000 {
-			t.Errorf("first order now %+v (%v), want total 1000 as placed", got, err)
-		}
-		list, _, _ := listOrdersTx(tx, "t1", "c1", "", 10)
-		if len(list) != 2 || list[0].OrderID == list[1].OrderID {
-			t.Errorf("list = %d orders, want 2 different", len(list))
-		}
 		n := 0
-		tx.Scan(collOutbox, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+		tx.Scan(outbox.Collection, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
 		if n != 2 {
 			t.Errorf("%d outbox messages, want 2 confirmations", n)
 		}
@@ -141,41 +143,18 @@ func TestKeyReuseExternalIsANewOrder(t *testing.T) {
 	}
 }
 
-// TestPutOrderNeverOverwrites: a create whose order id exists fails (and
-// rolls back) instead of replacing the order.
-func TestPutOrderNeverOverwrites(t *testing.T) {
-	ctx := context.Background()
-	s := mustOpen(t)
-	o := &Order{OrderID: "ord_x", Version: 1, Status: "placed", CustomerID: "c1", TotalMinor: 100, CreatedAt: time.Now()}
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", o) }); err != nil {
-		t.Fatal(err)
-	}
-	o2 := *o
-	o2.TotalMinor = 999
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", &o2) }); !errors.Is(err, errOrderExists) {
-		t.Fatalf("second put: %v, want errOrderExists", err)
-	}
-	s.View(ctx, func(tx ledger.Tx) error {
-		got, _ := getOrderTx(tx, "t1", "ord_x")
-		if got == nil || got.TotalMinor != 100 {
-			t.Errorf("order now %+v, want the first", got)
-		}
-		return nil
-	})
-}
-
 // TestLegacyRecordKeepsItsIdentities: a record without an incarnation
 // (written before incarnations existed) names what it named then.
 func TestLegacyRecordKeepsItsIdentities(t *testing.T) {
 	rec := &ledger.Record{Tenant: "t1", Key: "k"}
-	if got, want := orderID("t1", opRef(rec)), "ord_"; !strings.HasPrefix(got, want) || got != orderID("t1", "k") {
+	if got, want := orders.ID("t1", opRef(rec)), "ord_"; !strings.HasPrefix(got, want) || got != orders.ID("t1", "k") {
 		t.Errorf("legacy order id %s", got)
 	}
-	if apiKey("t1", opRef(rec)) != "t1:k" {
-		t.Errorf("legacy Idempotency-Key %s, want t1:k", apiKey("t1", opRef(rec)))
+	if orders.IdempotencyKey("t1", opRef(rec)) != "t1:k" {
+		t.Errorf("legacy Idempotency-Key %s, want t1:k", orders.IdempotencyKey("t1", opRef(rec)))
 	}
 	rec.Incarnation = "00ff"
-	if apiKey("t1", opRef(rec)) != "t1:k:00ff" || orderID("t1", opRef(rec)) == orderID("t1", "k") {
-		t.Errorf("incarnation not in the identities: %s %s", apiKey("t1", opRef(rec)), orderID("t1", opRef(rec)))
+	if orders.IdempotencyKey("t1", opRef(rec)) != "t1:k:00ff" || orders.ID("t1", opRef(rec)) == orders.ID("t1", "k") {
+		t.Errorf("incarnation not in the identities: %s %s", orders.IdempotencyKey("t1", opRef(rec)), orders.ID("t1", opRef(rec)))
 	}
 }

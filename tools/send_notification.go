@@ -5,6 +5,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/outbox"
 )
 
 var specSendNotification = Spec{
@@ -23,7 +24,7 @@ func sendNotificationTool() descriptor {
 		facts: func(a sendNotificationArgs) approvals.Facts {
 			return approvals.Facts{Channel: a.Channel, Recipients: a.To}
 		},
-		apply: applySendNotification,
+		apply: (*Service).applySendNotification,
 	})
 }
 
@@ -41,13 +42,13 @@ func (s *Service) sendNotification(ctx context.Context, c *call, a sendNotificat
 
 // applySendNotification queues the message in the outbox inside the
 // ledger's transaction.
-func applySendNotification(tenant string, a sendNotificationArgs) (ledger.ApplyFunc, error) {
+func (s *Service) applySendNotification(tenant string, a sendNotificationArgs) (ledger.ApplyFunc, error) {
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		m := &Message{
+		m := &outbox.Message{
 			Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "notification",
 			Channel: a.Channel, To: a.To, Subject: a.Subject, Body: a.Body, OrderID: a.OrderID,
 		}
-		if err := enqueue(tx, m); err != nil {
+		if err := outbox.Enqueue(tx, m); err != nil {
 			return ledger.Outcome{}, err
 		}
 		result := map[string]any{"message": map[string]any{"message_id": m.MessageID, "channel": m.Channel, "recipients": len(m.To), "state": m.State}}

@@ -18,6 +18,8 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
+	"idemgate/outbox"
 	"idemgate/schemas"
 )
 
@@ -29,8 +31,8 @@ type Options struct {
 	// Policy decides approvals and denials (approvals.Default() when nil).
 	Policy *approvals.Policy
 	// OrdersAPI, when set, is where orders live instead of the embedded
-	// store.
-	OrdersAPI *OrderAPI
+	// store (orders.API, the HTTP order API).
+	OrdersAPI RemoteOrders
 	// Lease is the ledger's lease; external calls renew it at a third.
 	Lease time.Duration // default 30s
 	// CallTimeout bounds one external downstream call.
@@ -38,7 +40,7 @@ type Options struct {
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
 	// Sink, when set, replaces the directory sink (the webhook sink).
-	Sink   Sink
+	Sink   outbox.Sink
 	Logger *slog.Logger
 }
 
@@ -48,9 +50,14 @@ type Service struct {
 	schemas *schemas.Validator
 	opts    Options
 	log     *slog.Logger
-	outbox  *Deliverer
+	outbox  *outbox.Deliverer
 	policy  approvals.Policy
-	api     *OrderAPI // nil: orders live in the embedded store
+	// orders is where orders live: local (the embedded store, writes in
+	// the ledger's transaction) or remote (the order API); exactly one of
+	// local and remote is set, and is orders.
+	orders Orders
+	local  LocalOrders
+	remote RemoteOrders
 	// sweepAfter is where the next Sweep pass continues in the unknown
 	// records; only the sweeping goroutine touches it.
 	sweepAfter string
@@ -129,17 +136,23 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		if opts.OutboxDir == "" {
 			return nil, errors.New("tools: OutboxDir or Sink is required")
 		}
-		dir, err := NewDirSink(opts.OutboxDir)
+		dir, err := outbox.NewDirSink(opts.OutboxDir)
 		if err != nil {
 			return nil, err
 		}
 		sink = dir
 	}
-	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default(), api: opts.OrdersAPI}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
+	if opts.OrdersAPI != nil {
+		s.orders, s.remote = opts.OrdersAPI, opts.OrdersAPI
+	} else {
+		embedded := orders.NewEmbedded(store)
+		s.orders, s.local = embedded, embedded
+	}
 	if opts.Policy != nil {
 		s.policy = *opts.Policy
 	}
-	s.outbox = NewDeliverer(store, sink, opts.Logger)
+	s.outbox = outbox.NewDeliverer(store, sink, opts.Logger)
 	s.tools = map[string]descriptor{}
 	for _, t := range registry() {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
@@ -178,7 +191,7 @@ func (s *Service) Specs() []Spec {
 }
 
 // Deliverer is the outbox deliverer the server runs in the background.
-func (s *Service) Deliverer() *Deliverer { return s.outbox }
+func (s *Service) Deliverer() *outbox.Deliverer { return s.outbox }
 
 // Call runs one tool call for actor. It never returns nil and never panics
 // into the caller: a panic becomes an internal-error Response. Arguments are
@@ -284,7 +297,7 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		return errorResponse(key, ledger.StateRejected, CodeForbidden,
 			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", NextDoNotRetry)
 	}
-	apply, err := eff.applier(c.actor.Tenant, args)
+	apply, err := eff.applier(s, c.actor.Tenant, args)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
@@ -373,10 +386,7 @@ func decisionFor(rec *ledger.Record) ledger.Decision {
 // through the outbox.
 func (s *Service) downstream(tool string) string {
 	if e := s.effectOf(tool); e != nil && e.onOrders() {
-		if s.api != nil {
-			return "orders_api " + s.api.base.String()
-		}
-		return "embedded"
+		return s.orders.Downstream()
 	}
 	return "outbox"
 }

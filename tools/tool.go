@@ -6,6 +6,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 // descriptor is one tool, defined in one place (the tool's own file): its
@@ -45,24 +46,32 @@ type noArgs struct{}
 
 // sideEffect is what a side-effecting tool does, over its typed arguments
 // A as saved in the ledger record: what the policy sees of it, and the
-// effect itself — inside the ledger's transaction (the embedded store,
-// the outbox) or, for order tools when an order API is configured, as a
-// call to that API.
+// effect itself — inside the ledger's transaction (the embedded order
+// store, the outbox) or, for order tools when a remote order system is
+// configured, as a write to that system — and the steps that follow it.
 type sideEffect[A any] struct {
 	// noun is what answers call one such operation ("order"); "" for
 	// the tool's name.
 	noun string
 	// facts is what the approval policy evaluates.
 	facts func(a A) approvals.Facts
-	// apply is the effect inside the ledger's transaction.
-	apply func(tenant string, a A) (ledger.ApplyFunc, error)
-	// remote, when set, marks an order tool: with an order API configured
-	// its effect is this call instead of apply.
-	remote func(api *OrderAPI, tenant string, a A) runner
-	// afterOrder, when set, is the step an operation of rec adds once its
-	// order o exists (create_order's confirmation message); nil when the
-	// arguments ask for none.
-	afterOrder func(tenant string, rec *ledger.Record, a A, o *Order) *step
+	// apply is the effect inside the ledger's transaction; an order tool
+	// reaches the embedded order store as s.local.
+	apply func(s *Service, tenant string, a A) (ledger.ApplyFunc, error)
+	// remote, when set, marks an order tool: with a remote order system
+	// (RemoteOrders) configured, its effect is this write, sent with the
+	// operation's reference ref (opRef) and no transaction open, instead
+	// of apply. Its answer becomes the outcome by outcomeOf, with
+	// remoteSummary ("order", "changed order") naming a success.
+	remote        func(ctx context.Context, api RemoteOrders, tenant, ref string, a A) (*orders.Order, error)
+	remoteSummary string
+	// followUps, when set, is the steps an operation rec adds once it has
+	// succeeded with order o (create_order's confirmation); none when the
+	// arguments ask for none. Every outcome built outside the transaction
+	// (a remote answer, reconciliation, approval, resolution) gets them
+	// through Service.withFollowUps; an apply that succeeds queues them in
+	// its own transaction (queueSteps).
+	followUps func(tenant string, rec *ledger.Record, a A, o *orders.Order) []followUp
 }
 
 // effect is a sideEffect with its argument type erased: every method takes
@@ -73,13 +82,16 @@ type effect interface {
 	// policyFacts is what the approval policy evaluates.
 	policyFacts(args json.RawMessage) (approvals.Facts, error)
 	// applier builds the effect inside the ledger's transaction.
-	applier(tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
+	applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
 	// onOrders reports whether the effect goes to the order system.
 	onOrders() bool
-	// runner builds the call to the order API (only when onOrders).
-	runner(api *OrderAPI, tenant string, args json.RawMessage) (runner, error)
-	// followUp is afterOrder over rec's saved arguments (nil: no step).
-	followUp(tenant string, rec *ledger.Record, o *Order) *step
+	// remoteWrite builds the write to a remote order system (only when
+	// onOrders), to be sent with the operation's reference, and the
+	// summary that names its success.
+	remoteWrite(api RemoteOrders, tenant string, args json.RawMessage) (write func(ctx context.Context, ref string) (*orders.Order, error), summary string, err error)
+	// steps is followUps over the arguments args (none when they do not
+	// decode).
+	steps(tenant string, rec *ledger.Record, args json.RawMessage, o *orders.Order) []followUp
 }
 
 func (e *sideEffect[A]) decode(args json.RawMessage) (A, error) {
@@ -98,61 +110,33 @@ func (e *sideEffect[A]) policyFacts(args json.RawMessage) (approvals.Facts, erro
 	return e.facts(a), nil
 }
 
-func (e *sideEffect[A]) applier(tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
+func (e *sideEffect[A]) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
 	a, err := e.decode(args)
 	if err != nil {
 		return nil, err
 	}
-	return e.apply(tenant, a)
+	return e.apply(s, tenant, a)
 }
 
 func (e *sideEffect[A]) onOrders() bool { return e.remote != nil }
 
-func (e *sideEffect[A]) runner(api *OrderAPI, tenant string, args json.RawMessage) (runner, error) {
+func (e *sideEffect[A]) remoteWrite(api RemoteOrders, tenant string, args json.RawMessage) (func(ctx context.Context, ref string) (*orders.Order, error), string, error) {
 	a, err := e.decode(args)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return e.remote(api, tenant, a), nil
+	return func(ctx context.Context, ref string) (*orders.Order, error) {
+		return e.remote(ctx, api, tenant, ref, a)
+	}, e.remoteSummary, nil
 }
 
-func (e *sideEffect[A]) followUp(tenant string, rec *ledger.Record, o *Order) *step {
-	if e.afterOrder == nil {
+func (e *sideEffect[A]) steps(tenant string, rec *ledger.Record, args json.RawMessage, o *orders.Order) []followUp {
+	if e.followUps == nil {
 		return nil
 	}
-	a, err := e.decode(rec.Args)
+	a, err := e.decode(args)
 	if err != nil {
 		return nil
 	}
-	return e.afterOrder(tenant, rec, a, o)
-}
-
-// step is a further step of an operation whose order exists: its name
-// (the result's key for view), what the result shows of it, and the write
-// that queues it in the transaction that records the outcome.
-type step struct {
-	name  string
-	view  map[string]any
-	queue func(ledger.Tx) error
-}
-
-// withStep adds st (when not nil) to a succeeded outcome for order o: the
-// result shows the order and the step, and the step is queued with the
-// outcome.
-func withStep(out ledger.Outcome, o *Order, st *step) ledger.Outcome {
-	if out.State != ledger.StateSucceeded || st == nil {
-		return out
-	}
-	out.Result = mustJSON(map[string]any{"order": o, st.name: st.view})
-	out.Also = st.queue
-	return out
-}
-
-// withFollowUp is withStep with eff's step for rec's saved arguments,
-// computed only for a succeeded outcome.
-func withFollowUp(out ledger.Outcome, eff effect, tenant string, rec *ledger.Record, o *Order) ledger.Outcome {
-	if out.State != ledger.StateSucceeded || eff == nil {
-		return out
-	}
-	return withStep(out, o, eff.followUp(tenant, rec, o))
+	return e.followUps(tenant, rec, a, o)
 }

@@ -7,6 +7,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/orders"
 )
 
 var specUpdateOrder = Spec{
@@ -21,55 +22,28 @@ var specUpdateOrder = Spec{
 // updateOrderTool changes an order at the version the caller read.
 func updateOrderTool() descriptor {
 	return define(specUpdateOrder, (*Service).updateOrder, &sideEffect[updateOrderArgs]{
-		apply: applyUpdateOrder,
-		remote: func(api *OrderAPI, tenant string, a updateOrderArgs) runner {
-			return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-				o, err := api.Update(ctx, tenant, opRef(rec), a.OrderID, a.ExpectedVersion, a.Changes)
-				return outcomeOf(o, err, "changed order")
-			}
+		apply: (*Service).applyUpdateOrder,
+		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a updateOrderArgs) (*orders.Order, error) {
+			return api.Update(ctx, tenant, ref, a.request())
 		},
+		remoteSummary: "changed order",
 	})
 }
 
-type orderChanges struct {
-	Items                 []Item   `json:"items,omitempty"`
-	ShipTo                *Address `json:"ship_to,omitempty"`
-	RequestedDeliveryDate *string  `json:"requested_delivery_date,omitempty"`
-	Note                  *string  `json:"note,omitempty"`
-}
-
 type updateOrderArgs struct {
-	OrderID         string       `json:"order_id"`
-	ExpectedVersion int          `json:"expected_version"`
-	Changes         orderChanges `json:"changes"`
+	OrderID         string         `json:"order_id"`
+	ExpectedVersion int            `json:"expected_version"`
+	Changes         orders.Changes `json:"changes"`
 }
 
-// changedOrder returns a copy of o with ch applied (version and times not
-// touched).
-func changedOrder(o *Order, ch orderChanges) (*Order, error) {
-	n := *o
-	if ch.Items != nil {
-		sum, err := total(ch.Items)
-		if err != nil {
-			return nil, err
-		}
-		n.Items, n.TotalMinor = ch.Items, sum
-	}
-	if ch.ShipTo != nil {
-		n.ShipTo = ch.ShipTo
-	}
-	if ch.RequestedDeliveryDate != nil {
-		n.RequestedDeliveryDate = *ch.RequestedDeliveryDate
-	}
-	if ch.Note != nil {
-		n.Note = *ch.Note
-	}
-	return &n, nil
+// request is the change the arguments ask for.
+func (a updateOrderArgs) request() orders.UpdateRequest {
+	return orders.UpdateRequest{OrderID: a.OrderID, ExpectedVersion: a.ExpectedVersion, Changes: a.Changes}
 }
 
 // diffFields are the fields of an order a change can touch, as shown to
 // approvers.
-func diffFields(o *Order) map[string]any {
+func diffFields(o *orders.Order) map[string]any {
 	m := approvals.ToMap(o)
 	out := map[string]any{}
 	for _, k := range []string{"items", "total_minor", "ship_to", "requested_delivery_date", "note"} {
@@ -86,7 +60,7 @@ func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *
 	if cur == nil { // the ledger already knows this key: it answers
 		return s.execute(ctx, c, proposal{})
 	}
-	next, err := changedOrder(cur, a.Changes)
+	next, err := a.Changes.Apply(cur)
 	if err != nil {
 		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments, "The new order total does not fit in 64-bit minor units. Nothing was recorded.", NextFixRetry)
 	}
@@ -99,7 +73,7 @@ func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *
 // is still at expected. It returns (nil, nil) when the ledger already has
 // a record for the key — the record decides then (replay, pending
 // approval, mismatch), whatever the order looks like now.
-func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected int) (*Order, *Response) {
+func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected int) (*orders.Order, *Response) {
 	key := c.req.OperationKey
 	if _, err := s.ledger.Get(ctx, c.actor.Tenant, key); err == nil {
 		return nil, nil
@@ -123,7 +97,7 @@ func (s *Service) currentOrder(ctx context.Context, c *call, id string, expected
 
 // preconditionFailed answers a stale expected version or a cancelled
 // order, or returns nil when o may change.
-func preconditionFailed(key string, o *Order, expected int, status ledger.State) *Response {
+func preconditionFailed(key string, o *orders.Order, expected int, status ledger.State) *Response {
 	var msg string
 	switch {
 	case o.Status == "cancelled":
@@ -141,48 +115,40 @@ func preconditionFailed(key string, o *Order, expected int, status ledger.State)
 // applyUpdateOrder changes the order if it is still at the version the
 // approval was given for; otherwise the operation fails with
 // precondition_failed and nothing is applied.
-func applyUpdateOrder(tenant string, a updateOrderArgs) (ledger.ApplyFunc, error) {
-	return applyOrderChange(tenant, a.OrderID, a.ExpectedVersion, "changed", func(o *Order) (*Order, error) {
-		return changedOrder(o, a.Changes)
-	}), nil
-}
-
-// applyOrderChange is the side effect shared by update_order and
-// cancel_order: inside the ledger's transaction, re-read the order, refuse
-// a vanished, cancelled or moved one (a saved failure, nothing applied),
-// otherwise write change's result as the next version.
-func applyOrderChange(tenant, id string, expected int, verb string, change func(*Order) (*Order, error)) ledger.ApplyFunc {
+func (s *Service) applyUpdateOrder(tenant string, a updateOrderArgs) (ledger.ApplyFunc, error) {
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		o, err := getOrderTx(tx, tenant, id)
-		if err != nil {
-			return ledger.Outcome{}, err
-		}
-		if out, stop := staleOutcome(rec.Key, o, id, expected); stop {
-			return out, nil
-		}
-		n, err := change(o)
-		if err != nil {
-			return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeInvalidArguments, err.Error())}, nil
-		}
-		n.Version++
-		n.UpdatedAt = tx.Now()
-		if err := replaceOrder(tx, tenant, n); err != nil {
-			return ledger.Outcome{}, err
-		}
-		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": n}),
-			Summary: fmt.Sprintf("order %s %s, version %d", n.OrderID, verb, n.Version), DownstreamRef: n.OrderID}, nil
-	}
+		n, err := s.local.UpdateTx(tx, tenant, a.request())
+		return orderChangeOutcome(rec.Key, a.OrderID, a.ExpectedVersion, "changed", n, err)
+	}, nil
 }
 
-// staleOutcome is the saved failure of a change whose order vanished,
-// was cancelled or moved past the approved version.
-func staleOutcome(key string, o *Order, id string, expected int) (ledger.Outcome, bool) {
+// orderChangeOutcome is the outcome of an embedded update_order or
+// cancel_order that wrote n or failed with err: a vanished, cancelled or
+// moved order, or an invalid change, is a saved failure (nothing applied);
+// any other error rolls the transaction back.
+func orderChangeOutcome(key, id string, expected int, verb string, n *orders.Order, err error) (ledger.Outcome, error) {
+	var stale *orders.StaleError
+	switch {
+	case errors.Is(err, orders.ErrNotFound):
+		return staleOutcome(key, nil, id, expected), nil
+	case errors.As(err, &stale):
+		return staleOutcome(key, stale.Order, id, expected), nil
+	case errors.Is(err, orders.ErrTotalOverflow):
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeInvalidArguments, err.Error())}, nil
+	case err != nil:
+		return ledger.Outcome{}, err
+	}
+	return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": n}),
+		Summary: fmt.Sprintf("order %s %s, version %d", n.OrderID, verb, n.Version), DownstreamRef: n.OrderID}, nil
+}
+
+// staleOutcome is the saved failure of a change whose order vanished
+// (o is nil), was cancelled or moved past the approved version.
+func staleOutcome(key string, o *orders.Order, id string, expected int) ledger.Outcome {
 	if o == nil {
-		return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeNotFound, "Order "+id+" no longer exists; nothing was applied.")}, true
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(CodeNotFound, "Order "+id+" no longer exists; nothing was applied.")}
 	}
-	if r := preconditionFailed(key, o, expected, ledger.StateFailed); r != nil {
-		r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
-		return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: "precondition_failed"}, true
-	}
-	return ledger.Outcome{}, false
+	r := preconditionFailed(key, o, expected, ledger.StateFailed)
+	r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
+	return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: "precondition_failed"}
 }

@@ -1,4 +1,4 @@
-package tools
+package orders
 
 import (
 	"bytes"
@@ -17,30 +17,30 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
-
-	"idemgate/ledger"
 )
 
-// OrderAPI is the HTTP order API downstream: orders live in another
+// API is the HTTP order API downstream: orders live in another
 // system, reached over HTTP with the contract documented in the README.
 // Every call is bounded by Timeout and made exactly once: the transport
 // keeps no idle connections, so Go's HTTP client has no reused connection
 // to silently retry a request on; every retry is idemgate's own, visible in
 // the ledger's attempts and the audit log.
-type OrderAPI struct {
+//
+// Its writes (Create, Update, Cancel) carry the Idempotency-Key
+// IdempotencyKey(tenant, ref) of the operation named ref; Lookup asks the
+// API which order a write with that key made. Safe for concurrent use.
+type API struct {
 	base   *url.URL
 	client *http.Client
-	// SafeRetry says the API guarantees that a request repeated with the
-	// same Idempotency-Key and body returns the first outcome instead of
-	// acting twice. Only then may an operation proven absent by the lookup
-	// be re-sent without a human.
-	SafeRetry bool
+	// safeRetry: see SafeRetry.
+	safeRetry bool
 	// lookups coalesces concurrent lookups of one key (Lookup).
 	lookups singleflight.Group
 }
 
-// NewOrderAPI returns a client for the API at base (http or https).
-func NewOrderAPI(base string, timeout time.Duration, safeRetry bool) (*OrderAPI, error) {
+// NewAPI returns a client for the API at base (http or https). timeout
+// bounds one call (10s when <= 0); safeRetry is SafeRetry's answer.
+func NewAPI(base string, timeout time.Duration, safeRetry bool) (*API, error) {
 	u, err := url.Parse(strings.TrimRight(base, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("orders API URL %q: want http(s)://host[:port][/path]", base)
@@ -54,8 +54,18 @@ func NewOrderAPI(base string, timeout time.Duration, safeRetry bool) (*OrderAPI,
 		DisableKeepAlives:     true, // no reused connection, so no hidden transport retry
 		ResponseHeaderTimeout: timeout,
 	}
-	return &OrderAPI{base: u, client: &http.Client{Transport: tr, Timeout: timeout}, SafeRetry: safeRetry}, nil
+	return &API{base: u, client: &http.Client{Transport: tr, Timeout: timeout}, safeRetry: safeRetry}, nil
 }
+
+// SafeRetry says the API guarantees that a request repeated with the same
+// Idempotency-Key and body returns the first outcome instead of acting
+// twice. Only then may an operation proven absent by the lookup be re-sent
+// without a human.
+func (a *API) SafeRetry() bool { return a.safeRetry }
+
+// Downstream names the API in the ledger's records: "orders_api" and its
+// base URL.
+func (a *API) Downstream() string { return "orders_api " + a.base.String() }
 
 // Failure classes of a downstream call.
 const (
@@ -87,22 +97,41 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("orders API: %s: %s", e.Class, e.Msg)
 }
 
-// errAbsent is returned by Lookup when no request with the key took effect.
-var errAbsent = errors.New("orders API: no order for this idempotency key")
+// ErrAbsent is returned by Lookup when no request with the key took effect.
+var ErrAbsent = errors.New("orders API: no order for this idempotency key")
 
-// apiKey is the Idempotency-Key sent for an operation named ref (opRef:
-// "<key>:<incarnation>", or the key alone for a record written before
+// IdempotencyKey is the Idempotency-Key sent for an operation named ref
+// ("<key>:<incarnation>", or the key alone for a record written before
 // incarnations existed), and the key its lookup asks for. The tenant is
 // part of it, so two tenants' keys never meet at a shared API; the
 // incarnation is, so an operation under a key reused after its tombstone
 // was deleted is never answered with the order an earlier operation under
 // that key made, however long the API remembers its keys.
-func apiKey(tenant, ref string) string { return tenant + ":" + ref }
+func IdempotencyKey(tenant, ref string) string { return tenant + ":" + ref }
+
+// HTTPCall describes one request the client made, as reported to the
+// observer of its context (WithObserver).
+type HTTPCall struct {
+	Method   string
+	Path     string // the URL path, without the query
+	Status   int    // the HTTP status, 0 when none was received
+	Failure  string // the failure class (NotSent, Definitive, Indeterminate), "" on success
+	Duration time.Duration
+}
+
+type observerKey struct{}
+
+// WithObserver returns a context under which every request the client
+// makes is reported to observe when it ends (for an audit of downstream
+// calls). observe may be called from several goroutines at once.
+func WithObserver(ctx context.Context, observe func(HTTPCall)) context.Context {
+	return context.WithValue(ctx, observerKey{}, observe)
+}
 
 // do sends one request and decodes a 2xx JSON answer into out. The
-// request's method, path, status and duration are noted on the context's
-// audit trace (noteHTTP).
-func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) (err error) {
+// request's method, path, status and duration are reported to the
+// context's observer (WithObserver).
+func (a *API) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) (err error) {
 	started := time.Now()
 	status := 0
 	defer func() {
@@ -111,7 +140,9 @@ func (a *OrderAPI) do(ctx context.Context, method, path string, query url.Values
 		if errors.As(err, &ae) {
 			failure = ae.Class
 		}
-		noteHTTP(ctx, method, a.base.Path+path, status, failure, time.Since(started))
+		if observe, _ := ctx.Value(observerKey{}).(func(HTTPCall)); observe != nil {
+			observe(HTTPCall{Method: method, Path: a.base.Path + path, Status: status, Failure: failure, Duration: time.Since(started)})
+		}
 	}()
 	u := *a.base
 	u.Path += path
@@ -214,33 +245,36 @@ func snippet(b []byte) string {
 }
 
 func writeHeaders(tenant, key string, version int) map[string]string {
-	h := map[string]string{"Idempotency-Key": apiKey(tenant, key), "X-Idemgate-Tenant": tenant}
+	h := map[string]string{"Idempotency-Key": IdempotencyKey(tenant, key), "X-Idemgate-Tenant": tenant}
 	if version > 0 {
 		h["If-Match"] = strconv.Itoa(version)
 	}
 	return h
 }
 
-// Create places an order.
-func (a *OrderAPI) Create(ctx context.Context, tenant, key string, args createOrderArgs) (*Order, error) {
+// Create places an order for the operation named ref. Errors are
+// *APIError, classified.
+func (a *API) Create(ctx context.Context, tenant, ref string, req CreateRequest) (*Order, error) {
 	var o Order
-	return &o, a.do(ctx, http.MethodPost, "/orders", nil, writeHeaders(tenant, key, 0), args, &o)
+	return &o, a.do(ctx, http.MethodPost, "/orders", nil, writeHeaders(tenant, ref, 0), req, &o)
 }
 
-// Update changes an order at version.
-func (a *OrderAPI) Update(ctx context.Context, tenant, key, id string, version int, ch orderChanges) (*Order, error) {
+// Update changes an order at req.ExpectedVersion (If-Match) for the
+// operation named ref. Errors are *APIError, classified.
+func (a *API) Update(ctx context.Context, tenant, ref string, req UpdateRequest) (*Order, error) {
 	var o Order
-	return &o, a.do(ctx, http.MethodPatch, "/orders/"+url.PathEscape(id), nil, writeHeaders(tenant, key, version), ch, &o)
+	return &o, a.do(ctx, http.MethodPatch, "/orders/"+url.PathEscape(req.OrderID), nil, writeHeaders(tenant, ref, req.ExpectedVersion), req.Changes, &o)
 }
 
-// Cancel cancels an order at version.
-func (a *OrderAPI) Cancel(ctx context.Context, tenant, key, id string, version int, reason string) (*Order, error) {
+// Cancel cancels an order at req.ExpectedVersion (If-Match) for the
+// operation named ref. Errors are *APIError, classified.
+func (a *API) Cancel(ctx context.Context, tenant, ref string, req CancelRequest) (*Order, error) {
 	var o Order
-	return &o, a.do(ctx, http.MethodPost, "/orders/"+url.PathEscape(id)+"/cancel", nil, writeHeaders(tenant, key, version), map[string]string{"reason": reason}, &o)
+	return &o, a.do(ctx, http.MethodPost, "/orders/"+url.PathEscape(req.OrderID)+"/cancel", nil, writeHeaders(tenant, ref, req.ExpectedVersion), map[string]string{"reason": req.Reason}, &o)
 }
 
 // Get reads an order; (nil, nil) when the API says 404.
-func (a *OrderAPI) Get(ctx context.Context, tenant, id string) (*Order, error) {
+func (a *API) Get(ctx context.Context, tenant, id string) (*Order, error) {
 	var o Order
 	err := a.do(ctx, http.MethodGet, "/orders/"+url.PathEscape(id), nil, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
 	var ae *APIError
@@ -254,7 +288,7 @@ func (a *OrderAPI) Get(ctx context.Context, tenant, id string) (*Order, error) {
 // for the next page ("" on the last page). cursor is the API's own
 // next_cursor from the previous page, sent back as the cursor parameter;
 // an API that does not page answers without next_cursor.
-func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int, cursor string) ([]*Order, string, error) {
+func (a *API) List(ctx context.Context, tenant, customer string, limit int, cursor string) ([]*Order, string, error) {
 	var r struct {
 		Orders     []*Order `json:"orders"`
 		NextCursor string   `json:"next_cursor"`
@@ -267,8 +301,8 @@ func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int,
 	return r.Orders, r.NextCursor, err
 }
 
-// Lookup asks which order the request with this operation's key created
-// or changed: the order, errAbsent when none took effect, or an error when
+// Lookup asks which order the request of the operation named ref created
+// or changed: the order, ErrAbsent when none took effect, or an error when
 // the API cannot tell now (ctx's error when ctx ends first).
 //
 // Concurrent lookups of one (tenant, key) are coalesced: one request is in
@@ -276,9 +310,9 @@ func (a *OrderAPI) List(ctx context.Context, tenant, customer string, limit int,
 // request runs detached from the cancellation of the caller that started
 // it — bounded by the API timeout — so that caller giving up does not fail
 // the others.
-func (a *OrderAPI) Lookup(ctx context.Context, tenant, key string) (*Order, error) {
+func (a *API) Lookup(ctx context.Context, tenant, key string) (*Order, error) {
 	detached := context.WithoutCancel(ctx)
-	ch := a.lookups.DoChan(apiKey(tenant, key), func() (v any, err error) {
+	ch := a.lookups.DoChan(IdempotencyKey(tenant, key), func() (v any, err error) {
 		defer recoverFlight(&err)
 		return a.lookup(detached, tenant, key)
 	})
@@ -295,12 +329,12 @@ func (a *OrderAPI) Lookup(ctx context.Context, tenant, key string) (*Order, erro
 }
 
 // lookup is one lookup request; see Lookup.
-func (a *OrderAPI) lookup(ctx context.Context, tenant, key string) (*Order, error) {
+func (a *API) lookup(ctx context.Context, tenant, key string) (*Order, error) {
 	var o Order
-	err := a.do(ctx, http.MethodGet, "/orders", url.Values{"idempotency_key": {apiKey(tenant, key)}}, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
+	err := a.do(ctx, http.MethodGet, "/orders", url.Values{"idempotency_key": {IdempotencyKey(tenant, key)}}, map[string]string{"X-Idemgate-Tenant": tenant}, nil, &o)
 	var ae *APIError
 	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
-		return nil, errAbsent
+		return nil, ErrAbsent
 	}
 	if err != nil {
 		return nil, err
@@ -308,35 +342,11 @@ func (a *OrderAPI) lookup(ctx context.Context, tenant, key string) (*Order, erro
 	return &o, nil
 }
 
-// outcomeOf maps a write's answer to the operation's outcome.
-func outcomeOf(o *Order, err error, summary string) ledger.Outcome {
-	if err == nil {
-		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": o}), Summary: summary + " " + o.OrderID, DownstreamRef: o.OrderID}
+// recoverFlight turns a panic in a coalesced flight into its error:
+// singleflight would re-raise it on a goroutine of its own and end the
+// process.
+func recoverFlight(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("panic in a coalesced call: %v", r)
 	}
-	var ae *APIError
-	if !errors.As(err, &ae) {
-		ae = &APIError{Class: Indeterminate, Msg: err.Error()}
-	}
-	switch ae.Class {
-	case NotSent:
-		e := &ledger.OpError{Code: "downstream_error", Message: "The order system could not take the request, and it was never delivered or acted on (" + ae.Error() + "). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments."}
-		withRetryAfter(e, ae.RetryAfter, "call again")
-		return ledger.Outcome{State: ledger.StateRetryable, Error: e}
-	case Definitive:
-		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: ae.Code, Message: "The order system refused the request: " + ae.Error() + ". Nothing was changed."}, Summary: ae.Code}
-	}
-	e := &ledger.OpError{Code: "outcome_unknown", Message: "The order system may or may not have done it (" + ae.Error() + "). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key."}
-	withRetryAfter(e, ae.RetryAfter, "call again with the same operation_key")
-	return ledger.Outcome{State: ledger.StateUnknown, Error: e}
-}
-
-// withRetryAfter adds the delay the API asked for to e: in the message and
-// as error.details.retry_after_seconds.
-func withRetryAfter(e *ledger.OpError, d time.Duration, what string) {
-	if d <= 0 {
-		return
-	}
-	secs := int64(d / time.Second)
-	e.Message += fmt.Sprintf(" The order system asked to wait %d seconds: %s no sooner.", secs, what)
-	e.Details = mustJSON(map[string]any{"retry_after_seconds": secs})
 }

@@ -1,4 +1,4 @@
-package tools
+package outbox
 
 import (
 	"bytes"

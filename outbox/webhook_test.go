@@ -1,4 +1,4 @@
-package tools
+package outbox
 
 import (
 	"context"
@@ -137,7 +137,7 @@ func mustWebhook(t *testing.T, url string, timeout time.Duration) *WebhookSink {
 func testMessage(step string) *Message {
 	m := &Message{Tenant: "t1", OperationKey: "op-1", Step: step, Channel: "email", To: []string{"a@example.com", "b@example.com"},
 		Subject: "Order confirmed", Body: "Your order ord_1 is confirmed.", OrderID: "ord_1"}
-	m.MessageID = messageID(m.Tenant, m.OperationKey, m.Step)
+	m.MessageID = MessageID(m.Tenant, m.OperationKey, m.Step)
 	return m
 }
 

@@ -1,4 +1,10 @@
-package tools
+// Package outbox is the notification outbox: messages are written in the
+// transaction of the operation that sends them (Enqueue, inside a
+// ledger.Tx), and delivered afterwards by a Deliverer to a Sink — a
+// directory of files (DirSink) or a webhook gateway (WebhookSink). Each
+// message has a stable id derived from its operation and step, which is
+// what makes redelivery harmless at an idempotent sink.
+package outbox
 
 import (
 	"context"
@@ -18,13 +24,12 @@ import (
 	"idemgate/ledger"
 )
 
-// The outbox: messages are written in the same transaction as the
-// operation that sends them, and delivered afterwards by a Deliverer. Each
-// message has a stable id derived from its operation (key and incarnation,
-// see opRef) and step, which is what makes redelivery harmless at an
-// idempotent sink, and keeps two operations under one reused key apart.
+// The outbox's collections in the ledger. A message's id is derived from
+// its operation (key and incarnation, see MessageID) and step, which keeps
+// two operations under one reused key apart.
 const (
-	collOutbox  = "outbox"         // message_id → Message
+	// Collection holds the messages: message_id → Message (JSON).
+	Collection  = "outbox"
 	collPending = "outbox_pending" // message_id → "" while not delivered
 	collByOp    = "outbox_by_op"   // tenant \x00 key \x00 step → message_id (of the key's latest operation)
 )
@@ -69,11 +74,25 @@ var (
 	ErrMessageNotDead  = errors.New("outbox: message is not dead-lettered")
 )
 
-// messageID is the stable identity of one side effect of an operation,
-// named by opRef (its key, and its incarnation when it has one).
-func messageID(tenant, ref, step string) string {
+// MessageID is the stable identity of one side effect (step) of an
+// operation, named by ref: "<key>:<incarnation>", or the key alone for an
+// operation recorded before incarnations existed (see OpRef).
+func MessageID(tenant, ref, step string) string {
 	sum := sha256.Sum256([]byte("message\x00" + tenant + "\x00" + ref + "\x00" + step))
 	return "msg_" + hex.EncodeToString(sum[:16])
+}
+
+// OpRef names an operation to its downstreams, from its key and its
+// ledger record's incarnation: "<key>:<incarnation>", unique per
+// operation rather than per key (a key is free again once its tombstone is
+// deleted). A record written before incarnations existed has none; its
+// name is the key alone, as it was then, so its replays, re-runs and
+// reconciliations name what they named.
+func OpRef(key, incarnation string) string {
+	if incarnation == "" {
+		return key
+	}
+	return key + ":" + incarnation
 }
 
 // errMessageExists: a message with the id an enqueue derived already
@@ -82,12 +101,14 @@ func messageID(tenant, ref, step string) string {
 // rather than overwrite a message that may already have been delivered.
 var errMessageExists = errors.New("outbox: a different message with this id already exists; refusing to overwrite it")
 
-// enqueue writes m into the outbox inside the caller's transaction. A
-// message already queued under m's id with the same content is left as it
-// is (its delivery state stands); one with other content is
-// errMessageExists.
-func enqueue(tx ledger.Tx, m *Message) error {
-	m.MessageID = messageID(m.Tenant, opRefOf(m.OperationKey, m.Incarnation), m.Step)
+// Enqueue writes m into the outbox inside the caller's transaction, with
+// its id (MessageID of its operation and step), state queued and the
+// transaction's time set on m. A message already queued under m's id with
+// the same content is left as it is (its delivery state stands, and m is
+// set to it); one with other content is an error and nothing is written.
+// The message is delivered only if the transaction commits.
+func Enqueue(tx ledger.Tx, m *Message) error {
+	m.MessageID = MessageID(m.Tenant, OpRef(m.OperationKey, m.Incarnation), m.Step)
 	m.State = MessageQueued
 	m.CreatedAt = tx.Now()
 	cur, err := getMessage(tx, m.MessageID)
@@ -105,7 +126,7 @@ func enqueue(tx ledger.Tx, m *Message) error {
 	if err != nil {
 		return err
 	}
-	if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
+	if err := tx.Put(Collection, m.MessageID, v); err != nil {
 		return err
 	}
 	if err := tx.Put(collPending, m.MessageID, nil); err != nil {
@@ -115,7 +136,7 @@ func enqueue(tx ledger.Tx, m *Message) error {
 }
 
 func getMessage(tx ledger.Tx, id string) (*Message, error) {
-	v, err := tx.Get(collOutbox, id)
+	v, err := tx.Get(Collection, id)
 	if err != nil || v == nil {
 		return nil, err
 	}
@@ -126,10 +147,10 @@ func getMessage(tx ledger.Tx, id string) (*Message, error) {
 	return &m, nil
 }
 
-// messagesOf returns the messages of an operation (its key and
+// OfOperation returns the messages of an operation (its key and
 // incarnation), by step. Messages of an earlier operation under the same
 // key are not its own and are left out.
-func messagesOf(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, error) {
+func OfOperation(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, error) {
 	var out []*Message
 	err := tx.Scan(collByOp, tenant+"\x00"+key+"\x00", false, func(_ string, id []byte) (bool, error) {
 		m, err := getMessage(tx, string(id))
@@ -387,7 +408,7 @@ func putMessage(tx ledger.Tx, m *Message) error {
 	if err != nil {
 		return err
 	}
-	return tx.Put(collOutbox, m.MessageID, v)
+	return tx.Put(Collection, m.MessageID, v)
 }
 
 // Requeue puts a dead-lettered message back in the queue for delivery as

@@ -1,4 +1,4 @@
-package tools
+package outbox
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func mustOpen(t *testing.T) *ledger.BoltStore {
 func queue(t *testing.T, s ledger.Store, key string) *Message {
 	t.Helper()
 	m := &Message{Tenant: "t1", OperationKey: key, Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello " + key}
-	if err := s.Update(context.Background(), func(tx ledger.Tx) error { return enqueue(tx, m) }); err != nil {
+	if err := s.Update(context.Background(), func(tx ledger.Tx) error { return Enqueue(tx, m) }); err != nil {
 		t.Fatal(err)
 	}
 	return m
@@ -68,7 +68,7 @@ func TestRedeliveryWritesOneFile(t *testing.T) {
 		}
 		cur.State = "queued"
 		v, _ := json.Marshal(cur)
-		if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
+		if err := tx.Put(Collection, m.MessageID, v); err != nil {
 			return err
 		}
 		return tx.Put(collPending, m.MessageID, nil)
@@ -132,11 +132,11 @@ func TestConcurrentDeliverersWriteOneFilePerMessage(t *testing.T) {
 }
 
 func TestMessageIDIsStablePerStep(t *testing.T) {
-	a := messageID("t1", "k", "confirmation")
-	if b := messageID("t1", "k", "confirmation"); a != b {
+	a := MessageID("t1", "k", "confirmation")
+	if b := MessageID("t1", "k", "confirmation"); a != b {
 		t.Errorf("same operation and step gave %s and %s", a, b)
 	}
-	for _, other := range []string{messageID("t2", "k", "confirmation"), messageID("t1", "k2", "confirmation"), messageID("t1", "k", "notification")} {
+	for _, other := range []string{MessageID("t2", "k", "confirmation"), MessageID("t1", "k2", "confirmation"), MessageID("t1", "k", "notification")} {
 		if other == a {
 			t.Errorf("different tenant, key or step gave the same id %s", a)
 		}
@@ -173,7 +173,7 @@ func TestDirSinkRefusesDifferentContent(t *testing.T) {
 		}
 		cur.State, cur.Body = MessageQueued, "a different message"
 		v, _ := json.Marshal(cur)
-		if err := tx.Put(collOutbox, m.MessageID, v); err != nil {
+		if err := tx.Put(Collection, m.MessageID, v); err != nil {
 			return err
 		}
 		return tx.Put(collPending, m.MessageID, nil)
@@ -212,11 +212,11 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 	s := mustOpen(t)
 	m := queue(t, s, "k1")
 	same := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello k1"}
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, same) }); err != nil {
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, same) }); err != nil {
 		t.Fatalf("the same message again: %v", err)
 	}
 	other := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
-	err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, other) })
+	err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, other) })
 	if !errors.Is(err, errMessageExists) {
 		t.Fatalf("a different message under an existing id: %v, want errMessageExists", err)
 	}
@@ -229,7 +229,7 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 	})
 	// Another incarnation of the key is another message.
 	next := &Message{Tenant: "t1", OperationKey: "k1", Incarnation: "0011223344556677", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
 		t.Errorf("a message of another incarnation: id %s (first %s), err %v; want a new id", next.MessageID, m.MessageID, err)
 	}
 }
