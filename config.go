@@ -168,7 +168,7 @@ func (l *settings) load() error {
 // the configured downstreams: the order API (or the embedded store) and the
 // notification sink (webhook gateway, or files in outboxDir, by default
 // "outbox" beside the ledger). The caller closes the store.
-func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
 	return l.openServiceMode(false, outboxDir, wait, logger)
 }
 
@@ -176,7 +176,7 @@ func (l *settings) openService(outboxDir string, wait time.Duration, logger *slo
 // readOnly is set (approvals list and show): the store never writes, and
 // the notification sink refuses to deliver rather than create its
 // directory.
-func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
 	open := l.open
 	if readOnly {
 		open = l.openReadOnly
@@ -204,7 +204,7 @@ func quietLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+func (l *settings) service(store ledger.Store, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
 	v, err := schemas.New()
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"runtime"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/server"
 )
 
@@ -105,8 +106,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 type usageError struct{ error }
 
 // open opens the ledger for reading and writing, creating a new one only
-// where no file exists (see ledger.OpenBolt).
-func (l *settings) open() (*ledger.BoltStore, error) {
+// where no file exists (see bolt.Open).
+func (l *settings) open() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
@@ -114,25 +115,33 @@ func (l *settings) open() (*ledger.BoltStore, error) {
 		return nil, err
 	}
 	if !l.mayCreate {
-		return ledger.OpenBoltExisting(l.db, l.ledgerOptions())
+		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions()))
 	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
-	return ledger.OpenBolt(l.db, l.ledgerOptions())
+	return asStore(bolt.Open(l.db, l.ledgerOptions()))
 }
 
 // openReadOnly opens an existing ledger for reading only: the file is
 // opened read-only and never written, nothing is created (see
-// ledger.OpenBoltReadOnly). The read commands use it.
-func (l *settings) openReadOnly() (*ledger.BoltStore, error) {
+// bolt.OpenReadOnly). The read commands use it.
+func (l *settings) openReadOnly() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
 	if err := l.load(); err != nil {
 		return nil, err
 	}
-	return ledger.OpenBoltReadOnly(l.db, l.ledgerOptions())
+	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions()))
+}
+
+// asStore returns f as a ledger.Store: nil (not a nil *bolt.File) on error.
+func asStore(f *bolt.File, err error) (ledger.Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 func (l *settings) ledgerOptions() ledger.Options {

@@ -43,7 +43,7 @@ type Stats struct {
 
 // ComputeStats reads the whole audit log (for tenant, or every tenant when
 // tenant is "") and returns the numbers.
-func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, error) {
+func ComputeStats(ctx context.Context, s Store, tenant string) (Stats, error) {
 	st := Stats{Settled: map[string]int{}}
 	type keyOf struct{ tenant, key string }
 	type opKey struct {

@@ -404,7 +404,7 @@ func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error
 		s.sweepAfter = ""
 	} else {
 		last := recs[len(recs)-1]
-		s.sweepAfter = last.Tenant + "\x00" + last.Key
+		s.sweepAfter = ledger.OpenPosition(last)
 	}
 	sweeper := ledger.Actor{Principal: "idemgate-reconciler", Role: "system"}
 	for _, rec := range recs {

@@ -9,44 +9,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	bolt "go.etcd.io/bbolt"
 )
 
-// BoltStore is the embedded ledger: one bbolt file, shared safely by every
-// process that opens it (see handle). Write transactions from concurrent
-// goroutines are committed together (group commit: one fsync for many
-// claims); reads never write, so a replay costs no fsync.
-type BoltStore struct {
+// Ledger is the execution ledger over a Backend: every rule of the
+// package is here, written once; the backend stores the bytes. It
+// implements Store. Open one with New (a backend package's Open does).
+type Ledger struct {
 	opts     Options
-	h        *handle
+	b        Backend
 	owner    string // lease owner id of this process's claims
-	path     string
 	readOnly bool
-
-	healthMu   sync.Mutex
-	lastCommit commitResult // the newest commit's outcome (see Health)
-	lastOK     time.Time    // when a commit last succeeded
-	probeAt    time.Time    // when Health last probed, and its outcome
-	probeErr   error
-
-	gcMu      sync.Mutex
-	gcQueue   []*gcJob
-	gcRunning bool
 
 	auditMu  sync.Mutex
 	auditBuf []AuditEntry
-
-	observed []AuditEntry // entries of the transaction being committed; only the commit leader touches it
 
 	clock clockState
 
@@ -54,270 +34,68 @@ type BoltStore struct {
 	done chan struct{}
 }
 
-var _ Store = (*BoltStore)(nil)
+var _ Store = (*Ledger)(nil)
+
+// New returns the ledger kept in b, with opts. It starts the background
+// flush of buffered audit entries; Close stops it and closes b.
+func New(b Backend, opts Options) *Ledger {
+	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.flushLoop()
+	return s
+}
+
+// Backend returns the backend the ledger runs on.
+func (s *Ledger) Backend() Backend { return s.b }
 
 // auditFlushInterval bounds how long buffered replay and refusal audit
 // entries wait for a write transaction to carry them.
 const auditFlushInterval = 200 * time.Millisecond
 
-// maxBatch bounds the claims committed in one transaction.
-const maxBatch = 256
-
-// OpenBolt opens the ledger file at path for reading and writing, creating
-// a new ledger only where no file exists (the parent directory must
-// exist). It refuses an empty file (ErrEmptyFile), a file that is not an
-// idemgate ledger (ErrNotLedger) and a damaged one (ErrDamaged), each with
-// one line naming the file and what to do. The file may be opened by
-// several processes at once; each sees every other's committed writes.
-func OpenBolt(path string, opts Options) (*BoltStore, error) {
-	return openBolt(path, opts, openReadWrite, true, true)
+// ltx is a backend transaction as the rules see it: it collects the
+// audit entries written by transitions, which Options.Observe sees once
+// the transaction has committed.
+type ltx struct {
+	BTx
+	observed []AuditEntry
 }
 
-// OpenBoltExisting is OpenBolt for an existing ledger only: where no file
-// exists it returns ErrNoLedger and creates nothing (the commands that
-// change a ledger but should never start one: approvals, resolve, outbox).
-func OpenBoltExisting(path string, opts Options) (*BoltStore, error) {
-	return openBolt(path, opts, openReadWrite, false, true)
+// view runs fn in a read-only transaction.
+func (s *Ledger) view(fn func(*ltx) error) error {
+	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx}) })
 }
 
-// OpenBoltReadOnly opens an existing ledger for reading only: the file is
-// opened O_RDONLY and never written (it may be read-only, in a read-only
-// directory). Every write returns ErrReadOnly; audit entries of calls are
-// dropped.
-func OpenBoltReadOnly(path string, opts Options) (*BoltStore, error) {
-	return openBolt(path, opts, openReadOnly, false, true)
-}
-
-// InitBolt creates a new, empty ledger at path. It never touches an
-// existing file: where one exists (even an empty one) it returns ErrExists.
-func InitBolt(path string) error {
-	if _, err := os.Lstat(path); err == nil {
-		return &fileError{kind: ErrExists, path: path, todo: "idemgate init never overwrites a file; remove it first if it should be replaced"}
-	}
-	if err := createLedger(path); err != nil {
-		return err
-	}
-	s, err := OpenBolt(path, Options{})
-	if err != nil {
-		return err
-	}
-	return s.Close()
-}
-
-type openMode bool
-
-const (
-	openReadWrite openMode = false
-	openReadOnly  openMode = true
-)
-
-// openBolt opens the store; deep runs the full page check at the first
-// open (files up to deepCheckLimit).
-func openBolt(path string, opts Options, mode openMode, mayCreate, deep bool) (*BoltStore, error) {
-	if !mayCreate {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, noLedgerError(path) // before any lock file is created beside it
-		}
-	}
-	s := &BoltStore{opts: opts.withDefaults(), owner: uuid.NewString(), stop: make(chan struct{}), done: make(chan struct{}), readOnly: mode == openReadOnly, path: path}
-	h, err := newHandle(path, s.readOnly, mayCreate, func(db *bolt.DB, first bool) error { return openSchema(path, db, s.readOnly, first && deep) })
-	if err != nil {
-		return nil, err
-	}
-	s.h = h
-	// Open once now so a bad path, a foreign file or a newer schema fails
-	// here, not at the first tool call.
-	if _, err := h.acquire(); err != nil {
-		h.close()
-		return nil, err
-	}
-	h.release()
-	go s.flushLoop()
-	return s, nil
-}
-
-// deepCheckLimit bounds the file size for which the first open in a
-// process runs the full page check (deepCheck); bigger files get only the
-// cheap checks at open, and "idemgate check" on demand.
-const deepCheckLimit = 32 << 20
-
-// createLedger writes a new ledger beside path and links it into place,
-// so a ledger file either does not exist or is complete with its identity
-// (a crash half-way leaves only a temporary file). It returns ErrExists if
-// another process created path first.
-func createLedger(path string) error {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp, err := os.CreateTemp(dir, "."+base+".new-*")
-	if err != nil {
-		return fmt.Errorf("ledger: create %s: %w", path, err)
-	}
-	name := tmp.Name()
-	tmp.Close()
-	os.Remove(name) // bbolt initialises a file it creates itself
-	defer os.Remove(name)
-	db, err := bolt.Open(name, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		return fmt.Errorf("ledger: create %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return err
-			}
-		}
-		m := tx.Bucket(bucketMeta)
-		if err := m.Put(keyMagic, []byte(ledgerMagic)); err != nil {
+// update runs fn in a read-write transaction, with the buffered audit
+// entries (written first). fn may be run more than once (see
+// Backend.Update), so it must reset whatever it reports at its start.
+func (s *Ledger) update(fn func(*ltx) error) error {
+	audits := s.takeAudit()
+	var observed []AuditEntry
+	err := s.b.Update(context.Background(), func(bt BTx) error {
+		observed = nil
+		tx := &ltx{BTx: bt}
+		if err := appendAudit(tx, audits...); err != nil {
 			return err
 		}
-		if err := m.Put(keyCreatedAt, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+		if err := fn(tx); err != nil {
 			return err
 		}
-		return m.Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
+		observed = tx.observed
+		return nil
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
-		return fmt.Errorf("ledger: create %s: %w", path, err)
+		s.restoreAudit(audits)
+		return err
 	}
-	if err := os.Link(name, path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return ErrExists
+	if s.opts.Observe != nil {
+		for _, e := range observed {
+			s.opts.Observe(e)
 		}
-		return fmt.Errorf("ledger: create %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync() // the new name is durable
-		d.Close()
 	}
 	return nil
 }
 
-// openSchema runs at every open. It refuses a file that is not an idemgate
-// ledger and a file of a newer schema version, and checks that the file's
-// pages are sound: cheaply at every open (precheck ran before), and in
-// full (deepCheck) at the first open of a file up to deepCheckLimit. A
-// writable open adds the buckets of this build that the file lacks.
-//
-// A ledger is recognised by meta/magic, written when the file is created.
-// Files created before the magic existed (schema version 1) are recognised
-// by their exact shape: every top-level bucket is one of idemgate's, the
-// core buckets exist, and the meta bucket holds schema_version "1" and
-// nothing else. Anything else is another program's file, and nothing in it
-// is changed.
-func openSchema(path string, db *bolt.DB, readOnly, first bool) error {
-	var (
-		version  []byte
-		magic    []byte
-		missing  []string
-		foreign  []string
-		metaKeys int
-		// unindexed: audit entries past the per-key index's watermark
-		// (written by a build before the index, or by one sharing the file).
-		unindexed bool
-	)
-	err := guard(path, func() error {
-		return db.View(func(tx *bolt.Tx) error {
-			if b := tx.Bucket(bucketMeta); b != nil {
-				version = bytes.Clone(b.Get(keySchemaVersion))
-				magic = bytes.Clone(b.Get(keyMagic))
-				metaKeys = b.Stats().KeyN
-			}
-			for _, name := range allBuckets {
-				if tx.Bucket(name) == nil {
-					missing = append(missing, string(name))
-				}
-			}
-			if b := tx.Bucket(bucketAudit); b != nil && tx.Bucket(bucketMeta) != nil {
-				if k, _ := b.Cursor().Last(); len(k) == 8 && binary.BigEndian.Uint64(k) > auditIndexed(tx) {
-					unindexed = true
-				}
-			}
-			return tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-				if !slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) && len(foreign) < 5 {
-					foreign = append(foreign, strconv.Quote(string(name)))
-				}
-				return nil
-			})
-		})
-	})
-	if err != nil {
-		return err
-	}
-	switch {
-	case string(magic) == ledgerMagic:
-	case magic != nil:
-		return notLedgerError(path, fmt.Sprintf("its meta bucket holds magic %q", oneLine(string(magic), 40)))
-	case len(foreign) > 0:
-		return notLedgerError(path, "a bbolt file with buckets idemgate does not use: "+strings.Join(foreign, ", "))
-	case version == nil:
-		return notLedgerError(path, "a bbolt file without idemgate's identity")
-	case string(version) == "1" && metaKeys == 1 && !slices.ContainsFunc(missing, func(m string) bool {
-		return slices.Contains(legacyCore, m)
-	}):
-		// A ledger of the build before the magic: a writable open marks it,
-		// so later builds (which may add keys to meta) still know it.
-		if !readOnly {
-			if err := guard(path, func() error {
-				return db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyMagic, []byte(ledgerMagic)) })
-			}); err != nil {
-				return err
-			}
-		}
-	case string(version) != "1" && metaKeys == 1:
-		// schema version checked below
-	default:
-		return notLedgerError(path, "a bbolt file whose meta bucket is not idemgate's")
-	}
-	v, err := strconv.Atoi(string(version))
-	if err != nil || v > boltSchemaVersion || v < 1 {
-		return fmt.Errorf("%w: %s has %q, this build reads up to %d", ErrSchemaVersion, path, version, boltSchemaVersion)
-	}
-	if first {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return err
-		}
-		if fi.Size() <= deepCheckLimit {
-			if problems := deepCheck(path, db, 1); len(problems) > 0 {
-				return problems[0]
-			}
-		}
-	}
-	if len(missing) == 0 && !unindexed {
-		return nil
-	}
-	if readOnly {
-		// Readers cope without the per-key audit index (AuditForKey then
-		// scans the log), so a file of the build before it is readable.
-		missing = slices.DeleteFunc(missing, func(m string) bool { return m == string(bucketAuditByKey) })
-		if len(missing) == 0 {
-			return nil
-		}
-		return fmt.Errorf("ledger %s lacks the buckets %s (written by an older idemgate): open it once with idemgate serve to add them", path, strings.Join(missing, ", "))
-	}
-	// A ledger written before a bucket, or the per-key audit index, was
-	// added.
-	return guard(path, func() error {
-		return db.Update(func(tx *bolt.Tx) error {
-			for _, name := range allBuckets {
-				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-					return err
-				}
-			}
-			if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
-				return indexAudit(tx, binary.BigEndian.Uint64(k))
-			}
-			return nil
-		})
-	})
-}
-
 // Close flushes buffered audit entries and closes the file.
-func (s *BoltStore) Close() error {
+func (s *Ledger) Close() error {
 	select {
 	case <-s.stop:
 		return nil
@@ -326,12 +104,12 @@ func (s *BoltStore) Close() error {
 	close(s.stop)
 	<-s.done
 	err := s.flushAudit()
-	return errors.Join(err, s.h.close())
+	return errors.Join(err, s.b.Close())
 }
 
 // flushLoop writes buffered audit entries every auditFlushInterval. It
 // exits when Close is called.
-func (s *BoltStore) flushLoop() {
+func (s *Ledger) flushLoop() {
 	defer close(s.done)
 	t := time.NewTicker(auditFlushInterval)
 	defer t.Stop()
@@ -345,7 +123,7 @@ func (s *BoltStore) flushLoop() {
 	}
 }
 
-func (s *BoltStore) flushAudit() error {
+func (s *Ledger) flushAudit() error {
 	if s.readOnly {
 		return nil
 	}
@@ -355,13 +133,13 @@ func (s *BoltStore) flushAudit() error {
 	if empty {
 		return nil
 	}
-	return s.update(func(*bolt.Tx) error { return nil }) // commit carries the buffer
+	return s.update(func(*ltx) error { return nil }) // commit carries the buffer
 }
 
 // Audit buffers e; it is written with the next write transaction, within
 // auditFlushInterval. Used for calls that change nothing (replays,
 // refusals, reads).
-func (s *BoltStore) Audit(e AuditEntry) {
+func (s *Ledger) Audit(e AuditEntry) {
 	if e.At.IsZero() {
 		e.At = s.opts.Now()
 	}
@@ -376,7 +154,7 @@ func (s *BoltStore) Audit(e AuditEntry) {
 	}
 }
 
-func (s *BoltStore) takeAudit() []AuditEntry {
+func (s *Ledger) takeAudit() []AuditEntry {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
 	b := s.auditBuf
@@ -384,7 +162,7 @@ func (s *BoltStore) takeAudit() []AuditEntry {
 	return b
 }
 
-func (s *BoltStore) restoreAudit(b []AuditEntry) {
+func (s *Ledger) restoreAudit(b []AuditEntry) {
 	if len(b) == 0 {
 		return
 	}
@@ -393,201 +171,21 @@ func (s *BoltStore) restoreAudit(b []AuditEntry) {
 	s.auditMu.Unlock()
 }
 
-// view runs fn in a read-only transaction. A fault or a bbolt panic on a
-// damaged page is returned as ErrDamaged (see guard), never a crash.
-func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
-	db, err := s.h.acquire()
-	if err != nil {
-		return err
-	}
-	defer s.h.release()
-	err = guard(s.path, func() error { return db.View(fn) })
-	if errors.Is(err, ErrDamaged) {
-		s.h.damaged()
-	}
-	return err
-}
-
-type gcJob struct {
-	fn       func(*bolt.Tx) error
-	err      error
-	panicked any
-	wake     chan bool // false: done; true: lead the next batch
-}
-
-// run calls j.fn, turning a panic into an error so the batch is rolled
-// back and the lead is handed over; update re-panics in j's caller. A
-// panic raised by bbolt on a damaged page (or a fault on the mapped file)
-// is not re-raised: it is the error ErrDamaged.
-func (j *gcJob) run(tx *bolt.Tx, path string) (err error) {
-	j.panicked = nil // a re-run alone may succeed where the batch panicked
-	defer func() {
-		if r := recover(); r != nil {
-			if isDamagePanic(r) {
-				err = damagedError(path, fmt.Sprint(r))
-				return
-			}
-			j.panicked = r
-			err = fmt.Errorf("ledger: panic in transaction: %v", r)
-		}
-	}()
-	return j.fn(tx)
-}
-
-// errBatchRetry marks a batch that failed because one of its functions did;
-// each function is then run in a transaction of its own.
-var errBatchRetry = errors.New("ledger: batch member failed")
-
-// update runs fn in a read-write transaction, committed together with the
-// functions of concurrent callers (one fsync for all). fn may be run twice:
-// if another member of its batch fails, every member is re-run alone, so fn
-// must reset whatever it reports at its start. The first caller to find no
-// commit running leads; when its batch is committed it hands the lead to the
-// next waiter, so no caller waits for more than one commit beyond its own.
-func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
-	if s.readOnly {
-		return ErrReadOnly
-	}
-	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
-	s.gcMu.Lock()
-	s.gcQueue = append(s.gcQueue, j)
-	if s.gcRunning {
-		s.gcMu.Unlock()
-		if lead := <-j.wake; !lead {
-			if j.panicked != nil {
-				panic(j.panicked)
-			}
-			return j.err
-		}
-		s.gcMu.Lock()
-	} else {
-		s.gcRunning = true
-	}
-	n := min(len(s.gcQueue), maxBatch)
-	batch := s.gcQueue[:n:n]
-	s.gcQueue = append([]*gcJob(nil), s.gcQueue[n:]...)
-	s.gcMu.Unlock()
-
-	s.commit(batch)
-
-	for _, b := range batch[1:] { // batch[0] is j
-		b.wake <- false
-	}
-	s.gcMu.Lock()
-	if len(s.gcQueue) > 0 {
-		s.gcQueue[0].wake <- true
-	} else {
-		s.gcRunning = false
-	}
-	s.gcMu.Unlock()
-	if j.panicked != nil {
-		panic(j.panicked)
-	}
-	return j.err
-}
-
-func (s *BoltStore) commit(batch []*gcJob) {
-	db, err := s.h.acquire()
-	if err != nil {
-		for _, b := range batch {
-			b.err = err
-		}
-		s.noteCommit(err)
-		return
-	}
-	defer s.h.release()
-	audits := s.takeAudit()
-	s.observed = s.observed[:0]
-	err = s.guardedUpdate(db, func(tx *bolt.Tx) error {
-		if err := appendAudit(tx, audits...); err != nil {
-			return err
-		}
-		for _, b := range batch {
-			if b.err = b.run(tx, s.path); b.err != nil {
-				return errBatchRetry
-			}
-		}
-		return nil
-	})
-	if !errors.Is(err, errBatchRetry) {
-		s.noteCommit(err)
-	}
-	switch {
-	case err == nil:
-		s.observe()
-		return
-	case !errors.Is(err, errBatchRetry):
-		for _, b := range batch {
-			b.err = err
-		}
-		s.restoreAudit(audits)
-		return
-	case len(batch) == 1:
-		s.restoreAudit(audits)
-		return // b.err holds fn's own error
-	}
-	for _, b := range batch {
-		var carried []AuditEntry
-		carried, audits = audits, nil
-		s.observed = s.observed[:0]
-		fnFailed := false
-		b.err = s.guardedUpdate(db, func(tx *bolt.Tx) error {
-			if err := appendAudit(tx, carried...); err != nil {
-				return err
-			}
-			err := b.run(tx, s.path)
-			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
-			return err
-		})
-		if !fnFailed { // fn's own error (a refusal) is not a failed commit
-			s.noteCommit(b.err)
-		}
-		if b.err != nil {
-			audits = carried
-		} else {
-			s.observe()
-		}
-	}
-	s.restoreAudit(audits)
-}
-
-// guardedUpdate runs db.Update under guard: a fault or a bbolt panic on a
-// damaged page becomes ErrDamaged and the file is checked again at its
-// next open.
-func (s *BoltStore) guardedUpdate(db *bolt.DB, fn func(*bolt.Tx) error) error {
-	err := guard(s.path, func() error { return db.Update(fn) })
-	if errors.Is(err, ErrDamaged) {
-		s.h.damaged()
-	}
-	return err
-}
-
 // appendObserved appends entries written by a transition; Options.Observe
-// sees them once their transaction has committed. The caller holds tx,
-// inside commit.
-func (s *BoltStore) appendObserved(tx *bolt.Tx, entries ...AuditEntry) error {
+// sees them once their transaction has committed.
+func (s *Ledger) appendObserved(tx *ltx, entries ...AuditEntry) error {
 	if err := appendAudit(tx, entries...); err != nil {
 		return err
 	}
 	if s.opts.Observe != nil {
-		s.observed = append(s.observed, entries...)
+		tx.observed = append(tx.observed, entries...)
 	}
 	return nil
 }
 
-// observe hands the entries of a committed transaction to Options.Observe.
-func (s *BoltStore) observe() {
-	if s.opts.Observe != nil {
-		for _, e := range s.observed {
-			s.opts.Observe(e)
-		}
-	}
-	s.observed = s.observed[:0]
-}
-
 // appendAudit adds entries to the hash chain and to the per-key index;
 // the caller holds tx.
-func appendAudit(tx *bolt.Tx, entries ...AuditEntry) error {
+func appendAudit(tx BTx, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -638,7 +236,7 @@ func auditKeyIndex(tenant, key string, seq uint64) []byte {
 
 // auditIndexed is the sequence number up to which every audit entry is in
 // the per-key index.
-func auditIndexed(tx *bolt.Tx) uint64 {
+func auditIndexed(tx BTx) uint64 {
 	if v := tx.Bucket(bucketMeta).Get(keyAuditIndexed); len(v) == 8 {
 		return binary.BigEndian.Uint64(v)
 	}
@@ -647,7 +245,7 @@ func auditIndexed(tx *bolt.Tx) uint64 {
 
 // indexAudit adds the entries after the index's watermark, up to through,
 // to the per-key index and moves the watermark; the caller holds tx.
-func indexAudit(tx *bolt.Tx, through uint64) error {
+func indexAudit(tx BTx, through uint64) error {
 	done := auditIndexed(tx)
 	if done >= through {
 		return nil
@@ -674,6 +272,8 @@ func indexAudit(tx *bolt.Tx, through uint64) error {
 	return tx.Bucket(bucketMeta).Put(keyAuditIndexed, be64(through))
 }
 
+func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
 func be64(v uint64) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], v)
@@ -686,7 +286,7 @@ func timeKey(t time.Time, tenant, key string) []byte {
 	return append(be64(uint64(t.UnixNano())), recordKey(tenant, key)...)
 }
 
-func getRecord(tx *bolt.Tx, tenant, key string) (*Record, error) {
+func getRecord(tx *ltx, tenant, key string) (*Record, error) {
 	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
 	if v == nil {
 		return nil, nil
@@ -703,7 +303,7 @@ func getRecord(tx *bolt.Tx, tenant, key string) (*Record, error) {
 	return &r, nil
 }
 
-func putRecord(tx *bolt.Tx, r *Record) error {
+func putRecord(tx *ltx, r *Record) error {
 	v, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -734,16 +334,16 @@ type fpEntry struct {
 func fpKey(tenant, fp string) []byte { return []byte(tenant + "\x00" + fp) }
 
 // Execute implements Store.
-func (s *BoltStore) Execute(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+func (s *Ledger) Execute(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
 	return s.claim(ctx, c, apply)
 }
 
 // Claim implements Store.
-func (s *BoltStore) Claim(ctx context.Context, c Claim) (Decision, error) {
+func (s *Ledger) Claim(ctx context.Context, c Claim) (Decision, error) {
 	return s.claim(ctx, c, nil)
 }
 
-func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
@@ -751,7 +351,7 @@ func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decisi
 	// a read-only transaction (no fsync); its audit entry is buffered.
 	var d Decision
 	var answered bool
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
 		if err != nil || rec == nil {
 			return err
@@ -769,7 +369,7 @@ func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decisi
 		s.Audit(s.callEntry(c, d))
 		return d, nil
 	}
-	err = s.update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *ltx) error {
 		var err error
 		d, err = s.claimLocked(tx, c, apply)
 		return err
@@ -777,14 +377,14 @@ func (s *BoltStore) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decisi
 	return d, err
 }
 
-func (s *BoltStore) answer(rec *Record, kind DecisionKind) Decision {
+func (s *Ledger) answer(rec *Record, kind DecisionKind) Decision {
 	if kind == DecisionExpired {
 		rec = tombstone(rec)
 	}
 	return Decision{Kind: kind, Record: rec}
 }
 
-func (s *BoltStore) callEntry(c Claim, d Decision) AuditEntry {
+func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 	e := AuditEntry{At: s.opts.Now(), Event: "call", Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: string(d.Kind)}
 	c.policyOf(&e)
 	if d.Record != nil {
@@ -799,7 +399,7 @@ func (s *BoltStore) callEntry(c Claim, d Decision) AuditEntry {
 }
 
 // claimLocked is the atomic claim; the caller holds the write tx.
-func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision, error) {
+func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error) {
 	now, high, _, err := s.ledgerTime(tx)
 	if err != nil {
 		return Decision{}, err
@@ -875,7 +475,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 		}
 		return Decision{Kind: DecisionClaimed, Record: rec}, nil
 	}
-	out, err := apply(&boltTx{tx: tx, now: now}, rec)
+	out, err := apply(&dataTx{tx: tx, now: now}, rec)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -893,7 +493,7 @@ func (s *BoltStore) claimLocked(tx *bolt.Tx, c Claim, apply ApplyFunc) (Decision
 
 // holdSuspect creates an awaiting_approval record when c's fingerprint
 // matches a recent operation of the tenant under another key.
-func (s *BoltStore) holdSuspect(tx *bolt.Tx, c Claim, now time.Time) (Decision, bool, error) {
+func (s *Ledger) holdSuspect(tx *ltx, c Claim, now time.Time) (Decision, bool, error) {
 	v := tx.Bucket(bucketFPIndex).Get(fpKey(c.Actor.Tenant, c.Fingerprint))
 	if v == nil {
 		return Decision{}, false, nil
@@ -921,7 +521,7 @@ func (s *BoltStore) holdSuspect(tx *bolt.Tx, c Claim, now time.Time) (Decision, 
 
 // heldRecord builds the awaiting_approval record of c. A non-empty
 // earlierKey marks a suspected duplicate of that key.
-func (s *BoltStore) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
+func (s *Ledger) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
 	a := Approval{Reason: "policy"}
 	if c.Proposal != nil {
 		a = *c.Proposal
@@ -953,7 +553,7 @@ func newIncarnation() string {
 
 // saveNew writes a record that did not exist, with its time index and,
 // for a held record, the sweep that expires its approval.
-func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now time.Time, more ...func(*AuditEntry)) error {
+func (s *Ledger) saveNew(tx *ltx, a Actor, rec *Record, why string, now time.Time, more ...func(*AuditEntry)) error {
 	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
 		return err
 	}
@@ -967,7 +567,7 @@ func (s *BoltStore) saveNew(tx *bolt.Tx, a Actor, rec *Record, why string, now t
 }
 
 // finish applies out to an in_progress rec.
-func (s *BoltStore) finish(rec *Record, out Outcome, now time.Time) {
+func (s *Ledger) finish(rec *Record, out Outcome, now time.Time) {
 	rec.State = out.State
 	rec.Result, rec.Error = out.Result, out.Error
 	if out.Result != nil {
@@ -987,7 +587,7 @@ func (s *BoltStore) finish(rec *Record, out Outcome, now time.Time) {
 
 // saveTransition writes rec, its audit entry and, for a final state, its
 // retention schedule; the caller holds tx.
-func (s *BoltStore) saveTransition(tx *bolt.Tx, a Actor, rec *Record, before State, why string, now time.Time, more ...func(*AuditEntry)) error {
+func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why string, now time.Time, more ...func(*AuditEntry)) error {
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
@@ -1033,7 +633,7 @@ func openKey(st State, tenant, key string) []byte {
 
 // indexOpen keeps rec's entry in the open index in step with its state;
 // the caller holds tx.
-func indexOpen(tx *bolt.Tx, rec *Record) error {
+func indexOpen(tx *ltx, rec *Record) error {
 	b := tx.Bucket(bucketOpen)
 	for _, st := range openStates {
 		k := openKey(st, rec.Tenant, rec.Key)
@@ -1051,7 +651,7 @@ func indexOpen(tx *bolt.Tx, rec *Record) error {
 }
 
 // OpenRecords implements Store.
-func (s *BoltStore) OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error) {
+func (s *Ledger) OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -1059,7 +659,7 @@ func (s *BoltStore) OpenRecords(ctx context.Context, st State, after string, lim
 		limit = 100
 	}
 	var out []*Record
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		c := tx.Bucket(bucketOpen).Cursor()
 		prefix := []byte(string(st) + "\x00")
 		k, _ := c.Seek(prefix)
@@ -1085,7 +685,7 @@ func (s *BoltStore) OpenRecords(ctx context.Context, st State, after string, lim
 }
 
 // ExpireLeases implements Store.
-func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
+func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
 	stale, err := s.OpenRecords(ctx, StateInProgress, "", 1000)
 	if err != nil {
 		return 0, err
@@ -1097,7 +697,7 @@ func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
 			continue
 		}
 		moved := false
-		err := s.update(func(tx *bolt.Tx) error {
+		err := s.update(func(tx *ltx) error {
 			moved = false // update may run this twice
 			rec, err := getRecord(tx, r.Tenant, r.Key)
 			if err != nil || rec == nil {
@@ -1125,12 +725,12 @@ func (s *BoltStore) ExpireLeases(ctx context.Context) (int, error) {
 }
 
 // Settle implements Store.
-func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
+func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var rec *Record
-	err := s.update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *ltx) error {
 		var err error
 		rec, err = getRecord(tx, r.Actor.Tenant, r.Key)
 		if err != nil {
@@ -1177,7 +777,7 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 			}
 			s.finish(rec, r.Outcome, now)
 			if r.Outcome.Also != nil && rec.State == StateSucceeded {
-				if err := r.Outcome.Also(&boltTx{tx: tx, now: now}); err != nil {
+				if err := r.Outcome.Also(&dataTx{tx: tx, now: now}); err != nil {
 					return err
 				}
 			}
@@ -1191,12 +791,12 @@ func (s *BoltStore) Settle(ctx context.Context, r SettleRequest) (*Record, error
 }
 
 // Decide implements Store.
-func (s *BoltStore) Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error) {
+func (s *Ledger) Decide(ctx context.Context, r DecideRequest, apply ApplyFunc) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
 	var d Decision
-	err := s.update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *ltx) error {
 		var err error
 		d, err = s.decideLocked(tx, r, apply)
 		return err
@@ -1209,7 +809,7 @@ func (s *BoltStore) Decide(ctx context.Context, r DecideRequest, apply ApplyFunc
 	return d, err
 }
 
-func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) (Decision, error) {
+func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decision, error) {
 	now, high, _, err := s.ledgerTime(tx)
 	if err != nil {
 		return Decision{}, err
@@ -1271,7 +871,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 		}
 		return Decision{Kind: DecisionClaimed, Record: rec}, nil
 	}
-	out, err := apply(&boltTx{tx: tx, now: now}, rec)
+	out, err := apply(&dataTx{tx: tx, now: now}, rec)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -1292,7 +892,7 @@ func (s *BoltStore) decideLocked(tx *bolt.Tx, r DecideRequest, apply ApplyFunc) 
 // PendingApprovals implements Store. It reads every pending approval of
 // the tenant (they are few: each expires after the approval TTL) to order
 // them by request time.
-func (s *BoltStore) PendingApprovals(ctx context.Context, tenant, after string, limit int) ([]*Record, error) {
+func (s *Ledger) PendingApprovals(ctx context.Context, tenant, after string, limit int) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -1304,7 +904,7 @@ func (s *BoltStore) PendingApprovals(ctx context.Context, tenant, after string, 
 		rec *Record
 	}
 	var all []pending
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		c := tx.Bucket(bucketPending).Cursor()
 		prefix := recordKey(tenant, "")
 		for k, key := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, key = c.Next() {
@@ -1345,12 +945,12 @@ func (s *BoltStore) PendingApprovals(ctx context.Context, tenant, after string, 
 }
 
 // ApprovalRecord implements Store.
-func (s *BoltStore) ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error) {
+func (s *Ledger) ApprovalRecord(ctx context.Context, tenant, approvalID string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var rec *Record
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		key := tx.Bucket(bucketApprovals).Get(recordKey(tenant, approvalID))
 		if key == nil {
 			return nil
@@ -1369,12 +969,12 @@ func (s *BoltStore) ApprovalRecord(ctx context.Context, tenant, approvalID strin
 }
 
 // Complete implements Store.
-func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint64, out Outcome) (*Record, error) {
+func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, out Outcome) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var rec *Record
-	err := s.update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *ltx) error {
 		var err error
 		rec, err = getRecord(tx, a.Tenant, key)
 		if err != nil {
@@ -1389,7 +989,7 @@ func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint6
 		now := s.opts.Now()
 		s.finish(rec, out, now)
 		if out.Also != nil && rec.State == StateSucceeded {
-			if err := out.Also(&boltTx{tx: tx, now: now}); err != nil {
+			if err := out.Also(&dataTx{tx: tx, now: now}); err != nil {
 				return err
 			}
 		}
@@ -1402,11 +1002,11 @@ func (s *BoltStore) Complete(ctx context.Context, a Actor, key string, gen uint6
 }
 
 // RenewLease implements Store.
-func (s *BoltStore) RenewLease(ctx context.Context, tenant, key string, gen uint64) error {
+func (s *Ledger) RenewLease(ctx context.Context, tenant, key string, gen uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *ltx) error {
 		rec, err := getRecord(tx, tenant, key)
 		if err != nil {
 			return err
@@ -1426,12 +1026,12 @@ func (s *BoltStore) RenewLease(ctx context.Context, tenant, key string, gen uint
 
 // Get implements Store. Due expiries (lease, approval, retention) are shown
 // as they will be recorded, without writing.
-func (s *BoltStore) Get(ctx context.Context, tenant, key string) (*Record, error) {
+func (s *Ledger) Get(ctx context.Context, tenant, key string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var rec *Record
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		var err error
 		rec, err = getRecord(tx, tenant, key)
 		return err
@@ -1445,7 +1045,7 @@ func (s *BoltStore) Get(ctx context.Context, tenant, key string) (*Record, error
 	return s.present(rec), nil
 }
 
-func (s *BoltStore) present(rec *Record) *Record {
+func (s *Ledger) present(rec *Record) *Record {
 	now := s.opts.Now()
 	s.opts.expireTransition(rec, now, s.highWater())
 	if s.opts.expired(rec, now) {
@@ -1455,7 +1055,7 @@ func (s *BoltStore) present(rec *Record) *Record {
 }
 
 // List implements Store.
-func (s *BoltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
+func (s *Ledger) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -1463,7 +1063,7 @@ func (s *BoltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 		f.Limit = 100
 	}
 	var out []*Record
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		c := tx.Bucket(bucketByTime).Cursor()
 		var k []byte
 		if f.After == "" {
@@ -1497,11 +1097,11 @@ func (s *BoltStore) List(ctx context.Context, f Filter) ([]*Record, error) {
 }
 
 // IssueKey implements Store.
-func (s *BoltStore) IssueKey(ctx context.Context, tenant, key string) error {
+func (s *Ledger) IssueKey(ctx context.Context, tenant, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *ltx) error {
 		now := s.opts.Now()
 		if err := tx.Bucket(bucketIssued).Put(recordKey(tenant, key), be64(uint64(now.UnixNano()))); err != nil {
 			return err
@@ -1511,19 +1111,19 @@ func (s *BoltStore) IssueKey(ctx context.Context, tenant, key string) error {
 }
 
 // View implements Store.
-func (s *BoltStore) View(ctx context.Context, fn func(Tx) error) error {
+func (s *Ledger) View(ctx context.Context, fn func(Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.view(func(tx *bolt.Tx) error { return fn(&boltTx{tx: tx, now: s.opts.Now()}) })
+	return s.view(func(tx *ltx) error { return fn(&dataTx{tx: tx, now: s.opts.Now()}) })
 }
 
 // Update implements Store.
-func (s *BoltStore) Update(ctx context.Context, fn func(Tx) error) error {
+func (s *Ledger) Update(ctx context.Context, fn func(Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error { return fn(&boltTx{tx: tx, now: s.opts.Now()}) })
+	return s.update(func(tx *ltx) error { return fn(&dataTx{tx: tx, now: s.opts.Now()}) })
 }
 
 // sweepChunk bounds the work of one sweep transaction, and sweepScan the
@@ -1543,14 +1143,14 @@ const (
 // (EventDeleted). Index entries are checked against their record, so an
 // entry of an earlier operation under a reused key never touches the new
 // one, and a changed retention reschedules rather than loses an entry.
-func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err error) {
+func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return compacted, deleted, err
 		}
 		var c, d int
 		var more bool
-		err := s.update(func(tx *bolt.Tx) error {
+		err := s.update(func(tx *ltx) error {
 			c, d, more = 0, 0, false
 			now, high, trusted, err := s.ledgerTime(tx)
 			if err != nil {
@@ -1664,7 +1264,7 @@ func (s *BoltStore) Sweep(ctx context.Context) (compacted, deleted int, err erro
 	}
 }
 
-func (s *BoltStore) deleteRecordLocked(tx *bolt.Tx, rec *Record) error {
+func (s *Ledger) deleteRecordLocked(tx *ltx, rec *Record) error {
 	if err := tx.Bucket(bucketRecords).Delete(recordKey(rec.Tenant, rec.Key)); err != nil {
 		return err
 	}
@@ -1691,12 +1291,12 @@ func (s *BoltStore) deleteRecordLocked(tx *bolt.Tx, rec *Record) error {
 }
 
 // AuditLog returns up to limit entries with Seq > after, oldest first.
-func (s *BoltStore) AuditLog(ctx context.Context, after uint64, limit int) ([]AuditEntry, error) {
+func (s *Ledger) AuditLog(ctx context.Context, after uint64, limit int) ([]AuditEntry, error) {
 	if err := s.flushAudit(); err != nil {
 		return nil, err
 	}
 	var out []AuditEntry
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		c := tx.Bucket(bucketAudit).Cursor()
 		for k, v := c.Seek(be64(after + 1)); k != nil && (limit <= 0 || len(out) < limit); k, v = c.Next() {
 			var e AuditEntry
@@ -1711,12 +1311,12 @@ func (s *BoltStore) AuditLog(ctx context.Context, after uint64, limit int) ([]Au
 }
 
 // AuditTail returns the newest n entries, oldest first.
-func (s *BoltStore) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) {
+func (s *Ledger) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) {
 	if err := s.flushAudit(); err != nil {
 		return nil, err
 	}
 	var out []AuditEntry
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		c := tx.Bucket(bucketAudit).Cursor()
 		for k, v := c.Last(); k != nil && len(out) < n; k, v = c.Prev() {
 			var e AuditEntry
@@ -1738,7 +1338,7 @@ func (s *BoltStore) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) 
 // the whole log (plus a scan of the entries appended since the index's
 // watermark, which only a build without the index leaves behind).
 // Buffered entries are written first, so the history is complete.
-func (s *BoltStore) AuditForKey(ctx context.Context, tenant, key string, limit int) ([]AuditEntry, int, error) {
+func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int) ([]AuditEntry, int, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
@@ -1747,7 +1347,7 @@ func (s *BoltStore) AuditForKey(ctx context.Context, tenant, key string, limit i
 	}
 	var out []AuditEntry
 	total := 0
-	err := s.view(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *ltx) error {
 		out, total = nil, 0
 		audit := tx.Bucket(bucketAudit)
 		var seqs []uint64
@@ -1797,11 +1397,12 @@ func (s *BoltStore) AuditForKey(ctx context.Context, tenant, key string, limit i
 
 // VerifyAudit checks the whole hash chain and returns the number of
 // entries, or an error naming the first entry that does not verify.
-func (s *BoltStore) VerifyAudit(ctx context.Context) (int, error) {
+func (s *Ledger) VerifyAudit(ctx context.Context) (int, error) {
 	n := 0
 	prev := ""
-	err := s.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketAudit).ForEach(func(k, v []byte) error {
+	err := s.view(func(tx *ltx) error {
+		c := tx.Bucket(bucketAudit).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
 			var e AuditEntry
 			if err := json.Unmarshal(v, &e); err != nil {
 				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
@@ -1814,54 +1415,46 @@ func (s *BoltStore) VerifyAudit(ctx context.Context) (int, error) {
 			}
 			prev = e.Hash
 			n++
-			return nil
-		})
+		}
+		return nil
 	})
 	return n, err
 }
 
-// boltTx adapts a bbolt transaction to Tx.
-type boltTx struct {
-	tx  *bolt.Tx
+// dataTx is the Tx given to downstreams: the backend's data collections.
+type dataTx struct {
+	tx  BTx
 	now time.Time
 }
 
-func (t *boltTx) Now() time.Time { return t.now }
+func (t *dataTx) Now() time.Time { return t.now }
 
-func (t *boltTx) bucket(collection string, create bool) (*bolt.Bucket, error) {
-	data := t.tx.Bucket(bucketData)
-	if b := data.Bucket([]byte(collection)); b != nil || !create {
-		return b, nil
-	}
-	return data.CreateBucket([]byte(collection))
-}
-
-func (t *boltTx) Get(collection, key string) ([]byte, error) {
-	b, err := t.bucket(collection, false)
+func (t *dataTx) Get(collection, key string) ([]byte, error) {
+	b, err := t.tx.Data(collection, false)
 	if b == nil || err != nil {
 		return nil, err
 	}
 	return b.Get([]byte(key)), nil
 }
 
-func (t *boltTx) Put(collection, key string, value []byte) error {
-	b, err := t.bucket(collection, true)
+func (t *dataTx) Put(collection, key string, value []byte) error {
+	b, err := t.tx.Data(collection, true)
 	if err != nil {
 		return err
 	}
 	return b.Put([]byte(key), value)
 }
 
-func (t *boltTx) Delete(collection, key string) error {
-	b, err := t.bucket(collection, false)
+func (t *dataTx) Delete(collection, key string) error {
+	b, err := t.tx.Data(collection, false)
 	if b == nil || err != nil {
 		return err
 	}
 	return b.Delete([]byte(key))
 }
 
-func (t *boltTx) Scan(collection, prefix string, reverse bool, fn func(key string, value []byte) (bool, error)) error {
-	b, err := t.bucket(collection, false)
+func (t *dataTx) Scan(collection, prefix string, reverse bool, fn func(key string, value []byte) (bool, error)) error {
+	b, err := t.tx.Data(collection, false)
 	if b == nil || err != nil {
 		return err
 	}
@@ -1888,7 +1481,7 @@ func (t *boltTx) Scan(collection, prefix string, reverse bool, fn func(key strin
 }
 
 // seekLast positions c at the last key with prefix p.
-func seekLast(c *bolt.Cursor, p []byte) ([]byte, []byte) {
+func seekLast(c Cursor, p []byte) ([]byte, []byte) {
 	end := bytes.Clone(p)
 	for len(end) > 0 && end[len(end)-1] == 0xff {
 		end = end[:len(end)-1]
@@ -1923,13 +1516,13 @@ type clockState struct {
 	warnedAt time.Duration // Options.Elapsed at the last clock warning
 }
 
-func (s *BoltStore) highWater() time.Time {
+func (s *Ledger) highWater() time.Time {
 	s.clock.mu.Lock()
 	defer s.clock.mu.Unlock()
 	return s.clock.high
 }
 
-func getTime(b *bolt.Bucket, k []byte) time.Time {
+func getTime(b Bucket, k []byte) time.Time {
 	v := b.Get(k)
 	if len(v) != 8 {
 		return time.Time{}
@@ -1954,7 +1547,7 @@ func getTime(b *bolt.Bucket, k []byte) time.Time {
 //
 // Both are kept in the meta bucket, written in the caller's transaction
 // only when they move (no fsync of their own).
-func (s *BoltStore) ledgerTime(tx *bolt.Tx) (now, high, trusted time.Time, err error) {
+func (s *Ledger) ledgerTime(tx *ltx) (now, high, trusted time.Time, err error) {
 	now = s.opts.Now()
 	elapsed := s.opts.Elapsed()
 	meta := tx.Bucket(bucketMeta)

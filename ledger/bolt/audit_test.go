@@ -1,10 +1,12 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +15,7 @@ import (
 )
 
 // summary names each entry by tenant/key:event:decision, for messages.
-func summary(entries []AuditEntry) []string {
+func summary(entries []ledger.AuditEntry) []string {
 	var out []string
 	for _, e := range entries {
 		out = append(out, e.Actor.Tenant+"/"+e.Key+":"+e.Event+":"+e.Decision)
@@ -26,7 +28,7 @@ func summary(entries []AuditEntry) []string {
 // ones not yet flushed — oldest first, and limit keeps the newest.
 func TestAuditForKey(t *testing.T) {
 	ctx := context.Background()
-	s := mustOpen(t, Options{})
+	s := mustOpen(t, ledger.Options{})
 	ap := &applier{}
 	a := newClaim("t1", "create_order", "fp-a")
 	b := newClaim("t1", "create_order", "fp-b")
@@ -34,14 +36,14 @@ func TestAuditForKey(t *testing.T) {
 	other.Actor = testActor("t2") // the same key in another tenant
 	prefix := a
 	prefix.Key = a.Key[:8] // a key that is a prefix of a's
-	for _, c := range []Claim{a, b, other, prefix, a, b} {
-		if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+	for _, c := range []ledger.Claim{a, b, other, prefix, a, b} {
+		if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	mism := a
 	mism.Fingerprint = "fp-changed"
-	if _, err := s.Execute(ctx, mism, ap.succeed(resultOrder)); err != nil {
+	if _, err := s.Execute(ctx, mism, ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
 	// The replay and the mismatch are still buffered: AuditForKey must see them.
@@ -78,11 +80,11 @@ func TestAuditForKey(t *testing.T) {
 func TestAuditIndexBackfilled(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	ap := &applier{}
 	a := newClaim("t1", "create_order", "fp-a")
 	for range 2 {
-		if _, err := s.Execute(ctx, a, ap.succeed(resultOrder)); err != nil {
+		if _, err := s.Execute(ctx, a, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -96,7 +98,7 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		}
 		return tx.Bucket(bucketMeta).Delete(keyAuditIndexed)
 	})
-	s = mustOpenPath(t, path, Options{})
+	s = mustOpenPath(t, path, ledger.Options{})
 	if got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 3 {
 		t.Fatalf("after backfill: %v, %d, %v; want claimed, executed, replay", summary(got), total, err)
 	}
@@ -107,18 +109,18 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	rawUpdate(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
-		var last AuditEntry
+		var last ledger.AuditEntry
 		if err := json.Unmarshal(v, &last); err != nil {
 			return err
 		}
-		e := AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
-		if err := e.chain(last.Hash); err != nil {
+		e := ledger.AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
+		if err := chain(&e, last.Hash); err != nil {
 			return err
 		}
 		nv, _ := json.Marshal(e)
 		return b.Put(be64(e.Seq), nv)
 	})
-	s2, err := OpenBolt(path, Options{})
+	s2, err := Open(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +139,12 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	if err := s2.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
-		var last AuditEntry
+		var last ledger.AuditEntry
 		if err := json.Unmarshal(v, &last); err != nil {
 			return err
 		}
-		e := AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
-		if err := e.chain(last.Hash); err != nil {
+		e := ledger.AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
+		if err := chain(&e, last.Hash); err != nil {
 			return err
 		}
 		nv, _ := json.Marshal(e)
@@ -153,7 +155,7 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 5 || got[4].Seq != 5 {
 		t.Fatalf("with an entry past the watermark: %v, %d, %v; want 5 entries", summary(got), total, err)
 	}
-	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(resultOrder)); err != nil {
+	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
 	s2.view(func(tx *bolt.Tx) error { indexed = auditIndexed(tx); return nil })
@@ -176,11 +178,11 @@ func TestAuditOldEntryStillVerifies(t *testing.T) {
 	old := `{"seq":1,"at":"2025-03-04T05:06:07Z","event":"transition","actor":{"tenant":"t1","principal":"agent-t1","role":"agent","client_name":"c","client_version":"1","request_id":"7","trace":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},"tool":"create_order","key":"k1","fingerprint":"fp","decision":"executed","state_before":"in_progress","state_after":"succeeded","attempt":1,"error_code":"x","prev_hash":"","hash":""}`
 	sum := sha256.Sum256([]byte(old))
 	stored := strings.Replace(old, `"hash":""`, `"hash":"`+hex.EncodeToString(sum[:])+`"`, 1)
-	var e AuditEntry
+	var e ledger.AuditEntry
 	if err := json.Unmarshal([]byte(stored), &e); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.verifyChain(""); err != nil {
+	if err := verifyChain(e, ""); err != nil {
 		t.Fatalf("an entry of the first release no longer verifies: %v", err)
 	}
 	b, _ := json.Marshal(e)
