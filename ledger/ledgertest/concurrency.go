@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
 )
 
 // The concurrent cases of the contract; run them with -race.
@@ -212,7 +211,6 @@ func runBatchWithOneFailure(t *testing.T, e *env, queued func()) {
 		}
 	}
 }
-
 
 // RunBatchWithOneFailure is the ConcurrentBatchMemberFails case for a
 // backend that commits concurrent writers together: queued is called with
