@@ -152,6 +152,16 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"ConcurrentSameClaim", contractConcurrentSameClaim},
 		{"ConcurrentDistinctKeys", contractConcurrentDistinctKeys},
 		{"ConcurrentBatchMemberFails", contractConcurrentBatchMemberFails},
+		{"DecideApprove", contractDecideApprove},
+		{"DecideReject", contractDecideReject},
+		{"DecideExpired", contractDecideExpired},
+		{"DecideClaimAndDownstream", contractDecideClaimAndDownstream},
+		{"PendingApprovals", contractPendingApprovals},
+		{"Settle", contractSettle},
+		{"OutcomeAlso", contractOutcomeAlso},
+		{"OpenRecordsPaging", contractOpenRecordsPaging},
+		{"ExpireLeases", contractExpireLeases},
+		{"InjectedClock", contractInjectedClock},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })
