@@ -441,7 +441,7 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		}
 		if c.RequireApproval {
 			rec := s.heldRecord(c, now, "")
-			if err := s.saveNew(tx, c.Actor, rec, "held: "+rec.Approval.Rule, now, c.policyOf); err != nil {
+			if err := s.saveNew(tx, c.Actor, rec, AuditHeld+AuditDecision(rec.Approval.Rule), now, c.policyOf); err != nil {
 				return Decision{}, err
 			}
 			fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
@@ -470,7 +470,7 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		return Decision{}, err
 	}
 	if apply == nil {
-		if err := s.saveTransition(tx, c.Actor, rec, before, "claimed", now, c.policyOf); err != nil {
+		if err := s.saveTransition(tx, c.Actor, rec, before, AuditClaimed, now, c.policyOf); err != nil {
 			return Decision{}, err
 		}
 		return Decision{Kind: DecisionClaimed, Record: rec}, nil
@@ -479,13 +479,13 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 	if err != nil {
 		return Decision{}, err
 	}
-	claimed := transitionEntry(now, c.Actor, rec, before, "claimed")
+	claimed := transitionEntry(now, c.Actor, rec, before, AuditClaimed)
 	c.policyOf(&claimed)
 	if err := s.appendObserved(tx, claimed); err != nil {
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, "executed", now, c.policyOf, withCall(out.Call)); err != nil {
+	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, AuditExecuted, now, c.policyOf, withCall(out.Call)); err != nil {
 		return Decision{}, err
 	}
 	return Decision{Kind: DecisionExecuted, Record: rec}, nil
@@ -513,7 +513,7 @@ func (s *Ledger) holdSuspect(tx *ltx, c Claim, now time.Time) (Decision, bool, e
 		earlier = tombstone(earlier)
 	}
 	rec := s.heldRecord(c, now, fe.Key)
-	if err := s.saveNew(tx, c.Actor, rec, "suspected_duplicate of "+fe.Key, now, c.policyOf); err != nil {
+	if err := s.saveNew(tx, c.Actor, rec, AuditSuspectedDuplicate+AuditDecision(fe.Key), now, c.policyOf); err != nil {
 		return Decision{}, false, err
 	}
 	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
@@ -553,7 +553,7 @@ func newIncarnation() string {
 
 // saveNew writes a record that did not exist, with its time index and,
 // for a held record, the sweep that expires its approval.
-func (s *Ledger) saveNew(tx *ltx, a Actor, rec *Record, why string, now time.Time, more ...func(*AuditEntry)) error {
+func (s *Ledger) saveNew(tx *ltx, a Actor, rec *Record, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
 	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
 		return err
 	}
@@ -587,7 +587,7 @@ func (s *Ledger) finish(rec *Record, out Outcome, now time.Time) {
 
 // saveTransition writes rec, its audit entry and, for a final state, its
 // retention schedule; the caller holds tx.
-func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why string, now time.Time, more ...func(*AuditEntry)) error {
+func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
@@ -708,7 +708,7 @@ func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
 				return err
 			}
 			prev, why := s.opts.expireTransition(rec, now, high)
-			if why != "lease_expired" {
+			if why != AuditLeaseExpired {
 				return nil // finished or renewed meanwhile
 			}
 			moved = true
@@ -743,7 +743,7 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 		if err != nil {
 			return err
 		}
-		if prev, why := s.opts.expireTransition(rec, now, high); why == "lease_expired" {
+		if prev, why := s.opts.expireTransition(rec, now, high); why == AuditLeaseExpired {
 			if err := s.saveTransition(tx, r.Actor, rec, prev, why, now); err != nil {
 				return err
 			}
@@ -782,7 +782,15 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 				}
 			}
 		}
-		return s.saveTransition(tx, r.Actor, rec, before, r.Why, now, withCall(r.Outcome.Call))
+		settled := func(e *AuditEntry) {
+			if before == StateUnknown && rec.State != StateUnknown {
+				e.Settled = r.How
+				if e.Settled == "" {
+					e.Settled = SettledOther
+				}
+			}
+		}
+		return s.saveTransition(tx, r.Actor, rec, before, AuditDecision(r.Why), now, withCall(r.Outcome.Call), settled)
 	})
 	if err != nil {
 		return nil, err
@@ -826,7 +834,7 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 	if rec == nil || rec.Approval == nil || rec.Approval.ID != r.ApprovalID {
 		return Decision{refusal: ErrNotFound}, nil
 	}
-	if prev, why := s.opts.expireTransition(rec, now, high); why == "approval_expired" {
+	if prev, why := s.opts.expireTransition(rec, now, high); why == AuditApprovalExpired {
 		if err := s.saveTransition(tx, r.Approver, rec, prev, why, now); err != nil {
 			return Decision{}, err
 		}
@@ -852,7 +860,7 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 		rec.Error = &OpError{Code: "forbidden", Message: msg}
 		rec.Summary = "rejected by " + r.Approver.Principal
 		rec.CompletedAt = now
-		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, "rejected by "+r.Approver.Principal, now); err != nil {
+		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, AuditRejectedBy+AuditDecision(r.Approver.Principal), now); err != nil {
 			return Decision{}, err
 		}
 		return Decision{Kind: DecisionExecuted, Record: rec}, nil
@@ -866,7 +874,7 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 	rec.Generation++
 	rec.LeaseOwner, rec.LeaseExpires = s.owner, now.Add(s.opts.Lease)
 	if apply == nil {
-		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal, now); err != nil {
+		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, AuditApprovedBy+AuditDecision(r.Approver.Principal), now); err != nil {
 			return Decision{}, err
 		}
 		return Decision{Kind: DecisionClaimed, Record: rec}, nil
@@ -875,11 +883,11 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 	if err != nil {
 		return Decision{}, err
 	}
-	if err := s.appendObserved(tx, transitionEntry(now, r.Approver, rec, StateAwaitingApproval, "approved by "+r.Approver.Principal)); err != nil {
+	if err := s.appendObserved(tx, transitionEntry(now, r.Approver, rec, StateAwaitingApproval, AuditApprovedBy+AuditDecision(r.Approver.Principal))); err != nil {
 		return Decision{}, err
 	}
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, r.Approver, rec, StateInProgress, "executed after approval", now, withCall(out.Call)); err != nil {
+	if err := s.saveTransition(tx, r.Approver, rec, StateInProgress, AuditExecutedAfterApproval, now, withCall(out.Call)); err != nil {
 		return Decision{}, err
 	}
 	fp, _ := json.Marshal(fpEntry{Key: rec.Key, At: now})
@@ -993,7 +1001,7 @@ func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, 
 				return err
 			}
 		}
-		return s.saveTransition(tx, a, rec, StateInProgress, "completed", now, withCall(out.Call))
+		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call))
 	})
 	if err != nil {
 		return nil, err
@@ -1251,7 +1259,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 					deletedEntries = append(deletedEntries, AuditEntry{At: now, Event: EventDeleted,
 						Actor: Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, Tool: rec.Tool, Key: rec.Key,
 						Fingerprint: rec.Fingerprint, StateBefore: rec.State,
-						Decision: "tombstone deleted after retention; the key is free", Detail: "incarnation " + rec.Incarnation})
+						Decision: string(AuditTombstoneDeleted), Detail: "incarnation " + rec.Incarnation})
 					d++
 				}
 			}

@@ -199,6 +199,10 @@ type SettleRequest struct {
 	// Why is recorded in the audit entry: the evidence, or what the
 	// reconciliation found.
 	Why string
+	// How is how an unknown outcome was settled, written on the audit
+	// entry (AuditEntry.Settled) when the record leaves unknown; empty is
+	// SettledOther.
+	How Settlement
 }
 
 // DecideRequest is an approver's decision on a pending approval.

@@ -37,7 +37,7 @@ func (s *Service) resolveOperation(ctx context.Context, c *call) *Response {
 	evidence, _ := c.req.Args["evidence"].(string)
 	ref, _ := c.req.Args["downstream_ref"].(string)
 	req := ledger.SettleRequest{
-		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown},
+		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown}, How: ledger.SettledResolvedByHand,
 		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
 	}
 	if outcome == "succeeded" {

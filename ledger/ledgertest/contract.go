@@ -162,6 +162,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"OpenRecordsPaging", contractOpenRecordsPaging},
 		{"ExpireLeases", contractExpireLeases},
 		{"InjectedClock", contractInjectedClock},
+		{"SettleHowAudited", contractSettleHowAudited},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })

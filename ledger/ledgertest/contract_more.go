@@ -519,3 +519,48 @@ func contractInjectedClock(t *testing.T, open func(t *testing.T, o ledger.Option
 		}
 	}
 }
+
+// contractSettleHowAudited: a settlement out of unknown writes how it
+// settled (SettleRequest.How; SettledOther when not said) on its audit
+// entry, and ComputeStats counts settlements by it, not by the reason's
+// wording.
+func contractSettleHowAudited(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	sweeper := ledger.Actor{Tenant: "t1", Principal: "reconciler"}
+	settle := func(how ledger.Settlement, why string, to ledger.State) string {
+		c := newClaim("t1", "create_order", "fp-"+why)
+		c.OnLeaseExpiry = ledger.StateUnknown
+		e.claim(c)
+		e.clock.Advance(e.opts.Lease)
+		if _, err := e.s.Settle(e.ctx, ledger.SettleRequest{Actor: sweeper, Key: c.Key, From: []ledger.State{ledger.StateUnknown},
+			Outcome: ledger.Outcome{State: to}, Why: why, How: how}); err != nil {
+			t.Fatalf("Settle(%s): %v", why, err)
+		}
+		return c.Key
+	}
+	found := settle(ledger.SettledReconciledFound, "the warehouse has it", ledger.StateSucceeded)
+	byHand := settle(ledger.SettledResolvedByHand, "checked the bank statement", ledger.StateSucceeded)
+	unsaid := settle("", "reconciled: the order system has order ord_1 for this key", ledger.StateSucceeded)
+
+	for key, want := range map[string]ledger.Settlement{found: ledger.SettledReconciledFound, byHand: ledger.SettledResolvedByHand, unsaid: ledger.SettledOther} {
+		entries, _, err := e.s.AuditForKey(e.ctx, "t1", key, 0)
+		if err != nil || len(entries) == 0 {
+			t.Fatalf("AuditForKey = %d, %v", len(entries), err)
+		}
+		last := entries[len(entries)-1]
+		if last.StateBefore != ledger.StateUnknown || last.Settled != want || last.SettledHow() != want {
+			t.Errorf("settling entry of %s: %s → %s, settled %q; want from unknown, settled %q", key, last.StateBefore, last.StateAfter, last.Settled, want)
+		}
+	}
+	st, err := ledger.ComputeStats(e.ctx, e.s, "t1")
+	if err != nil {
+		t.Fatalf("ComputeStats: %v", err)
+	}
+	want := map[string]int{"reconciled_found": 1, "resolved_by_hand": 1, "other": 1}
+	if len(st.Settled) != len(want) || st.Settled["reconciled_found"] != 1 || st.Settled["resolved_by_hand"] != 1 || st.Settled["other"] != 1 {
+		t.Errorf("Stats.Settled = %v, want %v", st.Settled, want)
+	}
+	if st.Unknown != 3 || st.StillUnsure != 0 {
+		t.Errorf("Stats unknown = %d, unsettled %d; want 3, 0", st.Unknown, st.StillUnsure)
+	}
+}
