@@ -27,7 +27,8 @@ type Backend interface {
 	// reading only). The ledger then drops the audit entries of reads
 	// instead of buffering them.
 	ReadOnly() bool
-	// Close releases the backend. The ledger calls it once, last.
+	// Close releases the backend. The ledger calls it once, last; after
+	// it, Update and View return ErrClosed.
 	Close() error
 }
 

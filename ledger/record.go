@@ -299,9 +299,10 @@ type Filter struct {
 	After string
 }
 
-// Store is the ledger's storage. Every method is safe for concurrent use by
-// many goroutines, and — for the bbolt store — by many processes sharing one
-// file, with the same guarantees.
+// Store is the ledger. Every method is safe for concurrent use by many
+// goroutines, and — over a backend shared by processes, such as the bbolt
+// file — by many processes, with the same guarantees. [Ledger] implements
+// it over any [Backend].
 type Store interface {
 	// Execute claims c and, when the claim is new or a retryable re-run,
 	// runs apply in the same transaction. Returns the decision; errors are

@@ -35,10 +35,10 @@ var (
 	// damaged (cut short, overwritten).
 	ErrDamaged = errors.New("the ledger file is damaged")
 
-	// ErrReadOnly: a write on a store opened with OpenBoltReadOnly.
+	// ErrReadOnly: a write on a store opened with OpenReadOnly.
 	ErrReadOnly = errors.New("ledger: opened read-only")
 
-	// ErrExists: InitBolt found a file at the path.
+	// ErrExists: Init found a file at the path.
 	ErrExists = errors.New("a file already exists")
 )
 
