@@ -71,9 +71,9 @@ type Cursor interface {
 	Prev() (key, value []byte)
 }
 
-// Collections are the ledger's collections, with their key layout. A
-// backend creates every one of them (Bucket never returns nil for a
-// writable backend); their contents are the ledger's business.
+// The ledger's collections and meta keys, with their key layout: all of
+// them are here. A backend creates every collection (Bucket never returns
+// nil for a writable backend); their contents are the ledger's business.
 var (
 	bucketMeta       = []byte("meta")              // audit_indexed, clock_high_water, clock_trusted (and the backend's own keys)
 	bucketRecords    = []byte("records")           // tenant \x00 key → Record JSON
@@ -87,6 +87,8 @@ var (
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
 	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → ""
 	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key
+	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
+	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time
 )
 
 // Collection names, for backends: every name Bucket is called with.

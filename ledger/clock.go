@@ -6,12 +6,6 @@ import (
 	"time"
 )
 
-// The ledger's clocks (see ledgerTime), kept in the meta bucket.
-var (
-	keyClockHigh    = []byte("clock_high_water") // 8 bytes BE unix ns: the latest wall time a write recorded
-	keyClockTrusted = []byte("clock_trusted")    // 8 bytes BE unix ns: the ledger's trusted time
-)
-
 // EventDeleted is the audit event of a tombstone deleted by the sweep:
 // from then on its key is free, and a call under it is a new operation.
 const EventDeleted = "deleted"

@@ -41,9 +41,6 @@ func New(b Backend, opts Options) *Ledger {
 	return s
 }
 
-// Backend returns the backend the ledger runs on.
-func (s *Ledger) Backend() Backend { return s.b }
-
 // auditFlushInterval bounds how long buffered replay and refusal audit
 // entries wait for a write transaction to carry them.
 const auditFlushInterval = 200 * time.Millisecond

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // summary names each entry by tenant/key:event:decision, for messages.
@@ -92,7 +92,7 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As an older build left the file: no index, no watermark.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		if err := tx.DeleteBucket(bucketAuditByKey); err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An older build appends an entry and does not index it.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
 		var last ledger.AuditEntry
@@ -129,14 +129,14 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatalf("with an unindexed tail: %v, %d, %v; want 4 entries", summary(got), total, err)
 	}
 	var indexed uint64
-	s2.view(func(tx *bolt.Tx) error { indexed = auditIndexed(tx); return nil })
+	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
 	if indexed != 4 {
 		t.Errorf("watermark after open = %d, want 4 (the open indexes what an older build appended)", indexed)
 	}
 	// While the store is open, another build appends without indexing:
 	// the read still finds the entry (it scans past the watermark), and
 	// the next write indexes it.
-	if err := s2.update(func(tx *bolt.Tx) error {
+	if err := s2.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
 		var last ledger.AuditEntry
@@ -158,7 +158,7 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
-	s2.view(func(tx *bolt.Tx) error { indexed = auditIndexed(tx); return nil })
+	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
 	if indexed != 7 {
 		t.Errorf("watermark after a write = %d, want 7 (the appended entry and the write's two)", indexed)
 	}

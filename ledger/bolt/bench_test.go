@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // Benchmarks of the bbolt ledger. The 1M-record cases are skipped unless
@@ -196,14 +196,14 @@ func largeLedgerFile(b *testing.B, n int) string {
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
 	}
-	db, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, Timeout: 5 * time.Second})
+	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{NoSync: true, Timeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
 	base := time.Now().Add(-time.Duration(n) * time.Millisecond).UTC()
 	const chunk = 100_000
 	for lo := 0; lo < n; lo += chunk {
-		err := db.Update(func(tx *bolt.Tx) error {
+		err := db.Update(func(tx *bbolt.Tx) error {
 			recs, times := tx.Bucket(bucketRecords), tx.Bucket(bucketByTime)
 			recs.FillPercent, times.FillPercent = 0.95, 0.95 // appends in key order
 			for i := lo; i < min(lo+chunk, n); i++ {

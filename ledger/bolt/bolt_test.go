@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 func TestBoltContract(t *testing.T) {
@@ -23,11 +23,11 @@ func TestBoltContract(t *testing.T) {
 
 // rawUpdate runs fn on the closed ledger file with bbolt directly, as an
 // attacker or an old tool would.
-func rawUpdate(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
+func rawUpdate(t *testing.T, path string, fn func(tx *bbolt.Tx) error) {
 	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
-		t.Fatalf("raw bolt.Open: %v", err)
+		t.Fatalf("raw bbolt.Open: %v", err)
 	}
 	defer db.Close()
 	if err := db.Update(fn); err != nil {
@@ -189,7 +189,7 @@ func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		n := 0
-		if err := s.view(func(tx *bolt.Tx) error {
+		if err := s.view(func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketAudit).ForEach(func(_, v []byte) error {
 				var e ledger.AuditEntry
 				if err := json.Unmarshal(v, &e); err != nil {
@@ -218,16 +218,16 @@ func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
 func TestBoltAuditTamper(t *testing.T) {
 	cases := []struct {
 		name   string
-		tamper func(b *bolt.Bucket) error
+		tamper func(b *bbolt.Bucket) error
 		want   string
 	}{
-		{"edit_field", func(b *bolt.Bucket) error {
+		{"edit_field", func(b *bbolt.Bucket) error {
 			return editEntry(b, 2, func(m map[string]any) { m["decision"] = "executed_by_nobody" })
 		}, "audit entry 2:"},
-		{"edit_state", func(b *bolt.Bucket) error {
+		{"edit_state", func(b *bbolt.Bucket) error {
 			return editEntry(b, 3, func(m map[string]any) { m["state_after"] = "failed" })
 		}, "audit entry 3:"},
-		{"edit_and_rehash", func(b *bolt.Bucket) error {
+		{"edit_and_rehash", func(b *bbolt.Bucket) error {
 			var e ledger.AuditEntry
 			if err := json.Unmarshal(b.Get(be64(2)), &e); err != nil {
 				return err
@@ -239,12 +239,12 @@ func TestBoltAuditTamper(t *testing.T) {
 			v, _ := json.Marshal(e)
 			return b.Put(be64(2), v) // … breaks the link from entry 3
 		}, "audit entry 3:"},
-		{"delete_middle", func(b *bolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
-		{"move_entry", func(b *bolt.Bucket) error {
+		{"delete_middle", func(b *bbolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
+		{"move_entry", func(b *bbolt.Bucket) error {
 			v := b.Get(be64(2))
 			return b.Put(be64(3), append([]byte(nil), v...))
 		}, "stored under sequence 3"},
-		{"not_json", func(b *bolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
+		{"not_json", func(b *bbolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -265,7 +265,7 @@ func TestBoltAuditTamper(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			rawUpdate(t, path, func(tx *bolt.Tx) error { return tc.tamper(tx.Bucket(bucketAudit)) })
+			rawUpdate(t, path, func(tx *bbolt.Tx) error { return tc.tamper(tx.Bucket(bucketAudit)) })
 
 			s = mustOpenPath(t, path, ledger.Options{})
 			n, err = s.VerifyAudit(ctx)
@@ -281,7 +281,7 @@ func TestBoltAuditTamper(t *testing.T) {
 
 // editEntry rewrites audit entry seq through a generic map, keeping its
 // stored hash, as a hand edit of the file would.
-func editEntry(b *bolt.Bucket, seq uint64, edit func(map[string]any)) error {
+func editEntry(b *bbolt.Bucket, seq uint64, edit func(map[string]any)) error {
 	var m map[string]any
 	if err := json.Unmarshal(b.Get(be64(seq)), &m); err != nil {
 		return err
@@ -309,7 +309,7 @@ func TestBoltOpenErrors(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			rawUpdate(t, path, func(tx *bolt.Tx) error {
+			rawUpdate(t, path, func(tx *bbolt.Tx) error {
 				return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(version))
 			})
 			s2, err := Open(path, ledger.Options{})
@@ -354,7 +354,7 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 		t.Fatalf("Sweep = %d compacted, %v; want 1", n, err)
 	}
 	var issuedLeft bool
-	if err := s.view(func(tx *bolt.Tx) error {
+	if err := s.view(func(tx *bbolt.Tx) error {
 		issuedLeft = tx.Bucket(bucketIssued).Get(recordKey("t1", c.Key)) != nil
 		return nil
 	}); err != nil {
@@ -507,11 +507,11 @@ func TestNewerResultFormatIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, nil)
+	db, err := bbolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketRecords)
 		var rec map[string]any
 		if err := json.Unmarshal(b.Get(recordKey("t1", "k1")), &rec); err != nil {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 func clockOpts(clock *fakeClock) ledger.Options {
@@ -213,7 +213,7 @@ func TestLegacyRecordKeepsNoIncarnation(t *testing.T) {
 	if _, err := s.Claim(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.update(func(tx *bolt.Tx) error { // as an older build wrote it
+	if err := s.update(func(tx *bbolt.Tx) error { // as an older build wrote it
 		rec, err := getRecord(tx, "t1", c.Key)
 		if err != nil {
 			return err

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // legacyFile writes a ledger as the build before the magic did: every
@@ -19,7 +19,7 @@ import (
 func legacyFile(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		for _, name := range []string{"meta", "records", "by_time", "expiry", "fp_index", "issued", "audit", "data", "approvals", "pending_approvals", "open"} {
 			if _, err := tx.CreateBucket([]byte(name)); err != nil {
 				return err
@@ -57,12 +57,12 @@ func TestLegacyLedgerOpens(t *testing.T) {
 	}
 	s := mustOpenPath(t, path, ledger.Options{})
 	s.Close()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	db.View(func(tx *bolt.Tx) error {
+	db.View(func(tx *bbolt.Tx) error {
 		if got := string(tx.Bucket(bucketMeta).Get(keyMagic)); got != ledgerMagic {
 			t.Errorf("magic after a writable open = %q, want %q", got, ledgerMagic)
 		}
@@ -73,15 +73,15 @@ func TestLegacyLedgerOpens(t *testing.T) {
 // TestForeignFileRefusedUntouched: another program's bbolt file, even one
 // with idemgate's bucket names, is refused and not written to.
 func TestForeignFileRefusedUntouched(t *testing.T) {
-	for name, fill := range map[string]func(tx *bolt.Tx) error{
-		"other_buckets": func(tx *bolt.Tx) error {
+	for name, fill := range map[string]func(tx *bbolt.Tx) error{
+		"other_buckets": func(tx *bbolt.Tx) error {
 			b, err := tx.CreateBucket([]byte("sessions"))
 			if err != nil {
 				return err
 			}
 			return b.Put([]byte("x"), []byte("y"))
 		},
-		"other_meta": func(tx *bolt.Tx) error {
+		"other_meta": func(tx *bbolt.Tx) error {
 			b, err := tx.CreateBucket([]byte("meta"))
 			if err != nil {
 				return err
@@ -89,7 +89,7 @@ func TestForeignFileRefusedUntouched(t *testing.T) {
 			b.Put([]byte("schema_version"), []byte("1"))
 			return b.Put([]byte("owner"), []byte("inventory"))
 		},
-		"empty_bbolt": func(tx *bolt.Tx) error { return nil },
+		"empty_bbolt": func(tx *bbolt.Tx) error { return nil },
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "other.db")
@@ -199,7 +199,7 @@ func TestUndecodableRecordIsReported(t *testing.T) {
 	}
 	s.Close()
 	var key []byte
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		k, _ := tx.Bucket(bucketRecords).Cursor().First()
 		key = bytes.Clone(k)
 		return tx.Bucket(bucketRecords).Put(k, []byte("\x00\xffnot json"))
