@@ -63,6 +63,12 @@ func (s *Ledger) view(fn func(*ltx) error) error {
 // Backend.Update), so it must reset whatever it reports at its start.
 func (s *Ledger) update(fn func(*ltx) error) error {
 	audits := s.takeAudit()
+	committed := false
+	defer func() {
+		if !committed { // failed, or fn panicked: the entries wait for the next write
+			s.restoreAudit(audits)
+		}
+	}()
 	var observed []AuditEntry
 	err := s.b.Update(context.Background(), func(bt BTx) error {
 		observed = nil
@@ -77,9 +83,9 @@ func (s *Ledger) update(fn func(*ltx) error) error {
 		return nil
 	})
 	if err != nil {
-		s.restoreAudit(audits)
 		return err
 	}
+	committed = true
 	if s.opts.Observe != nil {
 		for _, e := range observed {
 			s.opts.Observe(e)

@@ -163,6 +163,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"ExpireLeases", contractExpireLeases},
 		{"InjectedClock", contractInjectedClock},
 		{"SettleHowAudited", contractSettleHowAudited},
+		{"AuditBufferSurvivesPanic", contractAuditBufferSurvivesPanic},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })

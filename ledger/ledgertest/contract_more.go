@@ -564,3 +564,30 @@ func contractSettleHowAudited(t *testing.T, open func(t *testing.T, o ledger.Opt
 		t.Errorf("Stats unknown = %d, unsettled %d; want 3, 0", st.Unknown, st.StillUnsure)
 	}
 }
+
+// contractAuditBufferSurvivesPanic: an entry buffered by Audit is written
+// with a later transaction even when the transaction that would have
+// carried it panics (a bug in a downstream): the panic reaches its caller,
+// and the entry is neither lost nor written twice.
+func contractAuditBufferSurvivesPanic(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	e.s.Audit(ledger.AuditEntry{Event: "call", Actor: testActor("t1"), Key: "buffered-key", Decision: string(ledger.DecisionReplay)})
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("the panic in Update did not reach its caller")
+			}
+		}()
+		e.s.Update(e.ctx, func(tx ledger.Tx) error { panic("downstream bug") })
+	}()
+	entries, total, err := e.s.AuditForKey(e.ctx, "t1", "buffered-key", 0)
+	if err != nil {
+		t.Fatalf("AuditForKey: %v", err)
+	}
+	if total != 1 || len(entries) != 1 {
+		t.Fatalf("buffered entry written %d times, want once", total)
+	}
+	if _, err := e.s.VerifyAudit(e.ctx); err != nil {
+		t.Errorf("VerifyAudit: %v", err)
+	}
+}
