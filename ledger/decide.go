@@ -43,8 +43,8 @@ type Options struct {
 	Log *slog.Logger
 	// Observe, when set, sees every audit entry: a transition's once its
 	// transaction has committed, a call's (replay, refusal) when it is
-	// recorded. It runs on the committing goroutine and must not block;
-	// metrics use it.
+	// recorded. It runs on the goroutine of the call that wrote the entry
+	// and must not block; metrics use it.
 	Observe func(AuditEntry)
 }
 
