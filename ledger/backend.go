@@ -49,14 +49,16 @@ type BTx interface {
 // Bucket is an ordered collection of keys and values. Keys are non-empty
 // byte strings ordered bytewise. Get returns nil for a missing key and a
 // non-nil slice (possibly empty) for a present one. Put and Delete fail in
-// a View. Slices passed to Put are not retained by the caller, so a
-// backend that keeps them must copy them.
+// a View. The ledger does not change a slice after passing it to Put, so
+// a backend may keep it until the transaction ends (as bbolt does); one
+// that keeps it longer must copy it.
 type Bucket interface {
 	Get(key []byte) []byte
 	Put(key, value []byte) error
 	Delete(key []byte) error
-	// Cursor walks the keys in order. Writes to the bucket during a walk
-	// must not make it skip or repeat a key it has not passed.
+	// Cursor walks the keys in order. The ledger never writes to a
+	// bucket while it walks that bucket (it collects, then writes); it
+	// may write to other buckets during a walk.
 	Cursor() Cursor
 }
 

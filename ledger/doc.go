@@ -70,8 +70,8 @@
 //     both ways. The ledger's indexes (by time, due expiries, open records,
 //     pending approvals, the audit log by sequence number) are only sorted
 //     keys, so paging positions are byte strings the backend never
-//     interprets. A cursor must not skip or repeat a key it has not passed
-//     when the function writes to its collection during the walk.
+//     interprets. The ledger never writes to a collection while it walks
+//     that collection; it may write to others during a walk.
 //   - Durability: when Update returns nil, its writes survive a crash of
 //     the process and of the machine (the bbolt backend fsyncs; a server
 //     backend commits).
@@ -87,6 +87,7 @@
 //
 // The collections are fixed ([Collections]); a writable backend creates
 // them all, and keeps the downstreams' collections ([BTx.Data]) apart from
-// them. ledgertest.Run is the contract a new backend must pass, and
-// ledger/ledgertest/memory_test.go a complete toy backend.
+// them. ledgertest.Run is the contract a new backend must pass (and
+// ledgertest.RunBackend checks these guarantees one by one);
+// ledger/ledgertest/memory_test.go is a complete toy backend.
 package ledger

@@ -111,6 +111,16 @@ const (
 // open opens the store; deep runs the full page check at the first
 // open (files up to deepCheckLimit).
 func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool) (*File, error) {
+	be, err := openBackend(path, mode, mayCreate, deep)
+	if err != nil {
+		return nil, err
+	}
+	return &File{Ledger: ledger.New(be, opts), be: be}, nil
+}
+
+// openBackend opens the file as a ledger.Backend (open puts the ledger on
+// it).
+func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, error) {
 	if !mayCreate {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, noLedgerError(path) // before any lock file is created beside it
@@ -129,7 +139,7 @@ func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool)
 		return nil, err
 	}
 	h.release()
-	return &File{Ledger: ledger.New(be, opts), be: be}, nil
+	return be, nil
 }
 
 // deepCheckLimit bounds the file size for which the first open in a

@@ -21,6 +21,17 @@ func TestBoltContract(t *testing.T) {
 	ledgertest.Run(t, func(t *testing.T, o ledger.Options) ledger.Store { return mustOpen(t, o) })
 }
 
+// TestBoltBackend runs the backend-level checks on a bbolt file.
+func TestBoltBackend(t *testing.T) {
+	ledgertest.RunBackend(t, func(t *testing.T) ledger.Backend {
+		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return be
+	})
+}
+
 // rawUpdate runs fn on the closed ledger file with bbolt directly, as an
 // attacker or an old tool would.
 func rawUpdate(t *testing.T, path string, fn func(tx *bbolt.Tx) error) {

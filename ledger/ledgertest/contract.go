@@ -30,6 +30,10 @@ import (
 //
 // The options passed to open carry the test's fake clock in Options.Now
 // and Options.Elapsed; open must pass them through unchanged.
+//
+// RunBackend checks the backend itself, below the ledger (atomicity,
+// ordering, isolation, Close), so that a failure of Run can be traced to
+// the guarantee the backend misses.
 
 // Opts are the windows every contract case runs with: short enough
 // to read, distinct enough that a mix-up between them shows.

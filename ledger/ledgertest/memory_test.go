@@ -273,3 +273,8 @@ func TestMemoryCursorWalk(t *testing.T) {
 		t.Errorf("reverse walk = %q, want %q", got, want)
 	}
 }
+
+// TestMemoryBackend runs the backend-level checks on the toy backend.
+func TestMemoryBackend(t *testing.T) {
+	ledgertest.RunBackend(t, func(t *testing.T) ledger.Backend { return newMemBackend() })
+}
