@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // backupCmd writes a consistent copy of a live ledger to FILE, holding the
@@ -30,7 +31,7 @@ func backupCmd(args []string, stdout, stderr io.Writer) error {
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
-	store, err := ledger.OpenBoltReadOnly(*db, ledger.Options{})
+	store, err := bolt.OpenReadOnly(*db, ledger.Options{})
 	if err != nil {
 		return err
 	}
@@ -41,7 +42,7 @@ func backupCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rep, err := ledger.Check(dst)
+	rep, err := bolt.Check(dst)
 	if err != nil {
 		return fmt.Errorf("backup %s was written but does not open: %w", dst, err)
 	}

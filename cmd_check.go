@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // checkCmd checks the whole ledger file read-only: bbolt's page check and
@@ -25,7 +25,7 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
-	rep, err := ledger.Check(*db)
+	rep, err := bolt.Check(*db)
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // dbFlag registers --db alone, for the commands that work on the file
@@ -35,7 +35,7 @@ func initCmd(args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(*db), 0o700); err != nil {
 		return fmt.Errorf("ledger directory: %w", err)
 	}
-	if err := ledger.InitBolt(*db); err != nil {
+	if err := bolt.Init(*db); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "created an empty ledger at %s\n", *db)

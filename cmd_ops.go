@@ -105,7 +105,7 @@ type opsHistory struct {
 // opsShow prints one operation: its record and every audit entry of its
 // key — each call, replay and refusal with who, when and what was
 // answered, and each state transition.
-func opsShow(ctx context.Context, store *ledger.BoltStore, tenant, key string, limit int, asJSON bool, stdout io.Writer) error {
+func opsShow(ctx context.Context, store ledger.Store, tenant, key string, limit int, asJSON bool, stdout io.Writer) error {
 	rec, err := store.Get(ctx, tenant, key)
 	if errors.Is(err, ledger.ErrNotFound) {
 		rec, err = nil, nil

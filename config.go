@@ -21,6 +21,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/outbox"
 	"idemgate/schemas"
@@ -174,7 +175,7 @@ func (l *settings) load() error {
 // the configured downstreams: the order API (or the embedded store) and the
 // notification sink (webhook gateway, or files in outboxDir, by default
 // "outbox" beside the ledger). The caller closes the store.
-func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
 	return l.openServiceMode(false, outboxDir, wait, logger)
 }
 
@@ -182,7 +183,7 @@ func (l *settings) openService(outboxDir string, wait time.Duration, logger *slo
 // readOnly is set (approvals list and show): the store never writes, and
 // the notification sink refuses to deliver rather than create its
 // directory.
-func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (*ledger.BoltStore, *tools.Service, error) {
+func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
 	open := l.open
 	if readOnly {
 		open = l.openReadOnly
@@ -210,7 +211,7 @@ func quietLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+func (l *settings) service(store ledger.Store, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
 	v, err := schemas.New()
 	if err != nil {
 		return nil, err
@@ -242,8 +243,8 @@ func (l *settings) service(store *ledger.BoltStore, outboxDir string, wait time.
 type usageError struct{ error }
 
 // open opens the ledger for reading and writing, creating a new one only
-// where no file exists (see ledger.OpenBolt).
-func (l *settings) open() (*ledger.BoltStore, error) {
+// where no file exists (see bolt.Open).
+func (l *settings) open() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
@@ -251,25 +252,33 @@ func (l *settings) open() (*ledger.BoltStore, error) {
 		return nil, err
 	}
 	if !l.mayCreate {
-		return ledger.OpenBoltExisting(l.db, l.ledgerOptions())
+		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions()))
 	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
-	return ledger.OpenBolt(l.db, l.ledgerOptions())
+	return asStore(bolt.Open(l.db, l.ledgerOptions()))
 }
 
 // openReadOnly opens an existing ledger for reading only: the file is
 // opened read-only and never written, nothing is created (see
-// ledger.OpenBoltReadOnly). The read commands use it.
-func (l *settings) openReadOnly() (*ledger.BoltStore, error) {
+// bolt.OpenReadOnly). The read commands use it.
+func (l *settings) openReadOnly() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
 	if err := l.load(); err != nil {
 		return nil, err
 	}
-	return ledger.OpenBoltReadOnly(l.db, l.ledgerOptions())
+	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions()))
+}
+
+// asStore returns f as a ledger.Store: nil (not a nil *bolt.File) on error.
+func asStore(f *bolt.File, err error) (ledger.Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 func (l *settings) ledgerOptions() ledger.Options {

@@ -59,8 +59,11 @@ type AuditEntry struct {
 	// (hex) of the tool result's JSON text as sent to the client.
 	Replayed       bool   `json:"replayed,omitempty"`
 	ResponseSHA256 string `json:"response_sha256,omitempty"`
-	PrevHash       string `json:"prev_hash"`
-	Hash           string `json:"hash"`
+	// Settled is how a transition out of unknown settled the operation
+	// (see SettledHow).
+	Settled  Settlement `json:"settled,omitempty"`
+	PrevHash string     `json:"prev_hash"`
+	Hash     string     `json:"hash"`
 }
 
 // DownstreamCall is what one execution of an operation did at its
@@ -120,10 +123,10 @@ func (e AuditEntry) verifyChain(prevHash string) error {
 }
 
 // transitionEntry is the audit entry of a state change of rec.
-func transitionEntry(now time.Time, a Actor, rec *Record, before State, decision string) AuditEntry {
+func transitionEntry(now time.Time, a Actor, rec *Record, before State, decision AuditDecision) AuditEntry {
 	e := AuditEntry{
 		At: now, Event: "transition", Actor: a, Tool: rec.Tool, Key: rec.Key,
-		Fingerprint: rec.Fingerprint, Decision: decision, StateBefore: before,
+		Fingerprint: rec.Fingerprint, Decision: string(decision), StateBefore: before,
 		StateAfter: rec.State, Attempt: rec.Attempts,
 	}
 	e.Actor.Tenant = rec.Tenant

@@ -43,8 +43,8 @@ type Options struct {
 	Log *slog.Logger
 	// Observe, when set, sees every audit entry: a transition's once its
 	// transaction has committed, a call's (replay, refusal) when it is
-	// recorded. It runs on the committing goroutine and must not block;
-	// metrics use it.
+	// recorded. It runs on the goroutine of the call that wrote the entry
+	// and must not block; metrics use it.
 	Observe func(AuditEntry)
 }
 
@@ -161,7 +161,7 @@ func later(a, b time.Time) time.Time {
 // and returns the state it left, or "" when nothing was due. Leases expire
 // by the wall clock now; approvals by the later of now and high, the
 // ledger's high-water time.
-func (o Options) expireTransition(rec *Record, now, high time.Time) (State, string) {
+func (o Options) expireTransition(rec *Record, now, high time.Time) (State, AuditDecision) {
 	before := rec.State
 	switch {
 	case rec.State == StateInProgress && !now.Before(rec.LeaseExpires):
@@ -171,7 +171,7 @@ func (o Options) expireTransition(rec *Record, now, high time.Time) (State, stri
 		}
 		rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
 		rec.UpdatedAt = now
-		return before, "lease_expired"
+		return before, AuditLeaseExpired
 	case rec.State == StateAwaitingApproval && rec.Approval != nil && !later(now, high).Before(rec.Approval.ExpiresAt):
 		rec.State = StateRejected
 		a := *rec.Approval
@@ -181,7 +181,7 @@ func (o Options) expireTransition(rec *Record, now, high time.Time) (State, stri
 		rec.Summary = "approval_expired"
 		at := rec.Approval.ExpiresAt // when it happened, however late it is noticed
 		rec.UpdatedAt, rec.CompletedAt = at, at
-		return before, "approval_expired"
+		return before, AuditApprovalExpired
 	}
 	return "", ""
 }

@@ -44,5 +44,50 @@
 // buffered and written with the next write transaction (or by the periodic
 // flush), so a replay never waits for an fsync; a crash can lose at most
 // the replay and refusal entries of the last flush interval. Entries form a
-// SHA-256 hash chain that [VerifyAudit] checks.
+// SHA-256 hash chain that [Store.VerifyAudit] checks.
+//
+// # Backends
+//
+// Every rule above is written once, in this package ([Ledger]), over a
+// [Backend]: named collections of ordered byte keys and values, read and
+// written in transactions. A backend stores bytes and knows nothing of
+// records, states or audit entries; [New] puts the ledger on one, and the
+// backend packages (ledger/bolt: one bbolt file shared by processes) wrap
+// that in their Open. A backend must guarantee:
+//
+//   - Atomicity: an Update whose function returns an error, or panics,
+//     leaves no write behind, in any collection; one that returns nil
+//     commits every write of the function together. The claim, the
+//     downstream's writes (Tx) and the audit entry are one Update, which
+//     is what makes a claim exactly-once.
+//   - Isolation: Update transactions are serializable — each sees every
+//     Update committed before it and nothing of a concurrent one — so a
+//     read-check-write in one Update (the claim) is never interleaved
+//     with another. A View sees one committed state for its whole
+//     duration. Nothing uncommitted is ever visible.
+//   - Ordering: keys are ordered bytewise (0xff after every other byte,
+//     a prefix before its extensions), and cursors walk them in that order
+//     both ways. The ledger's indexes (by time, due expiries, open records,
+//     pending approvals, the audit log by sequence number) are only sorted
+//     keys, so paging positions are byte strings the backend never
+//     interprets. The ledger never writes to a collection while it walks
+//     that collection; it may write to others during a walk.
+//   - Durability: when Update returns nil, its writes survive a crash of
+//     the process and of the machine (the bbolt backend fsyncs; a server
+//     backend commits).
+//   - Concurrency: Update and View are called from many goroutines at once
+//     (and, for a shared store, from many processes); the backend
+//     serialises writers as it must. It may commit several callers'
+//     functions in one physical transaction (group commit) and run a
+//     function again alone when another member of its group failed, so
+//     the ledger's functions reset what they report at their start.
+//   - Lifecycle: after Close, Update and View return [ErrClosed]. A
+//     read-only backend (ReadOnly) fails every Update; the ledger then
+//     drops the audit entries of reads instead of buffering them.
+//
+// The collections are fixed ([Collections]); a writable backend creates
+// them all, and keeps the downstreams' collections ([BTx.Data]) apart from
+// them. ledgertest.Run is the contract a new backend must pass (and
+// ledgertest.RunBackend checks these guarantees one by one);
+// ledger/ledgertest/memory_test.go is a complete toy backend.
 package ledger

@@ -39,3 +39,9 @@ func approvalPosition(t time.Time, id string) string {
 	binary.BigEndian.PutUint64(b[:], uint64(t.UnixNano()))
 	return string(b[:]) + id
 }
+
+// OpenPosition is rec's place in OpenRecords' order: pass it as after to
+// list the open records after rec. Like every position it is opaque.
+func OpenPosition(rec *Record) string {
+	return rec.Tenant + "\x00" + rec.Key
+}

@@ -199,6 +199,10 @@ type SettleRequest struct {
 	// Why is recorded in the audit entry: the evidence, or what the
 	// reconciliation found.
 	Why string
+	// How is how an unknown outcome was settled, written on the audit
+	// entry (AuditEntry.Settled) when the record leaves unknown; empty is
+	// SettledOther.
+	How Settlement
 }
 
 // DecideRequest is an approver's decision on a pending approval.
@@ -295,9 +299,10 @@ type Filter struct {
 	After string
 }
 
-// Store is the ledger's storage. Every method is safe for concurrent use by
-// many goroutines, and — for the bbolt store — by many processes sharing one
-// file, with the same guarantees.
+// Store is the ledger. Every method is safe for concurrent use by many
+// goroutines, and — over a backend shared by processes, such as the bbolt
+// file — by many processes, with the same guarantees. [Ledger] implements
+// it over any [Backend].
 type Store interface {
 	// Execute claims c and, when the claim is new or a retryable re-run,
 	// runs apply in the same transaction. Returns the decision; errors are
@@ -344,10 +349,10 @@ type Store interface {
 	Settle(ctx context.Context, r SettleRequest) (*Record, error)
 	// OpenRecords lists records in state st (in_progress, unknown or
 	// retryable), for the background sweeps: at most limit, in (tenant,
-	// key) order, starting after the record after (a "tenant\x00key"
-	// cursor from a previous page; "" starts at the beginning). A sweep
-	// that pages on with the last record's cursor, wrapping around, reaches
-	// every record however many stay stuck at the front.
+	// key) order, starting after the position after (OpenPosition of the
+	// previous page's last record; "" starts at the beginning). A sweep
+	// that pages on with the last record's position, wrapping around,
+	// reaches every record however many stay stuck at the front.
 	OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error)
 	// ExpireLeases moves in_progress records whose lease expired to their
 	// OnLeaseExpiry state and returns how many it moved.
@@ -355,6 +360,25 @@ type Store interface {
 	// Sweep turns records past retention into tombstones and deletes
 	// tombstones past their own retention, returning how many of each.
 	Sweep(ctx context.Context) (compacted, deleted int, err error)
+	// Audit buffers e, an entry of a call that changed nothing (a replay,
+	// a refusal, a read): it is written with the next write transaction,
+	// within a fraction of a second, or dropped by a read-only store.
+	// Entries of transitions are written by the transitions themselves.
+	Audit(e AuditEntry)
+	// AuditLog returns up to limit entries with Seq > after, oldest first
+	// (limit <= 0: all). Buffered entries are written first.
+	AuditLog(ctx context.Context, after uint64, limit int) ([]AuditEntry, error)
+	// AuditTail returns the newest n entries, oldest first.
+	AuditTail(ctx context.Context, n int) ([]AuditEntry, error)
+	// AuditForKey returns the audit entries of (tenant, key), oldest
+	// first: the newest limit of them (limit <= 0: all), and how many
+	// there are in all.
+	AuditForKey(ctx context.Context, tenant, key string, limit int) ([]AuditEntry, int, error)
+	// VerifyAudit checks the whole hash chain and returns the number of
+	// entries, or an error naming the first entry that does not verify.
+	VerifyAudit(ctx context.Context) (int, error)
+	// Health reports whether the store can be read and can commit.
+	Health(ctx context.Context) Health
 	// Close flushes buffered audit entries and releases the store.
 	Close() error
 }

@@ -1,9 +1,6 @@
 package ledger
 
-import (
-	"context"
-	"strings"
-)
+import "context"
 
 // Stats are the reliability numbers the project keeps apart (DESIGN §7),
 // computed from the audit log.
@@ -43,7 +40,7 @@ type Stats struct {
 
 // ComputeStats reads the whole audit log (for tenant, or every tenant when
 // tenant is "") and returns the numbers.
-func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, error) {
+func ComputeStats(ctx context.Context, s Store, tenant string) (Stats, error) {
 	st := Stats{Settled: map[string]int{}}
 	type keyOf struct{ tenant, key string }
 	type opKey struct {
@@ -77,7 +74,7 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 			case EventDeleted:
 				freed[kk] = true
 			case "call":
-				if e.Decision == "refused" {
+				if e.Is(AuditRefused) {
 					if e.ErrorCode == "invalid_arguments" {
 						st.InvalidRefused++
 					}
@@ -100,11 +97,11 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 				if e.StateBefore == "" || e.StateBefore == StateRetryable {
 					st.Calls++ // the call that claimed it
 				}
-				if strings.HasPrefix(e.Decision, "suspected_duplicate") {
+				if e.Is(AuditSuspectedDuplicate) {
 					st.SuspectedDuplicates++
 					suspect[k] = true
 				}
-				if suspect[k] && strings.HasPrefix(e.Decision, "approved by") {
+				if suspect[k] && e.Is(AuditApprovedBy) {
 					st.FalseDedupes++
 				}
 				if e.StateAfter == StateSucceeded && e.StateBefore != StateSucceeded {
@@ -116,7 +113,7 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 				}
 				if e.StateBefore == StateUnknown && e.StateAfter != StateUnknown {
 					delete(unknownNow, k)
-					st.Settled[SettledHow(e.Decision)]++
+					st.Settled[string(e.SettledHow())]++
 				}
 			}
 		}
@@ -134,20 +131,4 @@ func ComputeStats(ctx context.Context, s *BoltStore, tenant string) (Stats, erro
 		st.RetryAmplification = float64(st.Calls) / float64(st.Operations)
 	}
 	return st, nil
-}
-
-// SettledHow names how a transition out of unknown settled it, from its
-// audit decision.
-func SettledHow(decision string) string {
-	switch {
-	case strings.HasPrefix(decision, "reconciled: the order system has order"):
-		return "reconciled_found"
-	case strings.Contains(decision, "same-key retries are safe"):
-		return "reconciled_absent_retry"
-	case strings.Contains(decision, "re-run needs approval"):
-		return "reconciled_absent_needs_approval"
-	case strings.HasPrefix(decision, "resolved by"):
-		return "resolved_by_hand"
-	}
-	return "other"
 }

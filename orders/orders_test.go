@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
-func mustOpen(t *testing.T) *ledger.BoltStore {
+func mustOpen(t *testing.T) *bolt.File {
 	t.Helper()
-	s, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	s, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

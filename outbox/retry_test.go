@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // retryClock is the ledger's clock in these tests; safe for concurrent use.
@@ -35,9 +36,9 @@ func (c *retryClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-func openWithClock(t *testing.T, clock *retryClock) *ledger.BoltStore {
+func openWithClock(t *testing.T, clock *retryClock) *bolt.File {
 	t.Helper()
-	s, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Now: clock.Now})
+	s, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,7 +140,7 @@ func (m *Metrics) ObserveAudit(e ledger.AuditEntry) {
 		if e.StateBefore == "" || e.StateBefore == ledger.StateRetryable {
 			m.ledgerCalls.Inc()
 		}
-		if strings.HasPrefix(e.Decision, "suspected_duplicate") {
+		if e.Is(ledger.AuditSuspectedDuplicate) {
 			m.suspected.Inc()
 		}
 		if e.StateAfter == ledger.StateSucceeded && e.StateBefore != ledger.StateSucceeded {
@@ -151,7 +150,7 @@ func (m *Metrics) ObserveAudit(e ledger.AuditEntry) {
 			m.unknown.Inc()
 		}
 		if e.StateBefore == ledger.StateUnknown && e.StateAfter != ledger.StateUnknown {
-			m.settled.WithLabelValues(ledger.SettledHow(e.Decision)).Inc()
+			m.settled.WithLabelValues(string(e.SettledHow())).Inc()
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // fakeClock is a clock the test moves by hand.
@@ -25,7 +26,7 @@ func mustOpenStore(t *testing.T) ledger.Store {
 
 func mustOpenPath(t *testing.T, path string) ledger.Store {
 	t.Helper()
-	s, err := ledger.OpenBolt(path, ledger.Options{})
+	s, err := bolt.Open(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/schemas"
 )
@@ -25,7 +26,7 @@ func newService(t *testing.T, clock *fakeClock, policy *approvals.Policy) *Servi
 	if clock != nil {
 		opts.Now = clock.Now
 	}
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), opts)
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,6 @@ import (
 // What the audit log learns from the tools: the policy check of a call,
 // what its side effect did at the downstream, and what the client was sent.
 
-// auditor is the ledger's buffered audit append (BoltStore.Audit).
-type auditor interface{ Audit(ledger.AuditEntry) }
-
 // refusal is a call refused before the ledger was asked (invalid
 // arguments, policy deny): its audit entry is written once the answer is
 // known, with the answer's digest.
@@ -34,8 +31,8 @@ type refusal struct {
 // audited). It never fails the call: an answer that cannot be encoded is
 // audited without a digest.
 func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
-	a, ok := s.ledger.(auditor)
-	if !ok || (readOnly && c.refused == nil) {
+	a := s.ledger
+	if readOnly && c.refused == nil {
 		return
 	}
 	e := ledger.AuditEntry{

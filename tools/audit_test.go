@@ -29,7 +29,7 @@ func callerOf(a ledger.Actor, requestID string) ledger.Actor {
 // history is the audit history of key in tenant t1.
 func history(t *testing.T, svc *Service, key string) []ledger.AuditEntry {
 	t.Helper()
-	entries, total, err := svc.ledger.(*ledger.BoltStore).AuditForKey(context.Background(), "t1", key, 0)
+	entries, total, err := svc.ledger.AuditForKey(context.Background(), "t1", key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestAuditFieldsEmbedded(t *testing.T) {
 			t.Errorf("history entry %d: key %q seq %d, want key %s in increasing order", i, e.Key, e.Seq, key)
 		}
 	}
-	if _, err := svc.ledger.(*ledger.BoltStore).VerifyAudit(ctx); err != nil {
+	if _, err := svc.ledger.VerifyAudit(ctx); err != nil {
 		t.Errorf("VerifyAudit: %v", err)
 	}
 }

@@ -8,12 +8,13 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/schemas"
 )
 
 func benchService(b *testing.B) *Service {
 	b.Helper()
-	store, err := ledger.OpenBolt(filepath.Join(b.TempDir(), "ledger.db"), ledger.Options{})
+	store, err := bolt.Open(filepath.Join(b.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

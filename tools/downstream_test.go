@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/outbox"
 	"idemgate/schemas"
@@ -152,7 +153,7 @@ func (m *memOrders) SafeRetry() bool { return false }
 func TestRemoteOrdersFromTheInterface(t *testing.T) {
 	ctx := context.Background()
 	mem := &memOrders{byRef: map[string]*orders.Order{}, lose: true}
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: time.Second})
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -264,16 +264,16 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 	switch {
 	case err == nil:
 		req.Outcome = s.withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
-		req.Why = "reconciled: the order system has order " + o.OrderID + " for this key"
+		req.How, req.Why = ledger.SettledReconciledFound, "reconciled: the order system has order "+o.OrderID+" for this key"
 	case errors.Is(err, orders.ErrAbsent) && s.remote.SafeRetry():
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
-		req.Why = "reconciled: the order system has nothing for this key, and same-key retries are safe"
+		req.How, req.Why = ledger.SettledReconciledAbsentRetry, "reconciled: the order system has nothing for this key, and same-key retries are safe"
 	case errors.Is(err, orders.ErrAbsent):
 		req.Outcome = ledger.Outcome{State: ledger.StateAwaitingApproval}
 		req.Proposal = &ledger.Approval{Rule: "rerun_after_unknown",
 			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
 			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; the order system shows no trace of it)"}
-		req.Why = "reconciled: absent at the order system; re-run needs approval"
+		req.How, req.Why = ledger.SettledReconciledAbsentNeedsApproval, "reconciled: absent at the order system; re-run needs approval"
 	default:
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
@@ -365,7 +365,7 @@ func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error
 		s.sweepAfter = ""
 	} else {
 		last := recs[len(recs)-1]
-		s.sweepAfter = last.Tenant + "\x00" + last.Key
+		s.sweepAfter = ledger.OpenPosition(last)
 	}
 	sweeper := ledger.Actor{Principal: "idemgate-reconciler", Role: "system"}
 	for _, rec := range recs {

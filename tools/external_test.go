@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/schemas"
 )
@@ -134,7 +135,7 @@ func externalServiceWith(t *testing.T, safeRetry bool, opts Options) (*Service, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: opts.Lease})
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{Lease: opts.Lease})
 	if err != nil {
 		t.Fatal(err)
 	}

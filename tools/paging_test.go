@@ -16,6 +16,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/schemas"
 )
@@ -240,7 +241,7 @@ func TestListOrdersPagesThroughTheOrderAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func (s *Service) resolveOperation(ctx context.Context, c *call, a ResolveReques
 	}
 	outcome, evidence, ref := a.Outcome, a.Evidence, a.DownstreamRef
 	req := ledger.SettleRequest{
-		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown},
+		Actor: c.actor, Key: key, From: []ledger.State{ledger.StateUnknown}, How: ledger.SettledResolvedByHand,
 		Why: "resolved by " + c.actor.Principal + ": " + outcome + "; evidence: " + evidence,
 	}
 	if outcome == "succeeded" {

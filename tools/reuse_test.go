@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/orders"
 	"idemgate/outbox"
 	"idemgate/schemas"
@@ -33,9 +34,9 @@ func (c *testClock) Add(d time.Duration) {
 
 // reuseService is a service on a ledger with short retentions and a hand
 // clock; api, when not nil, is the order API's base URL.
-func reuseService(t *testing.T, clock *testClock, api string) (*Service, *ledger.BoltStore) {
+func reuseService(t *testing.T, clock *testClock, api string) (*Service, *bolt.File) {
 	t.Helper()
-	store, err := ledger.OpenBolt(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{
 		Retention: time.Minute, TombstoneRetention: time.Minute, Now: clock.Now,
 	})
 	if err != nil {
@@ -60,7 +61,7 @@ func reuseService(t *testing.T, clock *testClock, api string) (*Service, *ledger
 
 // freeKey moves the clock past retention and tombstone retention and
 // sweeps, so key's record is deleted.
-func freeKey(t *testing.T, clock *testClock, store *ledger.BoltStore, key string) {
+func freeKey(t *testing.T, clock *testClock, store *bolt.File, key string) {
 	t.Helper()
 	clock.Add(3 * time.Minute)
 	if _, _, err := store.Sweep(context.Background()); err != nil {

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/schemas"
 )
 
@@ -53,7 +54,7 @@ func run(db, tenant, tool, args string, lease time.Duration) error {
 	if err != nil {
 		return err
 	}
-	store, err := ledger.OpenBolt(db, ledger.Options{Lease: lease})
+	store, err := bolt.Open(db, ledger.Options{Lease: lease})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package ledger
+package bolt
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // Backup writes a consistent copy of the ledger to dst: the state of one
@@ -16,7 +16,8 @@ import (
 // copy is written to a temporary file beside dst, synced, and renamed into
 // place, so dst is either absent or complete; an existing dst is never
 // overwritten. It returns the number of bytes written.
-func (s *BoltStore) Backup(dst string) (int64, error) {
+func (f *File) Backup(dst string) (int64, error) {
+	s := f.be
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup %s: %w; choose a new name", dst, ErrExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -28,7 +29,7 @@ func (s *BoltStore) Backup(dst string) (int64, error) {
 	}
 	defer os.Remove(tmp.Name())
 	var n int64
-	err = s.view(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bbolt.Tx) error {
 		var err error
 		n, err = tx.WriteTo(tmp)
 		return err

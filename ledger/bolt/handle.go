@@ -1,20 +1,21 @@
-package ledger
+package bolt
 
 import (
 	"errors"
 	"fmt"
+	"idemgate/ledger"
 	"io/fs"
 	"os"
 	"sync"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 	bolterr "go.etcd.io/bbolt/errors"
 )
 
 // handle shares one bbolt file between processes. The file is open only
 // while this process holds the turn (see fileLock); transactions borrow the
-// open *bolt.DB with acquire and give it back with release. When another
+// open *bbolt.DB with acquire and give it back with release. When another
 // process waits, no new transaction starts here, the running ones finish,
 // and the file is closed and handed over. An idle file is closed after
 // idleClose. A single process therefore pays one open per burst of work, and
@@ -31,14 +32,14 @@ type handle struct {
 	mayCreate bool
 	// onOpen runs once per open, before any transaction; first is true for
 	// the first open of this handle, and again after a damage was seen.
-	onOpen func(db *bolt.DB, first bool) error
+	onOpen func(db *bbolt.DB, first bool) error
 
 	opened  bool // an open has succeeded (guarded by mu)
 	checked bool // onOpen ran with first=true and passed (guarded by mu)
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	db       *bolt.DB
+	db       *bbolt.DB
 	opening  bool
 	yielding bool // another process waits: start nothing new, close when idle
 	active   int
@@ -47,7 +48,7 @@ type handle struct {
 	pollDone chan struct{}
 }
 
-func newHandle(path string, readOnly, mayCreate bool, onOpen func(*bolt.DB, bool) error) (*handle, error) {
+func newHandle(path string, readOnly, mayCreate bool, onOpen func(*bbolt.DB, bool) error) (*handle, error) {
 	l, err := openFileLock(path, readOnly)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: lock file beside %s: %w", path, err)
@@ -59,12 +60,12 @@ func newHandle(path string, readOnly, mayCreate bool, onOpen func(*bolt.DB, bool
 
 // acquire returns the open database for one transaction; the caller must
 // call release exactly once afterwards.
-func (h *handle) acquire() (*bolt.DB, error) {
+func (h *handle) acquire() (*bbolt.DB, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for {
 		if h.closed {
-			return nil, ErrClosed
+			return nil, ledger.ErrClosed
 		}
 		if h.db != nil && !h.yielding {
 			h.active++
@@ -87,7 +88,7 @@ func (h *handle) acquire() (*bolt.DB, error) {
 	if h.closed { // Close ran while we were opening.
 		db.Close()
 		h.lock.release()
-		return nil, ErrClosed
+		return nil, ledger.ErrClosed
 	}
 	h.db = db
 	h.active = 1
@@ -96,7 +97,7 @@ func (h *handle) acquire() (*bolt.DB, error) {
 	return db, nil
 }
 
-func (h *handle) open() (*bolt.DB, error) {
+func (h *handle) open() (*bbolt.DB, error) {
 	if err := h.lock.acquire(h.readOnly); err != nil {
 		return nil, fmt.Errorf("ledger: lock %s: %w", h.path, err)
 	}
@@ -115,7 +116,7 @@ func (h *handle) open() (*bolt.DB, error) {
 // openLocked opens the file while this process holds the turn: it creates
 // a new ledger where none exists (first open only, when allowed), checks
 // the file before bbolt maps it (precheck), opens it, and runs onOpen.
-func (h *handle) openLocked() (*bolt.DB, error) {
+func (h *handle) openLocked() (*bbolt.DB, error) {
 	h.mu.Lock()
 	first, create := !h.checked, h.mayCreate && !h.opened
 	h.mu.Unlock()
@@ -136,17 +137,17 @@ func (h *handle) openLocked() (*bolt.DB, error) {
 	// Our own lock already serialises processes, so bbolt's flock never
 	// waits; the timeout only guards against a foreign process holding the
 	// file (an old idemgate, a bbolt tool).
-	opts := &bolt.Options{Timeout: 10 * time.Second, ReadOnly: h.readOnly, PreLoadFreelist: true,
+	opts := &bbolt.Options{Timeout: 10 * time.Second, ReadOnly: h.readOnly, PreLoadFreelist: true,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			flag &^= os.O_CREATE // precheck saw the file; never create one here
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
 			return f, err
 		}}
-	var db *bolt.DB
+	var db *bbolt.DB
 	err := guard(h.path, func() error {
 		var err error
-		db, err = bolt.Open(h.path, 0o600, opts)
+		db, err = bbolt.Open(h.path, 0o600, opts)
 		return err
 	})
 	if err != nil {
@@ -207,7 +208,7 @@ func (h *handle) release() {
 
 // watch runs while db is open and closes it when another process waits or
 // the file has been idle for idleClose. It exits when db is closed.
-func (h *handle) watch(db *bolt.DB, done chan struct{}) {
+func (h *handle) watch(db *bbolt.DB, done chan struct{}) {
 	t := time.NewTicker(h.poll)
 	defer t.Stop()
 	for {

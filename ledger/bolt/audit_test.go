@@ -1,19 +1,21 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // summary names each entry by tenant/key:event:decision, for messages.
-func summary(entries []AuditEntry) []string {
+func summary(entries []ledger.AuditEntry) []string {
 	var out []string
 	for _, e := range entries {
 		out = append(out, e.Actor.Tenant+"/"+e.Key+":"+e.Event+":"+e.Decision)
@@ -26,7 +28,7 @@ func summary(entries []AuditEntry) []string {
 // ones not yet flushed — oldest first, and limit keeps the newest.
 func TestAuditForKey(t *testing.T) {
 	ctx := context.Background()
-	s := mustOpen(t, Options{})
+	s := mustOpen(t, ledger.Options{})
 	ap := &applier{}
 	a := newClaim("t1", "create_order", "fp-a")
 	b := newClaim("t1", "create_order", "fp-b")
@@ -34,14 +36,14 @@ func TestAuditForKey(t *testing.T) {
 	other.Actor = testActor("t2") // the same key in another tenant
 	prefix := a
 	prefix.Key = a.Key[:8] // a key that is a prefix of a's
-	for _, c := range []Claim{a, b, other, prefix, a, b} {
-		if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+	for _, c := range []ledger.Claim{a, b, other, prefix, a, b} {
+		if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	mism := a
 	mism.Fingerprint = "fp-changed"
-	if _, err := s.Execute(ctx, mism, ap.succeed(resultOrder)); err != nil {
+	if _, err := s.Execute(ctx, mism, ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
 	// The replay and the mismatch are still buffered: AuditForKey must see them.
@@ -78,11 +80,11 @@ func TestAuditForKey(t *testing.T) {
 func TestAuditIndexBackfilled(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	ap := &applier{}
 	a := newClaim("t1", "create_order", "fp-a")
 	for range 2 {
-		if _, err := s.Execute(ctx, a, ap.succeed(resultOrder)); err != nil {
+		if _, err := s.Execute(ctx, a, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,13 +92,13 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As an older build left the file: no index, no watermark.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		if err := tx.DeleteBucket(bucketAuditByKey); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketMeta).Delete(keyAuditIndexed)
 	})
-	s = mustOpenPath(t, path, Options{})
+	s = mustOpenPath(t, path, ledger.Options{})
 	if got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 3 {
 		t.Fatalf("after backfill: %v, %d, %v; want claimed, executed, replay", summary(got), total, err)
 	}
@@ -104,21 +106,21 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An older build appends an entry and does not index it.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
-		var last AuditEntry
+		var last ledger.AuditEntry
 		if err := json.Unmarshal(v, &last); err != nil {
 			return err
 		}
-		e := AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
-		if err := e.chain(last.Hash); err != nil {
+		e := ledger.AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
+		if err := chain(&e, last.Hash); err != nil {
 			return err
 		}
 		nv, _ := json.Marshal(e)
 		return b.Put(be64(e.Seq), nv)
 	})
-	s2, err := OpenBolt(path, Options{})
+	s2, err := Open(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,22 +129,22 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatalf("with an unindexed tail: %v, %d, %v; want 4 entries", summary(got), total, err)
 	}
 	var indexed uint64
-	s2.view(func(tx *bolt.Tx) error { indexed = auditIndexed(tx); return nil })
+	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
 	if indexed != 4 {
 		t.Errorf("watermark after open = %d, want 4 (the open indexes what an older build appended)", indexed)
 	}
 	// While the store is open, another build appends without indexing:
 	// the read still finds the entry (it scans past the watermark), and
 	// the next write indexes it.
-	if err := s2.update(func(tx *bolt.Tx) error {
+	if err := s2.update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketAudit)
 		_, v := b.Cursor().Last()
-		var last AuditEntry
+		var last ledger.AuditEntry
 		if err := json.Unmarshal(v, &last); err != nil {
 			return err
 		}
-		e := AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
-		if err := e.chain(last.Hash); err != nil {
+		e := ledger.AuditEntry{Seq: last.Seq + 1, At: last.At, Event: "call", Actor: testActor("t1"), Tool: "create_order", Key: a.Key, Decision: "replay"}
+		if err := chain(&e, last.Hash); err != nil {
 			return err
 		}
 		nv, _ := json.Marshal(e)
@@ -153,10 +155,10 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 5 || got[4].Seq != 5 {
 		t.Fatalf("with an entry past the watermark: %v, %d, %v; want 5 entries", summary(got), total, err)
 	}
-	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(resultOrder)); err != nil {
+	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
-	s2.view(func(tx *bolt.Tx) error { indexed = auditIndexed(tx); return nil })
+	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
 	if indexed != 7 {
 		t.Errorf("watermark after a write = %d, want 7 (the appended entry and the write's two)", indexed)
 	}
@@ -176,11 +178,11 @@ func TestAuditOldEntryStillVerifies(t *testing.T) {
 	old := `{"seq":1,"at":"2025-03-04T05:06:07Z","event":"transition","actor":{"tenant":"t1","principal":"agent-t1","role":"agent","client_name":"c","client_version":"1","request_id":"7","trace":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},"tool":"create_order","key":"k1","fingerprint":"fp","decision":"executed","state_before":"in_progress","state_after":"succeeded","attempt":1,"error_code":"x","prev_hash":"","hash":""}`
 	sum := sha256.Sum256([]byte(old))
 	stored := strings.Replace(old, `"hash":""`, `"hash":"`+hex.EncodeToString(sum[:])+`"`, 1)
-	var e AuditEntry
+	var e ledger.AuditEntry
 	if err := json.Unmarshal([]byte(stored), &e); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.verifyChain(""); err != nil {
+	if err := verifyChain(e, ""); err != nil {
 		t.Fatalf("an entry of the first release no longer verifies: %v", err)
 	}
 	b, _ := json.Marshal(e)

@@ -1,7 +1,9 @@
-package ledger
+package bolt
 
 import (
 	"context"
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 	"testing"
 	"time"
 )
@@ -13,7 +15,7 @@ import (
 func TestListPagesByPosition(t *testing.T) {
 	ctx := context.Background()
 	clock := newFakeClock()
-	o := contractOpts()
+	o := ledgertest.Opts()
 	o.Now = clock.Now
 	s := mustOpen(t, o)
 	ap := &applier{}
@@ -33,7 +35,7 @@ func TestListPagesByPosition(t *testing.T) {
 	}
 	// The whole listing in one page, newest first (ties by key): what
 	// paging must reproduce.
-	all, err := s.List(ctx, Filter{Tenant: "t1", Limit: 1000})
+	all, err := s.List(ctx, ledger.Filter{Tenant: "t1", Limit: 1000})
 	if err != nil || len(all) != 150 {
 		t.Fatalf("List = %d records, %v", len(all), err)
 	}
@@ -46,7 +48,7 @@ func TestListPagesByPosition(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	var got []string
-	f := Filter{Tenant: "t1", Limit: 8}
+	f := ledger.Filter{Tenant: "t1", Limit: 8}
 	for pages := 0; ; pages++ {
 		recs, err := s.List(ctx, f)
 		if err != nil {
@@ -65,7 +67,7 @@ func TestListPagesByPosition(t *testing.T) {
 		if _, err := s.Execute(ctx, newClaim("t1", "create_order", "fp"), ap.succeed(`{}`)); err != nil {
 			t.Fatal(err)
 		}
-		f.After = ListPosition(recs[len(recs)-1])
+		f.After = ledger.ListPosition(recs[len(recs)-1])
 	}
 	if len(got) != len(want) {
 		t.Fatalf("listed %d records, want %d", len(got), len(want))
@@ -83,7 +85,7 @@ func TestListPagesByPosition(t *testing.T) {
 func TestPendingApprovalsPagesOldestFirst(t *testing.T) {
 	ctx := context.Background()
 	clock := newFakeClock()
-	o := contractOpts()
+	o := ledgertest.Opts()
 	o.Now = clock.Now
 	s := mustOpen(t, o)
 	var want []string
@@ -110,7 +112,7 @@ func TestPendingApprovalsPagesOldestFirst(t *testing.T) {
 		if len(recs) < 7 {
 			break
 		}
-		after = ApprovalPosition(recs[len(recs)-1])
+		after = ledger.ApprovalPosition(recs[len(recs)-1])
 	}
 	if len(got) != len(want) {
 		t.Fatalf("listed %d approvals, want %d", len(got), len(want))

@@ -1,9 +1,10 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"idemgate/ledger"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -15,7 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // Benchmarks of the bbolt ledger. The 1M-record cases are skipped unless
@@ -23,7 +24,7 @@ import (
 // cached under os.TempDir() (see largeLedgerFile).
 
 // benchOpts keeps loaded records replayable however old the cached file is.
-func benchOpts() Options { return Options{Retention: 100 * 365 * 24 * time.Hour} }
+func benchOpts() ledger.Options { return ledger.Options{Retention: 100 * 365 * 24 * time.Hour} }
 
 const benchTenant = "bench"
 
@@ -31,33 +32,33 @@ const benchTenant = "bench"
 // bulk load appends.
 func benchKey(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", i) }
 
-func benchClaim(key string) Claim {
-	return Claim{Actor: testActor(benchTenant), Key: key, Tool: "create_order", Fingerprint: "fp-" + key, OnLeaseExpiry: StateRetryable}
+func benchClaim(key string) ledger.Claim {
+	return ledger.Claim{Actor: testActor(benchTenant), Key: key, Tool: "create_order", Fingerprint: "fp-" + key, OnLeaseExpiry: ledger.StateRetryable}
 }
 
 // benchApply is a realistic embedded side effect: one order written beside
 // the ledger.
-func benchApply(tx Tx, rec *Record) (Outcome, error) {
+func benchApply(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 	order := `{"order_id":"ord_` + rec.Key + `","customer_id":"cus_1","items":[{"sku":"SKU-1","quantity":2,"unit_price_minor":1999}],"currency":"EUR","version":1}`
 	if err := tx.Put("orders", rec.Tenant+"/ord_"+rec.Key, []byte(order)); err != nil {
-		return Outcome{}, err
+		return ledger.Outcome{}, err
 	}
-	return Outcome{State: StateSucceeded, Result: json.RawMessage(`{"order":` + order + `}`), Summary: "order ord_" + rec.Key, DownstreamRef: "ord_" + rec.Key}, nil
+	return ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"order":` + order + `}`), Summary: "order ord_" + rec.Key, DownstreamRef: "ord_" + rec.Key}, nil
 }
 
 func BenchmarkExecuteNew(b *testing.B) {
-	s := mustOpen(b, Options{})
+	s := mustOpen(b, ledger.Options{})
 	ctx := context.Background()
 	for b.Loop() {
 		d, err := s.Execute(ctx, benchClaim(uuid.NewString()), benchApply)
-		if err != nil || d.Kind != DecisionExecuted {
+		if err != nil || d.Kind != ledger.DecisionExecuted {
 			b.Fatalf("Execute = %q, %v", d.Kind, err)
 		}
 	}
 }
 
 func BenchmarkReplay(b *testing.B) {
-	s := mustOpen(b, Options{})
+	s := mustOpen(b, ledger.Options{})
 	ctx := context.Background()
 	c := benchClaim(uuid.NewString())
 	if _, err := s.Execute(ctx, c, benchApply); err != nil {
@@ -65,7 +66,7 @@ func BenchmarkReplay(b *testing.B) {
 	}
 	for b.Loop() {
 		d, err := s.Execute(ctx, c, benchApply)
-		if err != nil || d.Kind != DecisionReplay {
+		if err != nil || d.Kind != ledger.DecisionReplay {
 			b.Fatalf("Execute = %q, %v", d.Kind, err)
 		}
 	}
@@ -74,7 +75,7 @@ func BenchmarkReplay(b *testing.B) {
 // BenchmarkExecuteParallel: 64 goroutines (SetParallelism multiplies by
 // GOMAXPROCS) claiming new keys, so group commit batches them.
 func BenchmarkExecuteParallel(b *testing.B) {
-	s := mustOpen(b, Options{})
+	s := mustOpen(b, ledger.Options{})
 	ctx := context.Background()
 	procs := runtime.GOMAXPROCS(0)
 	b.SetParallelism(max(1, (64+procs-1)/procs))
@@ -82,7 +83,7 @@ func BenchmarkExecuteParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			d, err := s.Execute(ctx, benchClaim(uuid.NewString()), benchApply)
-			if err != nil || d.Kind != DecisionExecuted {
+			if err != nil || d.Kind != ledger.DecisionExecuted {
 				b.Errorf("Execute = %q, %v", d.Kind, err)
 				return
 			}
@@ -108,7 +109,7 @@ func BenchmarkReplayAtSize(b *testing.B) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			for b.Loop() {
 				d, err := s.Execute(ctx, benchClaim(benchKey(rng.IntN(size.n))), benchApply)
-				if err != nil || d.Kind != DecisionReplay {
+				if err != nil || d.Kind != ledger.DecisionReplay {
 					b.Fatalf("Execute = %q, %v", d.Kind, err)
 				}
 			}
@@ -123,7 +124,7 @@ func BenchmarkClaimAtSize(b *testing.B) {
 			ctx := context.Background()
 			for b.Loop() {
 				d, err := s.Execute(ctx, benchClaim(uuid.NewString()), benchApply)
-				if err != nil || d.Kind != DecisionExecuted {
+				if err != nil || d.Kind != ledger.DecisionExecuted {
 					b.Fatalf("Execute = %q, %v", d.Kind, err)
 				}
 			}
@@ -132,7 +133,7 @@ func BenchmarkClaimAtSize(b *testing.B) {
 }
 
 // openLoaded opens a store in b.TempDir() holding n finished records.
-func openLoaded(b *testing.B, n int, large bool) *BoltStore {
+func openLoaded(b *testing.B, n int, large bool) *File {
 	b.Helper()
 	path := filepath.Join(b.TempDir(), "ledger.db")
 	if large {
@@ -148,7 +149,7 @@ func openLoaded(b *testing.B, n int, large bool) *BoltStore {
 }
 
 // loadByExecute loads n records through the public API, 64 at a time.
-func loadByExecute(b *testing.B, s *BoltStore, n int) {
+func loadByExecute(b *testing.B, s *File, n int) {
 	b.Helper()
 	ctx := context.Background()
 	var next atomic.Int64
@@ -179,7 +180,7 @@ func loadByExecute(b *testing.B, s *BoltStore, n int) {
 // cache name carries a version to bump when that format changes.
 func largeLedgerFile(b *testing.B, n int) string {
 	b.Helper()
-	cache := filepath.Join(os.TempDir(), fmt.Sprintf("idemgate-ledger-bench-%d-v%d-r%d.db", n, boltSchemaVersion, ResultFormat))
+	cache := filepath.Join(os.TempDir(), fmt.Sprintf("idemgate-ledger-bench-%d-v%d-r%d.db", n, boltSchemaVersion, ledger.ResultFormat))
 	if _, err := os.Stat(cache); err == nil {
 		return cache
 	}
@@ -188,31 +189,31 @@ func largeLedgerFile(b *testing.B, n int) string {
 	defer os.Remove(tmp)
 	defer os.Remove(tmp + ".lock")
 	defer os.Remove(tmp + ".wait")
-	s, err := OpenBolt(tmp, benchOpts()) // buckets and schema version
+	s, err := Open(tmp, benchOpts()) // buckets and schema version
 	if err != nil {
 		b.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
 	}
-	db, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, Timeout: 5 * time.Second})
+	db, err := bbolt.Open(tmp, 0o600, &bbolt.Options{NoSync: true, Timeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
 	base := time.Now().Add(-time.Duration(n) * time.Millisecond).UTC()
 	const chunk = 100_000
 	for lo := 0; lo < n; lo += chunk {
-		err := db.Update(func(tx *bolt.Tx) error {
+		err := db.Update(func(tx *bbolt.Tx) error {
 			recs, times := tx.Bucket(bucketRecords), tx.Bucket(bucketByTime)
 			recs.FillPercent, times.FillPercent = 0.95, 0.95 // appends in key order
 			for i := lo; i < min(lo+chunk, n); i++ {
 				key := benchKey(i)
 				at := base.Add(time.Duration(i) * time.Millisecond)
 				order := `{"order_id":"ord_` + key + `","customer_id":"cus_1","items":[{"sku":"SKU-1","quantity":2,"unit_price_minor":1999}],"currency":"EUR","version":1}`
-				rec := &Record{
+				rec := &ledger.Record{
 					Tenant: benchTenant, Key: key, Tool: "create_order", Fingerprint: "fp-" + key,
-					State: StateSucceeded, Attempts: 1, Generation: 1, OnLeaseExpiry: StateRetryable,
-					Principal: "agent-" + benchTenant, ResultFormat: ResultFormat,
+					State: ledger.StateSucceeded, Attempts: 1, Generation: 1, OnLeaseExpiry: ledger.StateRetryable,
+					Principal: "agent-" + benchTenant, ResultFormat: ledger.ResultFormat,
 					Result:  json.RawMessage(`{"order":` + order + `}`),
 					Summary: "order ord_" + key, DownstreamRef: "ord_" + key,
 					FirstSeenAt: at, UpdatedAt: at, CompletedAt: at,

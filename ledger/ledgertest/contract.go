@@ -1,4 +1,4 @@
-package ledger
+package ledgertest
 
 import (
 	"bytes"
@@ -6,32 +6,39 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"idemgate/ledger"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
-// This file is the Store contract: what every ledger backend (bbolt now,
-// PostgreSQL later) must do, written against the Store interface only. A
-// backend's test calls runStoreContract with a function that opens a fresh,
-// empty store for one subtest (and closes it in t.Cleanup). The options
-// passed to open carry the test's fake clock in Options.Now; open must pass
-// them through unchanged.
+// Package ledgertest is the contract every ledger backend must pass: what
+// the ledger promises (claim races, fencing, leases and their expiry,
+// Decide, Settle, approvals, paging, retention, tombstones, the audit
+// chain, an injectable clock), written against the ledger.Store interface
+// only. A backend's test calls Run with a function that opens a fresh,
+// empty store for one subtest (and closes it in t.Cleanup):
 //
-// Backends that also keep the audit chain readable implement auditLog; the
-// audit cases are skipped for those that do not.
+//	func TestContract(t *testing.T) {
+//		ledgertest.Run(t, func(t *testing.T, o ledger.Options) ledger.Store {
+//			s := ledger.New(newMyBackend(t), o)
+//			t.Cleanup(func() { s.Close() })
+//			return s
+//		})
+//	}
+//
+// The options passed to open carry the test's fake clock in Options.Now
+// and Options.Elapsed; open must pass them through unchanged.
+//
+// RunBackend checks the backend itself, below the ledger (atomicity,
+// ordering, isolation, Close), so that a failure of Run can be traced to
+// the guarantee the backend misses.
 
-// auditLog is the audit side of a store, beside Store.
-type auditLog interface {
-	AuditLog(ctx context.Context, after uint64, limit int) ([]AuditEntry, error)
-	VerifyAudit(ctx context.Context) (int, error)
-}
-
-// contractOpts are the windows every contract case runs with: short enough
+// Opts are the windows every contract case runs with: short enough
 // to read, distinct enough that a mix-up between them shows.
-func contractOpts() Options {
-	return Options{
+func Opts() ledger.Options {
+	return ledger.Options{
 		Retention:          1 * time.Hour,
 		TombstoneRetention: 24 * time.Hour,
 		Lease:              30 * time.Second,
@@ -45,15 +52,15 @@ type env struct {
 	t     *testing.T
 	ctx   context.Context
 	clock *fakeClock
-	opts  Options
-	s     Store
+	opts  ledger.Options
+	s     ledger.Store
 	ap    *applier
 }
 
-func newEnv(t *testing.T, open func(t *testing.T, o Options) Store, mod func(*Options)) *env {
+func newEnv(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store, mod func(*ledger.Options)) *env {
 	t.Helper()
 	clock := newFakeClock()
-	o := contractOpts()
+	o := Opts()
 	if mod != nil {
 		mod(&o)
 	}
@@ -62,7 +69,7 @@ func newEnv(t *testing.T, open func(t *testing.T, o Options) Store, mod func(*Op
 }
 
 // exec runs Execute and fails the test on an error.
-func (e *env) exec(c Claim, apply ApplyFunc) Decision {
+func (e *env) exec(c ledger.Claim, apply ledger.ApplyFunc) ledger.Decision {
 	e.t.Helper()
 	d, err := e.s.Execute(e.ctx, c, apply)
 	if err != nil {
@@ -72,7 +79,7 @@ func (e *env) exec(c Claim, apply ApplyFunc) Decision {
 }
 
 // claim runs Claim and fails the test on an error.
-func (e *env) claim(c Claim) Decision {
+func (e *env) claim(c ledger.Claim) ledger.Decision {
 	e.t.Helper()
 	d, err := e.s.Claim(e.ctx, c)
 	if err != nil {
@@ -82,10 +89,10 @@ func (e *env) claim(c Claim) Decision {
 }
 
 // wantKind fails the test unless d is of kind want.
-func wantKind(t *testing.T, d Decision, want DecisionKind) {
+func wantKind(t *testing.T, d ledger.Decision, want ledger.DecisionKind) {
 	t.Helper()
 	if d.Kind != want {
-		state := State("<no record>")
+		state := ledger.State("<no record>")
 		if d.Record != nil {
 			state = d.Record.State
 		}
@@ -94,7 +101,7 @@ func wantKind(t *testing.T, d Decision, want DecisionKind) {
 }
 
 // wantState fails the test unless rec is in state want.
-func wantState(t *testing.T, rec *Record, want State) {
+func wantState(t *testing.T, rec *ledger.Record, want ledger.State) {
 	t.Helper()
 	if rec == nil {
 		t.Fatalf("record = nil, want state %s", want)
@@ -112,13 +119,14 @@ func (e *env) wantCalls(want int64) {
 	}
 }
 
-const resultOrder = `{"order":{"order_id":"ord_1","version":1}}`
+// ResultOrder is the result the contract's applies save.
+const ResultOrder = `{"order":{"order_id":"ord_1","version":1}}`
 
-// runStoreContract runs the Store contract against the stores open makes.
-func runStoreContract(t *testing.T, open func(t *testing.T, o Options) Store) {
+// Run runs the Store contract against the stores open makes.
+func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	cases := []struct {
 		name string
-		run  func(t *testing.T, open func(t *testing.T, o Options) Store)
+		run  func(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store)
 	}{
 		{"ExecuteNewRunsApplyOnce", contractExecuteNew},
 		{"ReplayReturnsSavedResult", contractReplay},
@@ -148,22 +156,34 @@ func runStoreContract(t *testing.T, open func(t *testing.T, o Options) Store) {
 		{"ConcurrentSameClaim", contractConcurrentSameClaim},
 		{"ConcurrentDistinctKeys", contractConcurrentDistinctKeys},
 		{"ConcurrentBatchMemberFails", contractConcurrentBatchMemberFails},
+		{"DecideApprove", contractDecideApprove},
+		{"DecideReject", contractDecideReject},
+		{"DecideExpired", contractDecideExpired},
+		{"DecideClaimAndDownstream", contractDecideClaimAndDownstream},
+		{"PendingApprovals", contractPendingApprovals},
+		{"Settle", contractSettle},
+		{"OutcomeAlso", contractOutcomeAlso},
+		{"OpenRecordsPaging", contractOpenRecordsPaging},
+		{"ExpireLeases", contractExpireLeases},
+		{"InjectedClock", contractInjectedClock},
+		{"SettleHowAudited", contractSettleHowAudited},
+		{"AuditBufferSurvivesPanic", contractAuditBufferSurvivesPanic},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })
 	}
 }
 
-func contractExecuteNew(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractExecuteNew(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
-	d := e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, d, DecisionExecuted)
+	d := e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExecuted)
 	e.wantCalls(1)
 	rec := d.Record
-	wantState(t, rec, StateSucceeded)
-	if string(rec.Result) != resultOrder {
-		t.Errorf("Result = %s, want %s", rec.Result, resultOrder)
+	wantState(t, rec, ledger.StateSucceeded)
+	if string(rec.Result) != ResultOrder {
+		t.Errorf("Result = %s, want %s", rec.Result, ResultOrder)
 	}
 	if rec.Tenant != "t1" || rec.Key != c.Key || rec.Tool != c.Tool || rec.Fingerprint != c.Fingerprint || rec.Principal != c.Actor.Principal {
 		t.Errorf("record identity = %s/%s %s %s %s, want t1/%s %s %s %s", rec.Tenant, rec.Key, rec.Tool, rec.Fingerprint, rec.Principal, c.Key, c.Tool, c.Fingerprint, c.Actor.Principal)
@@ -171,8 +191,8 @@ func contractExecuteNew(t *testing.T, open func(t *testing.T, o Options) Store) 
 	if rec.Attempts != 1 || rec.Generation != 1 {
 		t.Errorf("Attempts, Generation = %d, %d; want 1, 1", rec.Attempts, rec.Generation)
 	}
-	if rec.ResultFormat != ResultFormat {
-		t.Errorf("ResultFormat = %d, want %d", rec.ResultFormat, ResultFormat)
+	if rec.ResultFormat != ledger.ResultFormat {
+		t.Errorf("ResultFormat = %d, want %d", rec.ResultFormat, ledger.ResultFormat)
 	}
 	if rec.LeaseOwner != "" || !rec.LeaseExpires.IsZero() {
 		t.Errorf("finished record still has a lease: owner %q until %v", rec.LeaseOwner, rec.LeaseExpires)
@@ -188,25 +208,25 @@ func contractExecuteNew(t *testing.T, open func(t *testing.T, o Options) Store) 
 	}
 
 	got := mustGet(t, e.s, "t1", c.Key)
-	wantState(t, got, StateSucceeded)
+	wantState(t, got, ledger.StateSucceeded)
 	if !bytes.Equal(got.Result, rec.Result) || got.Attempts != 1 || got.Generation != 1 || got.Tombstone {
 		t.Errorf("Get = %s, want the executed record %s", recordJSON(t, got), recordJSON(t, rec))
 	}
 }
 
-func contractReplay(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractReplay(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
-	first := e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, first, DecisionExecuted)
+	first := e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, first, ledger.DecisionExecuted)
 
 	for i, advance := range []time.Duration{0, time.Second, e.opts.Retention - time.Nanosecond - time.Second} {
 		e.clock.Advance(advance)
 		t.Run(fmt.Sprintf("replay%d", i+1), func(t *testing.T) {
 			d := e.exec(c, e.ap.succeed(`{"order":{"order_id":"ord_SECOND"}}`))
-			wantKind(t, d, DecisionReplay)
+			wantKind(t, d, ledger.DecisionReplay)
 			e.wantCalls(1)
-			wantState(t, d.Record, StateSucceeded)
+			wantState(t, d.Record, ledger.StateSucceeded)
 			if !bytes.Equal(d.Record.Result, first.Record.Result) {
 				t.Errorf("replayed Result = %s, want %s", d.Record.Result, first.Record.Result)
 			}
@@ -215,7 +235,7 @@ func contractReplay(t *testing.T, open func(t *testing.T, o Options) Store) {
 			}
 			// Claim replays too, and never starts anything.
 			d = e.claim(c)
-			wantKind(t, d, DecisionReplay)
+			wantKind(t, d, ledger.DecisionReplay)
 		})
 	}
 	if got := effects(t, e.s); len(got) != 1 {
@@ -225,7 +245,7 @@ func contractReplay(t *testing.T, open func(t *testing.T, o Options) Store) {
 
 // contractReplayByteIdentical checks that what a replay returns is the very
 // bytes the execution returned, whatever valid JSON the downstream produced.
-func contractReplayByteIdentical(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractReplayByteIdentical(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	results := []struct{ name, json string }{
 		{"compact", `{"a":1,"b":[true,null,"x"]}`},
 		{"number_forms", `{"n":1.0,"m":1e3,"z":-0}`},
@@ -238,9 +258,9 @@ func contractReplayByteIdentical(t *testing.T, open func(t *testing.T, o Options
 			e := newEnv(t, open, nil)
 			c := newClaim("t1", "create_order", "fp-"+r.name)
 			first := e.exec(c, e.ap.succeed(r.json))
-			wantKind(t, first, DecisionExecuted)
+			wantKind(t, first, ledger.DecisionExecuted)
 			d := e.exec(c, e.ap.succeed(`{}`))
-			wantKind(t, d, DecisionReplay)
+			wantKind(t, d, ledger.DecisionReplay)
 			if !bytes.Equal(d.Record.Result, first.Record.Result) {
 				t.Errorf("replayed Result is not byte-identical:\n executed %q\n replayed %q", first.Record.Result, d.Record.Result)
 			}
@@ -254,71 +274,71 @@ func contractReplayByteIdentical(t *testing.T, open func(t *testing.T, o Options
 // stateSetup brings a fresh key into one state and returns its claim.
 type stateSetup struct {
 	name  string
-	state State // what Get shows afterwards
+	state ledger.State // what Get shows afterwards
 	tomb  bool
-	setup func(e *env) Claim
+	setup func(e *env) ledger.Claim
 }
 
 func stateSetups() []stateSetup {
 	return []stateSetup{
-		{"succeeded", StateSucceeded, false, func(e *env) Claim {
+		{"succeeded", ledger.StateSucceeded, false, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionExecuted)
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 			return c
 		}},
-		{"failed", StateFailed, false, func(e *env) Claim {
+		{"failed", ledger.StateFailed, false, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(c, e.ap.outcome(Outcome{State: StateFailed, Error: &OpError{Code: "downstream_error", Message: "no"}})), DecisionExecuted)
+			wantKind(e.t, e.exec(c, e.ap.outcome(ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error", Message: "no"}})), ledger.DecisionExecuted)
 			return c
 		}},
-		{"in_progress", StateInProgress, false, func(e *env) Claim {
+		{"in_progress", ledger.StateInProgress, false, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.claim(c), DecisionClaimed)
+			wantKind(e.t, e.claim(c), ledger.DecisionClaimed)
 			return c
 		}},
-		{"retryable_lease_expired", StateRetryable, false, func(e *env) Claim {
+		{"retryable_lease_expired", ledger.StateRetryable, false, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.claim(c), DecisionClaimed)
+			wantKind(e.t, e.claim(c), ledger.DecisionClaimed)
 			e.clock.Advance(e.opts.Lease)
 			return c
 		}},
-		{"unknown", StateUnknown, false, func(e *env) Claim {
+		{"unknown", ledger.StateUnknown, false, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			c.OnLeaseExpiry = StateUnknown
-			wantKind(e.t, e.claim(c), DecisionClaimed)
+			c.OnLeaseExpiry = ledger.StateUnknown
+			wantKind(e.t, e.claim(c), ledger.DecisionClaimed)
 			e.clock.Advance(e.opts.Lease + time.Second)
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionHeld) // records the transition
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionHeld) // records the transition
 			return c
 		}},
-		{"awaiting_approval", StateAwaitingApproval, false, func(e *env) Claim {
+		{"awaiting_approval", ledger.StateAwaitingApproval, false, func(e *env) ledger.Claim {
 			first := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(first, e.ap.succeed(resultOrder)), DecisionExecuted)
+			wantKind(e.t, e.exec(first, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 			e.ap.calls.Store(0)
 			c := newClaim("t1", "create_order", "fp-1")
 			c.SuspectDuplicates = true
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionSuspectedDuplicate)
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionSuspectedDuplicate)
 			return c
 		}},
-		{"rejected", StateRejected, false, func(e *env) Claim {
+		{"rejected", ledger.StateRejected, false, func(e *env) ledger.Claim {
 			first := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(first, e.ap.succeed(resultOrder)), DecisionExecuted)
+			wantKind(e.t, e.exec(first, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 			e.ap.calls.Store(0)
 			c := newClaim("t1", "create_order", "fp-1")
 			c.SuspectDuplicates = true
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionSuspectedDuplicate)
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionSuspectedDuplicate)
 			e.clock.Advance(e.opts.ApprovalTTL)
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionReplay) // records the rejection
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionReplay) // records the rejection
 			return c
 		}},
-		{"tombstone", StateSucceeded, true, func(e *env) Claim {
+		{"tombstone", ledger.StateSucceeded, true, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionExecuted)
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 			e.clock.Advance(e.opts.Retention)
 			return c
 		}},
-		{"tombstone_swept", StateSucceeded, true, func(e *env) Claim {
+		{"tombstone_swept", ledger.StateSucceeded, true, func(e *env) ledger.Claim {
 			c := newClaim("t1", "create_order", "fp-1")
-			wantKind(e.t, e.exec(c, e.ap.succeed(resultOrder)), DecisionExecuted)
+			wantKind(e.t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 			e.clock.Advance(e.opts.Retention)
 			if n, _, err := e.s.Sweep(e.ctx); err != nil || n != 1 {
 				e.t.Fatalf("Sweep = %d compacted, %v; want 1, nil", n, err)
@@ -328,15 +348,15 @@ func stateSetups() []stateSetup {
 	}
 }
 
-func contractMismatchEveryState(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractMismatchEveryState(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	for _, st := range stateSetups() {
 		t.Run(st.name, func(t *testing.T) {
 			variants := []struct {
 				name   string
-				change func(c *Claim)
+				change func(c *ledger.Claim)
 			}{
-				{"other_fingerprint", func(c *Claim) { c.Fingerprint += "-changed" }},
-				{"other_tool_same_fingerprint", func(c *Claim) { c.Tool = "cancel_order" }},
+				{"other_fingerprint", func(c *ledger.Claim) { c.Fingerprint += "-changed" }},
+				{"other_tool_same_fingerprint", func(c *ledger.Claim) { c.Tool = "cancel_order" }},
 			}
 			for _, v := range variants {
 				t.Run(v.name, func(t *testing.T) {
@@ -352,11 +372,11 @@ func contractMismatchEveryState(t *testing.T, open func(t *testing.T, o Options)
 					other := c
 					v.change(&other)
 					d := e.exec(other, e.ap.succeed(`{"other":true}`))
-					wantKind(t, d, DecisionMismatch)
+					wantKind(t, d, ledger.DecisionMismatch)
 					if d.Record == nil || d.Record.Fingerprint != c.Fingerprint || d.Record.Tool != c.Tool {
 						t.Errorf("mismatch decision should carry the existing record (tool %s, fingerprint %s), got %+v", c.Tool, c.Fingerprint, d.Record)
 					}
-					wantKind(t, e.claim(other), DecisionMismatch)
+					wantKind(t, e.claim(other), ledger.DecisionMismatch)
 					e.wantCalls(calls)
 
 					after := mustGet(t, e.s, "t1", c.Key)
@@ -369,7 +389,7 @@ func contractMismatchEveryState(t *testing.T, open func(t *testing.T, o Options)
 	}
 }
 
-func contractApplyError(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractApplyError(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
 	d, err := e.s.Execute(e.ctx, c, e.ap.fail(errBoom))
@@ -379,21 +399,21 @@ func contractApplyError(t *testing.T, open func(t *testing.T, o Options) Store) 
 	if d.Kind != "" {
 		t.Errorf("decision of a failed apply = %q, want none", d.Kind)
 	}
-	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("Get after a failed apply: err = %v, want ErrNotFound", err)
 	}
 	if got := effects(t, e.s); len(got) != 0 {
 		t.Fatalf("the failed apply's Put survived: %v", got)
 	}
-	if recs, err := e.s.List(e.ctx, Filter{Tenant: "t1"}); err != nil || len(recs) != 0 {
+	if recs, err := e.s.List(e.ctx, ledger.Filter{Tenant: "t1"}); err != nil || len(recs) != 0 {
 		t.Fatalf("List after a failed apply = %d records, %v; want none", len(recs), err)
 	}
 
 	// The caller fixes the arguments and reuses the key; even another
 	// fingerprint is fine, since nothing was recorded.
 	c.Fingerprint = "fp-fixed"
-	d = e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, d, DecisionExecuted)
+	d = e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExecuted)
 	if d.Record.Attempts != 1 || d.Record.Generation != 1 {
 		t.Errorf("re-used key: Attempts, Generation = %d, %d; want 1, 1", d.Record.Attempts, d.Record.Generation)
 	}
@@ -404,16 +424,16 @@ func contractApplyError(t *testing.T, open func(t *testing.T, o Options) Store) 
 
 // contractInvalidResult: a result that is not JSON cannot be saved; the
 // claim fails as a whole, like an apply error, and nothing is recorded.
-func contractInvalidResult(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractInvalidResult(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	for _, bad := range []string{"{not json", "[1,2", `{"a":}`} {
 		t.Run(fmt.Sprintf("%q", bad), func(t *testing.T) {
 			e := newEnv(t, open, nil)
 			c := newClaim("t1", "create_order", "fp-1")
-			_, err := e.s.Execute(e.ctx, c, e.ap.outcome(Outcome{State: StateSucceeded, Result: json.RawMessage(bad)}))
+			_, err := e.s.Execute(e.ctx, c, e.ap.outcome(ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(bad)}))
 			if err == nil {
 				t.Fatalf("Execute with result %q succeeded", bad)
 			}
-			if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+			if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 				t.Errorf("Get: err = %v, want ErrNotFound", err)
 			}
 			if got := effects(t, e.s); len(got) != 0 {
@@ -423,27 +443,27 @@ func contractInvalidResult(t *testing.T, open func(t *testing.T, o Options) Stor
 	}
 }
 
-func contractFailedOutcome(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractFailedOutcome(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
-	out := Outcome{State: StateFailed, Error: &OpError{Code: "downstream_error", Message: "card declined", Details: json.RawMessage(`{"reason":"declined"}`)}, Summary: "declined"}
+	out := ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error", Message: "card declined", Details: json.RawMessage(`{"reason":"declined"}`)}, Summary: "declined"}
 	d := e.exec(c, e.ap.outcome(out))
-	wantKind(t, d, DecisionExecuted)
-	wantState(t, d.Record, StateFailed)
+	wantKind(t, d, ledger.DecisionExecuted)
+	wantState(t, d.Record, ledger.StateFailed)
 	if d.Record.CompletedAt.IsZero() {
 		t.Error("a failed record has no CompletedAt")
 	}
 
 	for _, name := range []string{"Execute", "Claim"} {
 		t.Run(name, func(t *testing.T) {
-			var got Decision
+			var got ledger.Decision
 			if name == "Execute" {
-				got = e.exec(c, e.ap.succeed(resultOrder))
+				got = e.exec(c, e.ap.succeed(ResultOrder))
 			} else {
 				got = e.claim(c)
 			}
-			wantKind(t, got, DecisionReplay)
-			wantState(t, got.Record, StateFailed)
+			wantKind(t, got, ledger.DecisionReplay)
+			wantState(t, got.Record, ledger.StateFailed)
 			if got.Record.Error == nil || got.Record.Error.Code != "downstream_error" || got.Record.Error.Message != "card declined" || string(got.Record.Error.Details) != `{"reason":"declined"}` {
 				t.Errorf("replayed Error = %+v, want the saved one", got.Record.Error)
 			}
@@ -455,12 +475,12 @@ func contractFailedOutcome(t *testing.T, open func(t *testing.T, o Options) Stor
 	}
 }
 
-func contractClaimBusyComplete(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractClaimBusyComplete(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "send_notification", "fp-1")
 	d := e.claim(c)
-	wantKind(t, d, DecisionClaimed)
-	wantState(t, d.Record, StateInProgress)
+	wantKind(t, d, ledger.DecisionClaimed)
+	wantState(t, d.Record, ledger.StateInProgress)
 	gen := d.Record.Generation
 	if gen != 1 || d.Record.Attempts != 1 {
 		t.Fatalf("claim: Generation, Attempts = %d, %d; want 1, 1", gen, d.Record.Attempts)
@@ -472,56 +492,56 @@ func contractClaimBusyComplete(t *testing.T, open func(t *testing.T, o Options) 
 	e.clock.Advance(e.opts.Lease - time.Nanosecond)
 	for _, name := range []string{"Claim", "Execute"} {
 		t.Run("duplicate_"+name, func(t *testing.T) {
-			var dup Decision
+			var dup ledger.Decision
 			if name == "Claim" {
 				dup = e.claim(c)
 			} else {
-				dup = e.exec(c, e.ap.succeed(resultOrder))
+				dup = e.exec(c, e.ap.succeed(ResultOrder))
 			}
-			wantKind(t, dup, DecisionBusy)
-			wantState(t, dup.Record, StateInProgress)
+			wantKind(t, dup, ledger.DecisionBusy)
+			wantState(t, dup.Record, ledger.StateInProgress)
 			e.wantCalls(0)
 		})
 	}
 
-	rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, Outcome{State: StateSucceeded, Result: json.RawMessage(`{"message_id":"m1"}`), DownstreamRef: "m1", Summary: "message m1"})
+	rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"message_id":"m1"}`), DownstreamRef: "m1", Summary: "message m1"})
 	if err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	wantState(t, rec, StateSucceeded)
+	wantState(t, rec, ledger.StateSucceeded)
 	if rec.DownstreamRef != "m1" || string(rec.Result) != `{"message_id":"m1"}` || rec.CompletedAt.IsZero() || rec.LeaseOwner != "" {
 		t.Errorf("completed record = %s", recordJSON(t, rec))
 	}
 
-	d = e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, d, DecisionReplay)
+	d = e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionReplay)
 	if string(d.Record.Result) != `{"message_id":"m1"}` {
 		t.Errorf("replay after Complete: Result = %s", d.Record.Result)
 	}
 	e.wantCalls(0)
 
 	// Completing twice is refused: the record is no longer in progress.
-	if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, Outcome{State: StateFailed}); !errors.Is(err, ErrStaleGeneration) {
+	if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, ledger.Outcome{State: ledger.StateFailed}); !errors.Is(err, ledger.ErrStaleGeneration) {
 		t.Errorf("second Complete: err = %v, want ErrStaleGeneration", err)
 	}
-	wantState(t, mustGet(t, e.s, "t1", c.Key), StateSucceeded)
+	wantState(t, mustGet(t, e.s, "t1", c.Key), ledger.StateSucceeded)
 
-	if _, err := e.s.Complete(e.ctx, c.Actor, "no-such-key", 1, Outcome{State: StateSucceeded}); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Complete(e.ctx, c.Actor, "no-such-key", 1, ledger.Outcome{State: ledger.StateSucceeded}); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Complete of an unknown key: err = %v, want ErrNotFound", err)
 	}
 }
 
-func contractCompleteStale(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractCompleteStale(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "send_notification", "fp-1")
 	d := e.claim(c)
-	wantKind(t, d, DecisionClaimed)
+	wantKind(t, d, ledger.DecisionClaimed)
 	before := recordJSON(t, mustGet(t, e.s, "t1", c.Key))
 
 	for _, gen := range []uint64{0, d.Record.Generation + 1, d.Record.Generation + 100} {
 		t.Run(fmt.Sprintf("gen%d", gen), func(t *testing.T) {
-			rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, Outcome{State: StateSucceeded, Result: json.RawMessage(`{"x":1}`)})
-			if !errors.Is(err, ErrStaleGeneration) {
+			rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"x":1}`)})
+			if !errors.Is(err, ledger.ErrStaleGeneration) {
 				t.Fatalf("Complete(gen %d): err = %v, want ErrStaleGeneration", gen, err)
 			}
 			if rec != nil {
@@ -534,17 +554,17 @@ func contractCompleteStale(t *testing.T, open func(t *testing.T, o Options) Stor
 	}
 }
 
-func contractCompleteUnfinished(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractCompleteUnfinished(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	t.Run("retryable_runs_again", func(t *testing.T) {
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "create_order", "fp-1")
 		d := e.claim(c)
-		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, Outcome{State: StateRetryable, Error: &OpError{Code: "downstream_error", Message: "connection refused"}}); err != nil {
+		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateRetryable, Error: &ledger.OpError{Code: "downstream_error", Message: "connection refused"}}); err != nil {
 			t.Fatalf("Complete(retryable): %v", err)
 		}
-		wantState(t, mustGet(t, e.s, "t1", c.Key), StateRetryable)
-		d = e.exec(c, e.ap.succeed(resultOrder))
-		wantKind(t, d, DecisionExecuted)
+		wantState(t, mustGet(t, e.s, "t1", c.Key), ledger.StateRetryable)
+		d = e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionExecuted)
 		if d.Record.Attempts != 2 || d.Record.Generation != 2 {
 			t.Errorf("re-run: Attempts, Generation = %d, %d; want 2, 2", d.Record.Attempts, d.Record.Generation)
 		}
@@ -557,63 +577,63 @@ func contractCompleteUnfinished(t *testing.T, open func(t *testing.T, o Options)
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "create_order", "fp-1")
 		d := e.claim(c)
-		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, Outcome{State: StateUnknown, Error: &OpError{Code: "outcome_unknown"}}); err != nil {
+		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateUnknown, Error: &ledger.OpError{Code: "outcome_unknown"}}); err != nil {
 			t.Fatalf("Complete(unknown): %v", err)
 		}
-		d = e.exec(c, e.ap.succeed(resultOrder))
-		wantKind(t, d, DecisionHeld)
-		wantState(t, d.Record, StateUnknown)
+		d = e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionHeld)
+		wantState(t, d.Record, ledger.StateUnknown)
 		e.wantCalls(0)
 	})
 }
 
-func contractLeaseExpiryRetryable(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractLeaseExpiryRetryable(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	rerun := []struct {
 		name string
-		run  func(e *env, c Claim) Decision
-		want DecisionKind
+		run  func(e *env, c ledger.Claim) ledger.Decision
+		want ledger.DecisionKind
 	}{
-		{"Execute", func(e *env, c Claim) Decision { return e.exec(c, e.ap.succeed(resultOrder)) }, DecisionExecuted},
-		{"Claim", func(e *env, c Claim) Decision { return e.claim(c) }, DecisionClaimed},
+		{"Execute", func(e *env, c ledger.Claim) ledger.Decision { return e.exec(c, e.ap.succeed(ResultOrder)) }, ledger.DecisionExecuted},
+		{"Claim", func(e *env, c ledger.Claim) ledger.Decision { return e.claim(c) }, ledger.DecisionClaimed},
 	}
 	for _, r := range rerun {
 		t.Run(r.name, func(t *testing.T) {
 			e := newEnv(t, open, nil)
 			c := newClaim("t1", "create_order", "fp-1")
-			c.OnLeaseExpiry = StateRetryable
+			c.OnLeaseExpiry = ledger.StateRetryable
 			old := e.claim(c)
-			wantKind(t, old, DecisionClaimed)
+			wantKind(t, old, ledger.DecisionClaimed)
 
 			e.clock.Advance(e.opts.Lease)
 			got := mustGet(t, e.s, "t1", c.Key)
-			wantState(t, got, StateRetryable) // shown as it will be recorded
+			wantState(t, got, ledger.StateRetryable) // shown as it will be recorded
 
 			d := r.run(e, c)
 			wantKind(t, d, r.want)
 			if d.Record.Attempts != 2 || d.Record.Generation != 2 {
 				t.Fatalf("re-run: Attempts, Generation = %d, %d; want 2, 2", d.Record.Attempts, d.Record.Generation)
 			}
-			if r.want == DecisionExecuted {
+			if r.want == ledger.DecisionExecuted {
 				e.wantCalls(1)
 			}
 
 			// Fencing: the old owner comes back and is refused.
 			before := recordJSON(t, mustGet(t, e.s, "t1", c.Key))
-			if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, old.Record.Generation, Outcome{State: StateSucceeded, Result: json.RawMessage(`{"stale":true}`)}); !errors.Is(err, ErrStaleGeneration) {
+			if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, old.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"stale":true}`)}); !errors.Is(err, ledger.ErrStaleGeneration) {
 				t.Fatalf("old owner's Complete: err = %v, want ErrStaleGeneration", err)
 			}
-			if err := e.s.RenewLease(e.ctx, "t1", c.Key, old.Record.Generation); !errors.Is(err, ErrStaleGeneration) {
+			if err := e.s.RenewLease(e.ctx, "t1", c.Key, old.Record.Generation); !errors.Is(err, ledger.ErrStaleGeneration) {
 				t.Errorf("old owner's RenewLease: err = %v, want ErrStaleGeneration", err)
 			}
 			if after := recordJSON(t, mustGet(t, e.s, "t1", c.Key)); after != before {
 				t.Errorf("stale Complete changed the record:\n before %s\n after  %s", before, after)
 			}
-			if r.want == DecisionClaimed {
-				rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, Outcome{State: StateSucceeded, Result: json.RawMessage(`{"new":true}`)})
+			if r.want == ledger.DecisionClaimed {
+				rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"new":true}`)})
 				if err != nil {
 					t.Fatalf("new owner's Complete: %v", err)
 				}
-				wantState(t, rec, StateSucceeded)
+				wantState(t, rec, ledger.StateSucceeded)
 			}
 		})
 	}
@@ -627,12 +647,12 @@ func contractLeaseExpiryRetryable(t *testing.T, open func(t *testing.T, o Option
 			t.Fatalf("re-run with a failing apply: err = %v, want errBoom", err)
 		}
 		got := mustGet(t, e.s, "t1", c.Key)
-		wantState(t, got, StateRetryable)
+		wantState(t, got, ledger.StateRetryable)
 		if got.Attempts != 1 || got.Generation != old.Record.Generation {
 			t.Errorf("after a rolled-back re-run: Attempts, Generation = %d, %d; want 1, %d", got.Attempts, got.Generation, old.Record.Generation)
 		}
-		d := e.exec(c, e.ap.succeed(resultOrder))
-		wantKind(t, d, DecisionExecuted)
+		d := e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionExecuted)
 		if d.Record.Attempts != 2 {
 			t.Errorf("Attempts = %d, want 2", d.Record.Attempts)
 		}
@@ -642,8 +662,8 @@ func contractLeaseExpiryRetryable(t *testing.T, open func(t *testing.T, o Option
 	})
 }
 
-func contractLeaseExpiryUnknown(t *testing.T, open func(t *testing.T, o Options) Store) {
-	for _, onExpiry := range []State{StateUnknown, ""} {
+func contractLeaseExpiryUnknown(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	for _, onExpiry := range []ledger.State{ledger.StateUnknown, ""} {
 		name := string(onExpiry)
 		if name == "" {
 			name = "unset_defaults_to_unknown"
@@ -654,23 +674,23 @@ func contractLeaseExpiryUnknown(t *testing.T, open func(t *testing.T, o Options)
 			c.OnLeaseExpiry = onExpiry
 			old := e.claim(c)
 			e.clock.Advance(e.opts.Lease + time.Minute)
-			wantState(t, mustGet(t, e.s, "t1", c.Key), StateUnknown)
+			wantState(t, mustGet(t, e.s, "t1", c.Key), ledger.StateUnknown)
 
 			for i := range 2 {
-				d := e.exec(c, e.ap.succeed(resultOrder))
-				wantKind(t, d, DecisionHeld)
-				wantState(t, d.Record, StateUnknown)
+				d := e.exec(c, e.ap.succeed(ResultOrder))
+				wantKind(t, d, ledger.DecisionHeld)
+				wantState(t, d.Record, ledger.StateUnknown)
 				if d.Record.Attempts != 1 || d.Record.Generation != old.Record.Generation {
 					t.Errorf("call %d: Attempts, Generation = %d, %d; want 1, %d", i, d.Record.Attempts, d.Record.Generation, old.Record.Generation)
 				}
-				wantKind(t, e.claim(c), DecisionHeld)
+				wantKind(t, e.claim(c), ledger.DecisionHeld)
 			}
 			e.wantCalls(0)
 			if got := effects(t, e.s); len(got) != 0 {
 				t.Errorf("effects = %v, want none", got)
 			}
 			got := mustGet(t, e.s, "t1", c.Key)
-			wantState(t, got, StateUnknown)
+			wantState(t, got, ledger.StateUnknown)
 			if got.LeaseOwner != "" {
 				t.Errorf("unknown record keeps lease owner %q", got.LeaseOwner)
 			}
@@ -678,7 +698,7 @@ func contractLeaseExpiryUnknown(t *testing.T, open func(t *testing.T, o Options)
 	}
 }
 
-func contractRenewLease(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractRenewLease(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "send_notification", "fp-1")
 	d := e.claim(c)
@@ -692,8 +712,8 @@ func contractRenewLease(t *testing.T, open func(t *testing.T, o Options) Store) 
 		t.Errorf("LeaseExpires after renewal = %v, want %v", got, want)
 	}
 	e.clock.Advance(2 * time.Second) // past the first lease, inside the renewed one
-	wantKind(t, e.claim(c), DecisionBusy)
-	wantState(t, mustGet(t, e.s, "t1", c.Key), StateInProgress)
+	wantKind(t, e.claim(c), ledger.DecisionBusy)
+	wantState(t, mustGet(t, e.s, "t1", c.Key), ledger.StateInProgress)
 
 	errCases := []struct {
 		name   string
@@ -702,9 +722,9 @@ func contractRenewLease(t *testing.T, open func(t *testing.T, o Options) Store) 
 		gen    uint64
 		want   error
 	}{
-		{"wrong_generation", "t1", c.Key, gen + 1, ErrStaleGeneration},
-		{"unknown_key", "t1", "no-such-key", gen, ErrNotFound},
-		{"other_tenant", "t2", c.Key, gen, ErrNotFound},
+		{"wrong_generation", "t1", c.Key, gen + 1, ledger.ErrStaleGeneration},
+		{"unknown_key", "t1", "no-such-key", gen, ledger.ErrNotFound},
+		{"other_tenant", "t2", c.Key, gen, ledger.ErrNotFound},
 	}
 	for _, tc := range errCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -719,7 +739,7 @@ func contractRenewLease(t *testing.T, open func(t *testing.T, o Options) Store) 
 		c := newClaim("t1", "send_notification", "fp-1")
 		d := e.claim(c)
 		e.clock.Advance(e.opts.Lease)
-		if err := e.s.RenewLease(e.ctx, "t1", c.Key, d.Record.Generation); !errors.Is(err, ErrStaleGeneration) {
+		if err := e.s.RenewLease(e.ctx, "t1", c.Key, d.Record.Generation); !errors.Is(err, ledger.ErrStaleGeneration) {
 			t.Errorf("RenewLease of an expired lease: err = %v, want ErrStaleGeneration", err)
 		}
 	})
@@ -727,29 +747,29 @@ func contractRenewLease(t *testing.T, open func(t *testing.T, o Options) Store) 
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "send_notification", "fp-1")
 		d := e.claim(c)
-		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, Outcome{State: StateSucceeded}); err != nil {
+		if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded}); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.s.RenewLease(e.ctx, "t1", c.Key, d.Record.Generation); !errors.Is(err, ErrStaleGeneration) {
+		if err := e.s.RenewLease(e.ctx, "t1", c.Key, d.Record.Generation); !errors.Is(err, ledger.ErrStaleGeneration) {
 			t.Errorf("RenewLease of a completed record: err = %v, want ErrStaleGeneration", err)
 		}
 	})
 }
 
-func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractRetention(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
-	first := e.exec(c, e.ap.outcome(Outcome{State: StateSucceeded, Result: json.RawMessage(resultOrder), Summary: "order ord_1", DownstreamRef: "ord_1"}))
-	wantKind(t, first, DecisionExecuted)
+	first := e.exec(c, e.ap.outcome(ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder), Summary: "order ord_1", DownstreamRef: "ord_1"}))
+	wantKind(t, first, ledger.DecisionExecuted)
 
 	e.clock.Advance(e.opts.Retention - time.Nanosecond)
-	wantKind(t, e.exec(c, e.ap.succeed(resultOrder)), DecisionReplay)
+	wantKind(t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionReplay)
 	if n, d, err := e.s.Sweep(e.ctx); err != nil || n != 0 || d != 0 {
 		t.Fatalf("Sweep before retention = %d, %d, %v; want 0, 0, nil", n, d, err)
 	}
 
 	e.clock.Advance(time.Nanosecond)
-	checkTomb := func(t *testing.T, rec *Record) {
+	checkTomb := func(t *testing.T, rec *ledger.Record) {
 		t.Helper()
 		if !rec.Tombstone {
 			t.Fatalf("record is not a tombstone: %s", recordJSON(t, rec))
@@ -757,18 +777,18 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 		if rec.Result != nil {
 			t.Errorf("tombstone keeps the result %s", rec.Result)
 		}
-		if rec.Fingerprint != c.Fingerprint || rec.Tool != c.Tool || rec.Key != c.Key || rec.State != StateSucceeded {
+		if rec.Fingerprint != c.Fingerprint || rec.Tool != c.Tool || rec.Key != c.Key || rec.State != ledger.StateSucceeded {
 			t.Errorf("tombstone lost its identity: %s", recordJSON(t, rec))
 		}
 		if rec.Summary != "order ord_1" {
 			t.Errorf("tombstone Summary = %q, want %q", rec.Summary, "order ord_1")
 		}
 	}
-	d := e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, d, DecisionExpired)
+	d := e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExpired)
 	checkTomb(t, d.Record)
 	checkTomb(t, mustGet(t, e.s, "t1", c.Key))
-	wantKind(t, e.claim(c), DecisionExpired)
+	wantKind(t, e.claim(c), ledger.DecisionExpired)
 	e.wantCalls(1)
 
 	compacted, deleted, err := e.s.Sweep(e.ctx)
@@ -776,7 +796,7 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 		t.Fatalf("Sweep at retention = %d compacted, %d deleted, %v; want 1, 0, nil", compacted, deleted, err)
 	}
 	checkTomb(t, mustGet(t, e.s, "t1", c.Key))
-	wantKind(t, e.exec(c, e.ap.succeed(resultOrder)), DecisionExpired)
+	wantKind(t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionExpired)
 	if n, d, err := e.s.Sweep(e.ctx); err != nil || n != 0 || d != 0 {
 		t.Fatalf("second Sweep = %d, %d, %v; want 0, 0, nil", n, d, err)
 	}
@@ -790,15 +810,15 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 	if err != nil || compacted != 0 || deleted != 1 {
 		t.Fatalf("Sweep at tombstone retention = %d compacted, %d deleted, %v; want 0, 1, nil", compacted, deleted, err)
 	}
-	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("Get after the tombstone is gone: err = %v, want ErrNotFound", err)
 	}
-	if recs, err := e.s.List(e.ctx, Filter{}); err != nil || len(recs) != 0 {
+	if recs, err := e.s.List(e.ctx, ledger.Filter{}); err != nil || len(recs) != 0 {
 		t.Errorf("List after deletion = %d records, %v; want none", len(recs), err)
 	}
 	// The key is free again (idempotency is bounded by the two windows).
-	d = e.exec(c, e.ap.succeed(resultOrder))
-	wantKind(t, d, DecisionExecuted)
+	d = e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExecuted)
 	if d.Record.Attempts != 1 {
 		t.Errorf("fresh run after deletion: Attempts = %d, want 1", d.Record.Attempts)
 	}
@@ -806,11 +826,11 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 	t.Run("failed_keeps_error_code", func(t *testing.T) {
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "create_order", "fp-1")
-		e.exec(c, e.ap.outcome(Outcome{State: StateFailed, Error: &OpError{Code: "downstream_error", Message: "long message"}}))
+		e.exec(c, e.ap.outcome(ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error", Message: "long message"}}))
 		e.clock.Advance(e.opts.Retention)
-		d := e.exec(c, e.ap.succeed(resultOrder))
-		wantKind(t, d, DecisionExpired)
-		wantState(t, d.Record, StateFailed)
+		d := e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionExpired)
+		wantState(t, d.Record, ledger.StateFailed)
 		if d.Record.Error == nil || d.Record.Error.Code != "downstream_error" || d.Record.Error.Message != "" {
 			t.Errorf("tombstone Error = %+v, want only the code", d.Record.Error)
 		}
@@ -819,13 +839,13 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 	t.Run("one_late_sweep_does_both", func(t *testing.T) {
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "create_order", "fp-1")
-		e.exec(c, e.ap.succeed(resultOrder))
+		e.exec(c, e.ap.succeed(ResultOrder))
 		e.clock.Advance(e.opts.Retention + e.opts.TombstoneRetention)
 		compacted, deleted, err := e.s.Sweep(e.ctx)
 		if err != nil || compacted != 1 || deleted != 1 {
 			t.Fatalf("late Sweep = %d, %d, %v; want 1, 1, nil", compacted, deleted, err)
 		}
-		if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+		if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatalf("Get: err = %v, want ErrNotFound", err)
 		}
 	})
@@ -833,17 +853,17 @@ func contractRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
 	t.Run("unfinished_records_are_kept", func(t *testing.T) {
 		e := newEnv(t, open, nil)
 		c := newClaim("t1", "create_order", "fp-1")
-		c.OnLeaseExpiry = StateUnknown
+		c.OnLeaseExpiry = ledger.StateUnknown
 		e.claim(c)
 		e.clock.Advance(e.opts.Retention + e.opts.TombstoneRetention)
 		if n, d, err := e.s.Sweep(e.ctx); err != nil || n != 0 || d != 0 {
 			t.Fatalf("Sweep = %d, %d, %v; want 0, 0, nil", n, d, err)
 		}
-		wantState(t, mustGet(t, e.s, "t1", c.Key), StateUnknown)
+		wantState(t, mustGet(t, e.s, "t1", c.Key), ledger.StateUnknown)
 	})
 }
 
-func contractTenants(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractTenants(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	a := newClaim("tenant-a", "create_order", "fp-a")
 	b := a
@@ -852,8 +872,8 @@ func contractTenants(t *testing.T, open func(t *testing.T, o Options) Store) {
 
 	da := e.exec(a, e.ap.succeed(`{"tenant":"a"}`))
 	db := e.exec(b, e.ap.succeed(`{"tenant":"b"}`))
-	wantKind(t, da, DecisionExecuted)
-	wantKind(t, db, DecisionExecuted)
+	wantKind(t, da, ledger.DecisionExecuted)
+	wantKind(t, db, ledger.DecisionExecuted)
 	e.wantCalls(2)
 	if got := effects(t, e.s); len(got) != 2 {
 		t.Errorf("effects = %v, want two", got)
@@ -868,13 +888,13 @@ func contractTenants(t *testing.T, open func(t *testing.T, o Options) Store) {
 			if string(rec.Result) != tc.result || rec.Tenant != tc.tenant || rec.Principal != tc.principal {
 				t.Errorf("Get(%s) = %s", tc.tenant, recordJSON(t, rec))
 			}
-			recs, err := e.s.List(e.ctx, Filter{Tenant: tc.tenant})
+			recs, err := e.s.List(e.ctx, ledger.Filter{Tenant: tc.tenant})
 			if err != nil || len(recs) != 1 || recs[0].Tenant != tc.tenant {
 				t.Errorf("List(%s) = %d records, %v; want its own one", tc.tenant, len(recs), err)
 			}
 		})
 	}
-	if _, err := e.s.Get(e.ctx, "tenant-c", a.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, "tenant-c", a.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Get from a third tenant: err = %v, want ErrNotFound", err)
 	}
 
@@ -882,26 +902,26 @@ func contractTenants(t *testing.T, open func(t *testing.T, o Options) Store) {
 	cl := newClaim("tenant-a", "send_notification", "fp-n")
 	d := e.claim(cl)
 	other := testActor("tenant-b")
-	if _, err := e.s.Complete(e.ctx, other, cl.Key, d.Record.Generation, Outcome{State: StateSucceeded}); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Complete(e.ctx, other, cl.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded}); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Complete from another tenant: err = %v, want ErrNotFound", err)
 	}
-	if err := e.s.RenewLease(e.ctx, "tenant-b", cl.Key, d.Record.Generation); !errors.Is(err, ErrNotFound) {
+	if err := e.s.RenewLease(e.ctx, "tenant-b", cl.Key, d.Record.Generation); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("RenewLease from another tenant: err = %v, want ErrNotFound", err)
 	}
-	wantState(t, mustGet(t, e.s, "tenant-a", cl.Key), StateInProgress)
+	wantState(t, mustGet(t, e.s, "tenant-a", cl.Key), ledger.StateInProgress)
 
 	// A replay in one tenant stays in that tenant.
-	wantKind(t, e.exec(a, e.ap.succeed(`{}`)), DecisionReplay)
-	wantKind(t, e.exec(b, e.ap.succeed(`{}`)), DecisionReplay)
+	wantKind(t, e.exec(a, e.ap.succeed(`{}`)), ledger.DecisionReplay)
+	wantKind(t, e.exec(b, e.ap.succeed(`{}`)), ledger.DecisionReplay)
 	e.wantCalls(2)
 }
 
-func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options) Store) {
-	setup := func(t *testing.T) (*env, Claim) {
+func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	setup := func(t *testing.T) (*env, ledger.Claim) {
 		e := newEnv(t, open, nil)
 		first := newClaim("t1", "create_order", "fp-same")
 		first.SuspectDuplicates = true
-		wantKind(t, e.exec(first, e.ap.succeed(resultOrder)), DecisionExecuted)
+		wantKind(t, e.exec(first, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
 		return e, first
 	}
 
@@ -911,13 +931,13 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 		second := newClaim("t1", "create_order", "fp-same")
 		second.SuspectDuplicates = true
 		d := e.exec(second, e.ap.succeed(`{"order":{"order_id":"ord_2"}}`))
-		wantKind(t, d, DecisionSuspectedDuplicate)
+		wantKind(t, d, ledger.DecisionSuspectedDuplicate)
 		e.wantCalls(1)
-		wantState(t, d.Record, StateAwaitingApproval)
+		wantState(t, d.Record, ledger.StateAwaitingApproval)
 		if d.Earlier == nil || d.Earlier.Key != first.Key {
 			t.Fatalf("Earlier = %+v, want the record of %s", d.Earlier, first.Key)
 		}
-		if string(d.Earlier.Result) != resultOrder || d.Earlier.State != StateSucceeded {
+		if string(d.Earlier.Result) != ResultOrder || d.Earlier.State != ledger.StateSucceeded {
 			t.Errorf("Earlier should carry the earlier result: %s", recordJSON(t, d.Earlier))
 		}
 		ap := d.Record.Approval
@@ -936,7 +956,7 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 		third := newClaim("t1", "create_order", "fp-same")
 		third.SuspectDuplicates = true
 		d3 := e.exec(third, e.ap.succeed(`{}`))
-		wantKind(t, d3, DecisionSuspectedDuplicate)
+		wantKind(t, d3, ledger.DecisionSuspectedDuplicate)
 		if d3.Earlier == nil || d3.Earlier.Key != first.Key {
 			t.Errorf("third key: Earlier = %+v, want %s", d3.Earlier, first.Key)
 		}
@@ -947,14 +967,14 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 		e.clock.Advance(time.Minute)
 		for _, name := range []string{"Execute", "Claim"} {
 			t.Run("retry_same_key_"+name, func(t *testing.T) {
-				var r Decision
+				var r ledger.Decision
 				if name == "Execute" {
 					r = e.exec(second, e.ap.succeed(`{}`))
 				} else {
 					r = e.claim(second)
 				}
-				wantKind(t, r, DecisionHeld)
-				wantState(t, r.Record, StateAwaitingApproval)
+				wantKind(t, r, ledger.DecisionHeld)
+				wantState(t, r.Record, ledger.StateAwaitingApproval)
 				if r.Record.Approval == nil || r.Record.Approval.ID != ap.ID {
 					t.Errorf("retry got approval %+v, want ID %s", r.Record.Approval, ap.ID)
 				}
@@ -962,7 +982,7 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 			})
 		}
 		got := mustGet(t, e.s, "t1", second.Key)
-		wantState(t, got, StateAwaitingApproval)
+		wantState(t, got, ledger.StateAwaitingApproval)
 		if got.Approval == nil || got.Approval.ID != ap.ID {
 			t.Errorf("Get approval = %+v, want ID %s", got.Approval, ap.ID)
 		}
@@ -972,13 +992,13 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 	cases := []struct {
 		name  string
 		after time.Duration
-		claim func(c *Claim)
+		claim func(c *ledger.Claim)
 	}{
-		{"outside_window", 10 * time.Minute, func(c *Claim) {}},
-		{"well_outside_window", 3 * time.Hour, func(c *Claim) {}},
-		{"not_asked_to_suspect", time.Second, func(c *Claim) { c.SuspectDuplicates = false }},
-		{"other_tenant", time.Second, func(c *Claim) { c.Actor = testActor("t2") }},
-		{"other_fingerprint", time.Second, func(c *Claim) { c.Fingerprint = "fp-other" }},
+		{"outside_window", 10 * time.Minute, func(c *ledger.Claim) {}},
+		{"well_outside_window", 3 * time.Hour, func(c *ledger.Claim) {}},
+		{"not_asked_to_suspect", time.Second, func(c *ledger.Claim) { c.SuspectDuplicates = false }},
+		{"other_tenant", time.Second, func(c *ledger.Claim) { c.Actor = testActor("t2") }},
+		{"other_fingerprint", time.Second, func(c *ledger.Claim) { c.Fingerprint = "fp-other" }},
 	}
 	for _, tc := range cases {
 		t.Run("executes_"+tc.name, func(t *testing.T) {
@@ -988,7 +1008,7 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 			c.SuspectDuplicates = true
 			tc.claim(&c)
 			d := e.exec(c, e.ap.succeed(`{"order":{"order_id":"ord_2"}}`))
-			wantKind(t, d, DecisionExecuted)
+			wantKind(t, d, ledger.DecisionExecuted)
 			e.wantCalls(2)
 		})
 	}
@@ -996,42 +1016,42 @@ func contractSuspectedDuplicate(t *testing.T, open func(t *testing.T, o Options)
 	t.Run("first_key_retry_is_a_replay", func(t *testing.T) {
 		e, first := setup(t)
 		e.clock.Advance(time.Second)
-		wantKind(t, e.exec(first, e.ap.succeed(`{}`)), DecisionReplay)
+		wantKind(t, e.exec(first, e.ap.succeed(`{}`)), ledger.DecisionReplay)
 	})
 }
 
-func contractApprovalExpiry(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractApprovalExpiry(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	first := newClaim("t1", "create_order", "fp-same")
-	e.exec(first, e.ap.succeed(resultOrder))
+	e.exec(first, e.ap.succeed(ResultOrder))
 	second := newClaim("t1", "create_order", "fp-same")
 	second.SuspectDuplicates = true
 	held := e.exec(second, e.ap.succeed(`{}`))
-	wantKind(t, held, DecisionSuspectedDuplicate)
+	wantKind(t, held, ledger.DecisionSuspectedDuplicate)
 
 	e.clock.Advance(e.opts.ApprovalTTL - time.Nanosecond)
-	wantState(t, mustGet(t, e.s, "t1", second.Key), StateAwaitingApproval)
-	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), DecisionHeld)
+	wantState(t, mustGet(t, e.s, "t1", second.Key), ledger.StateAwaitingApproval)
+	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), ledger.DecisionHeld)
 
 	e.clock.Advance(time.Nanosecond)
 	got := mustGet(t, e.s, "t1", second.Key)
-	wantState(t, got, StateRejected)
+	wantState(t, got, ledger.StateRejected)
 	if got.Approval == nil || got.Approval.Status != "expired" || got.Approval.ID != held.Record.Approval.ID {
 		t.Errorf("Approval after expiry = %+v, want status expired, id %s", got.Approval, held.Record.Approval.ID)
 	}
 	if got.Error == nil || !strings.Contains(got.Error.Message+got.Summary, "approval_expired") {
 		t.Errorf("rejected record does not say approval_expired: error %+v summary %q", got.Error, got.Summary)
 	}
-	recs, err := e.s.List(e.ctx, Filter{Tenant: "t1", State: StateRejected})
+	recs, err := e.s.List(e.ctx, ledger.Filter{Tenant: "t1", State: ledger.StateRejected})
 	if err != nil || len(recs) != 1 || recs[0].Key != second.Key {
 		t.Errorf("List(rejected) = %d records, %v; want %s", len(recs), err, second.Key)
 	}
 
 	d := e.exec(second, e.ap.succeed(`{}`))
-	wantKind(t, d, DecisionReplay)
-	wantState(t, d.Record, StateRejected)
+	wantKind(t, d, ledger.DecisionReplay)
+	wantState(t, d.Record, ledger.StateRejected)
 	e.wantCalls(1)
-	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), DecisionReplay)
+	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), ledger.DecisionReplay)
 	e.wantCalls(1)
 }
 
@@ -1039,18 +1059,18 @@ func contractApprovalExpiry(t *testing.T, open func(t *testing.T, o Options) Sto
 // becomes "rejected" at its expiry, and from then on it is a final record
 // like any other, bounded by Retention and TombstoneRetention — also when
 // nobody calls with its key again.
-func contractExpiredApprovalRetention(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractExpiredApprovalRetention(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	first := newClaim("t1", "create_order", "fp-same")
-	e.exec(first, e.ap.succeed(resultOrder))
+	e.exec(first, e.ap.succeed(ResultOrder))
 	second := newClaim("t1", "create_order", "fp-same")
 	second.SuspectDuplicates = true
-	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), DecisionSuspectedDuplicate)
+	wantKind(t, e.exec(second, e.ap.succeed(`{}`)), ledger.DecisionSuspectedDuplicate)
 	expires := e.clock.Now().Add(e.opts.ApprovalTTL)
 
 	e.clock.Advance(e.opts.ApprovalTTL + time.Minute)
 	got := mustGet(t, e.s, "t1", second.Key)
-	wantState(t, got, StateRejected)
+	wantState(t, got, ledger.StateRejected)
 	if !got.CompletedAt.Equal(expires) {
 		t.Errorf("rejected at %v, want the approval's expiry %v (it must not move with the clock)", got.CompletedAt, expires)
 	}
@@ -1064,24 +1084,24 @@ func contractExpiredApprovalRetention(t *testing.T, open func(t *testing.T, o Op
 	if _, _, err := e.s.Sweep(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := e.s.Get(e.ctx, "t1", second.Key); !errors.Is(err, ErrNotFound) {
+	if rec, err := e.s.Get(e.ctx, "t1", second.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Sweep never removed the expired approval's record (unbounded retention): Get = %v, %v; want ErrNotFound", rec != nil, err)
 	}
 }
 
-func contractRequireIssuedKeys(t *testing.T, open func(t *testing.T, o Options) Store) {
-	e := newEnv(t, open, func(o *Options) { o.RequireIssuedKeys = true })
+func contractRequireIssuedKeys(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, func(o *ledger.Options) { o.RequireIssuedKeys = true })
 	unissued := newClaim("t1", "create_order", "fp-1")
 
 	t.Run("unissued", func(t *testing.T) {
-		if _, err := e.s.Execute(e.ctx, unissued, e.ap.succeed(resultOrder)); !errors.Is(err, ErrKeyNotIssued) {
+		if _, err := e.s.Execute(e.ctx, unissued, e.ap.succeed(ResultOrder)); !errors.Is(err, ledger.ErrKeyNotIssued) {
 			t.Errorf("Execute: err = %v, want ErrKeyNotIssued", err)
 		}
-		if _, err := e.s.Claim(e.ctx, unissued); !errors.Is(err, ErrKeyNotIssued) {
+		if _, err := e.s.Claim(e.ctx, unissued); !errors.Is(err, ledger.ErrKeyNotIssued) {
 			t.Errorf("Claim: err = %v, want ErrKeyNotIssued", err)
 		}
 		e.wantCalls(0)
-		if _, err := e.s.Get(e.ctx, "t1", unissued.Key); !errors.Is(err, ErrNotFound) {
+		if _, err := e.s.Get(e.ctx, "t1", unissued.Key); !errors.Is(err, ledger.ErrNotFound) {
 			t.Errorf("Get: err = %v, want ErrNotFound", err)
 		}
 	})
@@ -1093,17 +1113,17 @@ func contractRequireIssuedKeys(t *testing.T, open func(t *testing.T, o Options) 
 	t.Run("issued_in_other_tenant", func(t *testing.T) {
 		c := issued
 		c.Actor = testActor("t2")
-		if _, err := e.s.Execute(e.ctx, c, e.ap.succeed(resultOrder)); !errors.Is(err, ErrKeyNotIssued) {
+		if _, err := e.s.Execute(e.ctx, c, e.ap.succeed(ResultOrder)); !errors.Is(err, ledger.ErrKeyNotIssued) {
 			t.Errorf("Execute: err = %v, want ErrKeyNotIssued", err)
 		}
 	})
 	t.Run("issued", func(t *testing.T) {
-		wantKind(t, e.exec(issued, e.ap.succeed(resultOrder)), DecisionExecuted)
-		wantKind(t, e.exec(issued, e.ap.succeed(resultOrder)), DecisionReplay)
+		wantKind(t, e.exec(issued, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
+		wantKind(t, e.exec(issued, e.ap.succeed(ResultOrder)), ledger.DecisionReplay)
 		e.wantCalls(1)
 	})
 	t.Run("issued_key_expires_unused", func(t *testing.T) {
-		e := newEnv(t, open, func(o *Options) { o.RequireIssuedKeys = true })
+		e := newEnv(t, open, func(o *ledger.Options) { o.RequireIssuedKeys = true })
 		c := newClaim("t1", "create_order", "fp-3")
 		if err := e.s.IssueKey(e.ctx, "t1", c.Key); err != nil {
 			t.Fatal(err)
@@ -1112,46 +1132,46 @@ func contractRequireIssuedKeys(t *testing.T, open func(t *testing.T, o Options) 
 		if _, _, err := e.s.Sweep(e.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.s.Execute(e.ctx, c, e.ap.succeed(resultOrder)); !errors.Is(err, ErrKeyNotIssued) {
+		if _, err := e.s.Execute(e.ctx, c, e.ap.succeed(ResultOrder)); !errors.Is(err, ledger.ErrKeyNotIssued) {
 			t.Errorf("Execute of a key issued more than Retention ago: err = %v, want ErrKeyNotIssued", err)
 		}
 	})
 }
 
-func contractList(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractList(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	keys := map[string]string{} // name → key
-	add := func(name, tenant string, run func(c Claim)) {
+	add := func(name, tenant string, run func(c ledger.Claim)) {
 		c := newClaim(tenant, "create_order", "fp-"+name)
 		keys[name] = c.Key
 		run(c)
 		e.clock.Advance(time.Second)
 	}
-	succeed := func(c Claim) { wantKind(t, e.exec(c, e.ap.succeed(resultOrder)), DecisionExecuted) }
+	succeed := func(c ledger.Claim) { wantKind(t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted) }
 	add("a1", "a", succeed)
 	add("b1", "b", succeed)
-	add("a2", "a", func(c Claim) {
-		e.exec(c, e.ap.outcome(Outcome{State: StateFailed, Error: &OpError{Code: "downstream_error"}}))
+	add("a2", "a", func(c ledger.Claim) {
+		e.exec(c, e.ap.outcome(ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error"}}))
 	})
-	add("a3", "a", func(c Claim) { e.claim(c) })
+	add("a3", "a", func(c ledger.Claim) { e.claim(c) })
 	add("a4", "a", succeed)
 	add("b2", "b", succeed)
 
 	cases := []struct {
 		name string
-		f    Filter
+		f    ledger.Filter
 		want []string
 	}{
-		{"all", Filter{}, []string{"b2", "a4", "a3", "a2", "b1", "a1"}},
-		{"tenant", Filter{Tenant: "a"}, []string{"a4", "a3", "a2", "a1"}},
-		{"tenant_other", Filter{Tenant: "b"}, []string{"b2", "b1"}},
-		{"tenant_none", Filter{Tenant: "zz"}, nil},
-		{"state", Filter{State: StateSucceeded}, []string{"b2", "a4", "b1", "a1"}},
-		{"tenant_state", Filter{Tenant: "a", State: StateFailed}, []string{"a2"}},
-		{"in_progress", Filter{Tenant: "a", State: StateInProgress}, []string{"a3"}},
-		{"limit", Filter{Limit: 2}, []string{"b2", "a4"}},
-		{"tenant_limit", Filter{Tenant: "a", Limit: 3}, []string{"a4", "a3", "a2"}},
-		{"state_limit", Filter{State: StateSucceeded, Limit: 3}, []string{"b2", "a4", "b1"}},
+		{"all", ledger.Filter{}, []string{"b2", "a4", "a3", "a2", "b1", "a1"}},
+		{"tenant", ledger.Filter{Tenant: "a"}, []string{"a4", "a3", "a2", "a1"}},
+		{"tenant_other", ledger.Filter{Tenant: "b"}, []string{"b2", "b1"}},
+		{"tenant_none", ledger.Filter{Tenant: "zz"}, nil},
+		{"state", ledger.Filter{State: ledger.StateSucceeded}, []string{"b2", "a4", "b1", "a1"}},
+		{"tenant_state", ledger.Filter{Tenant: "a", State: ledger.StateFailed}, []string{"a2"}},
+		{"in_progress", ledger.Filter{Tenant: "a", State: ledger.StateInProgress}, []string{"a3"}},
+		{"limit", ledger.Filter{Limit: 2}, []string{"b2", "a4"}},
+		{"tenant_limit", ledger.Filter{Tenant: "a", Limit: 3}, []string{"a4", "a3", "a2"}},
+		{"state_limit", ledger.Filter{State: ledger.StateSucceeded, Limit: 3}, []string{"b2", "a4", "b1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1184,7 +1204,7 @@ func contractList(t *testing.T, open func(t *testing.T, o Options) Store) {
 			e.exec(newClaim("t1", "create_order", "fp"), e.ap.succeed(`{}`))
 			e.clock.Advance(time.Millisecond)
 		}
-		recs, err := e.s.List(e.ctx, Filter{Tenant: "t1"})
+		recs, err := e.s.List(e.ctx, ledger.Filter{Tenant: "t1"})
 		if err != nil || len(recs) != 100 {
 			t.Errorf("List without a limit = %d records, %v; want 100", len(recs), err)
 		}
@@ -1196,10 +1216,10 @@ func contractList(t *testing.T, open func(t *testing.T, o Options) Store) {
 	})
 }
 
-func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractCollections(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	ctx := e.ctx
-	err := e.s.Update(ctx, func(tx Tx) error {
+	err := e.s.Update(ctx, func(tx ledger.Tx) error {
 		if !tx.Now().Equal(epoch) {
 			t.Errorf("Tx.Now = %v, want the store clock %v", tx.Now(), epoch)
 		}
@@ -1217,7 +1237,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 	scan := func(t *testing.T, collection, prefix string, reverse bool, stopAfter int) []string {
 		t.Helper()
 		var got []string
-		err := e.s.View(ctx, func(tx Tx) error {
+		err := e.s.View(ctx, func(tx ledger.Tx) error {
 			return tx.Scan(collection, prefix, reverse, func(k string, v []byte) (bool, error) {
 				if string(v) != "v-"+k {
 					t.Errorf("Scan value of %s = %q", k, v)
@@ -1264,7 +1284,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 
 	t.Run("scan_error_stops", func(t *testing.T) {
 		n := 0
-		err := e.s.View(ctx, func(tx Tx) error {
+		err := e.s.View(ctx, func(tx ledger.Tx) error {
 			return tx.Scan("orders", "", false, func(string, []byte) (bool, error) {
 				n++
 				return true, errBoom
@@ -1276,7 +1296,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 	})
 
 	t.Run("get_delete", func(t *testing.T) {
-		err := e.s.View(ctx, func(tx Tx) error {
+		err := e.s.View(ctx, func(tx ledger.Tx) error {
 			for _, tc := range []struct{ coll, key, want string }{
 				{"customers", "c1", "alice"},
 				{"customers", "c2", ""},
@@ -1295,7 +1315,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := e.s.Update(ctx, func(tx Tx) error {
+		if err := e.s.Update(ctx, func(tx ledger.Tx) error {
 			if err := tx.Delete("nope", "x"); err != nil { // deleting from a missing collection is a no-op
 				return err
 			}
@@ -1303,7 +1323,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 		}); err != nil {
 			t.Fatalf("Delete: %v", err)
 		}
-		_ = e.s.View(ctx, func(tx Tx) error {
+		_ = e.s.View(ctx, func(tx ledger.Tx) error {
 			if v, _ := tx.Get("customers", "c1"); v != nil {
 				t.Errorf("deleted value still there: %q", v)
 			}
@@ -1312,7 +1332,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 	})
 
 	t.Run("update_error_rolls_back", func(t *testing.T) {
-		err := e.s.Update(ctx, func(tx Tx) error {
+		err := e.s.Update(ctx, func(tx ledger.Tx) error {
 			if err := tx.Put("orders", "order/4", []byte("v-order/4")); err != nil {
 				return err
 			}
@@ -1327,7 +1347,7 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 		if got := scan(t, "orders", "order/", false, 0); !slices.Equal(got, []string{"order/1", "order/2", "order/3"}) {
 			t.Errorf("a failed Update's Put survived: %v", got)
 		}
-		_ = e.s.View(ctx, func(tx Tx) error {
+		_ = e.s.View(ctx, func(tx ledger.Tx) error {
 			if v, _ := tx.Get("fresh_collection", "k"); v != nil {
 				t.Errorf("a failed Update's new collection survived: %q", v)
 			}
@@ -1337,20 +1357,20 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 
 	t.Run("apply_sees_and_writes_collections", func(t *testing.T) {
 		c := newClaim("t1", "create_order", "fp-1")
-		d, err := e.s.Execute(ctx, c, func(tx Tx, rec *Record) (Outcome, error) {
+		d, err := e.s.Execute(ctx, c, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 			v, err := tx.Get("orders", "order/1")
 			if err != nil || string(v) != "v-order/1" {
 				t.Errorf("apply's Get = %q, %v", v, err)
 			}
-			if rec.State != StateInProgress || rec.Key != c.Key {
+			if rec.State != ledger.StateInProgress || rec.Key != c.Key {
 				t.Errorf("apply sees record %s", recordJSON(t, rec))
 			}
 			if !tx.Now().Equal(e.clock.Now()) {
 				t.Errorf("apply's Tx.Now = %v, want %v", tx.Now(), e.clock.Now())
 			}
-			return Outcome{State: StateSucceeded}, tx.Put("orders", "order/5", []byte("v-order/5"))
+			return ledger.Outcome{State: ledger.StateSucceeded}, tx.Put("orders", "order/5", []byte("v-order/5"))
 		})
-		if err != nil || d.Kind != DecisionExecuted {
+		if err != nil || d.Kind != ledger.DecisionExecuted {
 			t.Fatalf("Execute = %q, %v", d.Kind, err)
 		}
 		if got := scan(t, "orders", "order/5", false, 0); !slices.Equal(got, []string{"order/5"}) {
@@ -1358,11 +1378,11 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 		}
 
 		c2 := newClaim("t1", "create_order", "fp-2")
-		_, err = e.s.Execute(ctx, c2, func(tx Tx, rec *Record) (Outcome, error) {
+		_, err = e.s.Execute(ctx, c2, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 			if err := tx.Put("orders", "order/6", []byte("v-order/6")); err != nil {
-				return Outcome{}, err
+				return ledger.Outcome{}, err
 			}
-			return Outcome{}, errBoom
+			return ledger.Outcome{}, errBoom
 		})
 		if !errors.Is(err, errBoom) {
 			t.Fatalf("Execute with a failing apply: err = %v", err)
@@ -1375,10 +1395,10 @@ func contractCollections(t *testing.T, open func(t *testing.T, o Options) Store)
 
 // contractReverseScanFF: keys are opaque strings, so a reverse scan must
 // find every key with the prefix, also those whose next bytes are 0xff.
-func contractReverseScanFF(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractReverseScanFF(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	keys := []string{"p\x01", "p\xfe", "p\xff", "p\xff\xff\xff\xff", "p\xff\xff\xff\xff\x01", "q"}
-	if err := e.s.Update(e.ctx, func(tx Tx) error {
+	if err := e.s.Update(e.ctx, func(tx ledger.Tx) error {
 		for _, k := range keys {
 			if err := tx.Put("bin", k, []byte("x")); err != nil {
 				return err
@@ -1400,7 +1420,7 @@ func contractReverseScanFF(t *testing.T, open func(t *testing.T, o Options) Stor
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			if err := e.s.View(e.ctx, func(tx Tx) error {
+			if err := e.s.View(e.ctx, func(tx ledger.Tx) error {
 				return tx.Scan("bin", tc.prefix, true, func(k string, _ []byte) (bool, error) {
 					got = append(got, k)
 					return true, nil
@@ -1415,41 +1435,38 @@ func contractReverseScanFF(t *testing.T, open func(t *testing.T, o Options) Stor
 	}
 }
 
-func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractAudit(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
-	al, ok := e.s.(auditLog)
-	if !ok {
-		t.Skipf("%T keeps no readable audit log", e.s)
-	}
-	actor := Actor{Tenant: "t1", Principal: "alice", Role: "agent", ClientName: "claude", ClientVersion: "9", RequestID: "req-1", Trace: "00-abc-01"}
-	mk := func(fp string) Claim {
+	al := e.s
+	actor := ledger.Actor{Tenant: "t1", Principal: "alice", Role: "agent", ClientName: "claude", ClientVersion: "9", RequestID: "req-1", Trace: "00-abc-01"}
+	mk := func(fp string) ledger.Claim {
 		c := newClaim("t1", "create_order", fp)
 		c.Actor = actor
 		return c
 	}
 	k1 := mk("fp-1")
-	e.exec(k1, e.ap.succeed(resultOrder))                       // "" → in_progress → succeeded
-	wantKind(t, e.exec(k1, e.ap.succeed(`{}`)), DecisionReplay) // call: replay
+	e.exec(k1, e.ap.succeed(ResultOrder))                              // "" → in_progress → succeeded
+	wantKind(t, e.exec(k1, e.ap.succeed(`{}`)), ledger.DecisionReplay) // call: replay
 	bad := k1
 	bad.Fingerprint = "fp-other"
-	wantKind(t, e.exec(bad, e.ap.succeed(`{}`)), DecisionMismatch) // call: mismatch
+	wantKind(t, e.exec(bad, e.ap.succeed(`{}`)), ledger.DecisionMismatch) // call: mismatch
 
 	k2 := mk("fp-2")
 	d2 := e.claim(k2) // "" → in_progress
-	if _, err := e.s.Complete(e.ctx, actor, k2.Key, d2.Record.Generation, Outcome{State: StateFailed, Error: &OpError{Code: "downstream_error"}}); err != nil {
+	if _, err := e.s.Complete(e.ctx, actor, k2.Key, d2.Record.Generation, ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error"}}); err != nil {
 		t.Fatal(err) // in_progress → failed
 	}
 
 	k3 := mk("fp-3")
 	e.claim(k3) // "" → in_progress
 	e.clock.Advance(e.opts.Lease)
-	wantKind(t, e.exec(k3, e.ap.succeed(resultOrder)), DecisionExecuted) // → retryable → in_progress → succeeded
+	wantKind(t, e.exec(k3, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted) // → retryable → in_progress → succeeded
 
 	k4 := mk("fp-1")
 	k4.SuspectDuplicates = true
-	wantKind(t, e.exec(k4, e.ap.succeed(`{}`)), DecisionSuspectedDuplicate) // "" → awaiting_approval
+	wantKind(t, e.exec(k4, e.ap.succeed(`{}`)), ledger.DecisionSuspectedDuplicate) // "" → awaiting_approval
 	e.clock.Advance(e.opts.ApprovalTTL)
-	wantKind(t, e.exec(k4, e.ap.succeed(`{}`)), DecisionReplay) // awaiting_approval → rejected
+	wantKind(t, e.exec(k4, e.ap.succeed(`{}`)), ledger.DecisionReplay) // awaiting_approval → rejected
 
 	entries, err := al.AuditLog(e.ctx, 0, 0)
 	if err != nil {
@@ -1458,7 +1475,7 @@ func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
 
 	type tr struct {
 		key           string
-		before, after State
+		before, after ledger.State
 	}
 	var transitions []tr
 	calls := map[string][]string{} // decision → keys
@@ -1482,7 +1499,7 @@ func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
 			transitions = append(transitions, tr{en.Key, en.StateBefore, en.StateAfter})
 		case "call":
 			calls[en.Decision] = append(calls[en.Decision], en.Key)
-			if en.Decision == string(DecisionMismatch) && (en.ErrorCode != "key_reused_with_different_request" || en.Fingerprint != "fp-other") {
+			if en.Decision == string(ledger.DecisionMismatch) && (en.ErrorCode != "key_reused_with_different_request" || en.Fingerprint != "fp-other") {
 				t.Errorf("mismatch entry: error code %q, fingerprint %q", en.ErrorCode, en.Fingerprint)
 			}
 		default:
@@ -1491,10 +1508,10 @@ func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
 	}
 
 	wantTransitions := map[string][]tr{
-		k1.Key: {{k1.Key, "", StateInProgress}, {k1.Key, StateInProgress, StateSucceeded}},
-		k2.Key: {{k2.Key, "", StateInProgress}, {k2.Key, StateInProgress, StateFailed}},
-		k3.Key: {{k3.Key, "", StateInProgress}, {k3.Key, StateInProgress, StateRetryable}, {k3.Key, StateRetryable, StateInProgress}, {k3.Key, StateInProgress, StateSucceeded}},
-		k4.Key: {{k4.Key, "", StateAwaitingApproval}, {k4.Key, StateAwaitingApproval, StateRejected}},
+		k1.Key: {{k1.Key, "", ledger.StateInProgress}, {k1.Key, ledger.StateInProgress, ledger.StateSucceeded}},
+		k2.Key: {{k2.Key, "", ledger.StateInProgress}, {k2.Key, ledger.StateInProgress, ledger.StateFailed}},
+		k3.Key: {{k3.Key, "", ledger.StateInProgress}, {k3.Key, ledger.StateInProgress, ledger.StateRetryable}, {k3.Key, ledger.StateRetryable, ledger.StateInProgress}, {k3.Key, ledger.StateInProgress, ledger.StateSucceeded}},
+		k4.Key: {{k4.Key, "", ledger.StateAwaitingApproval}, {k4.Key, ledger.StateAwaitingApproval, ledger.StateRejected}},
 	}
 	for key, want := range wantTransitions {
 		var got []tr
@@ -1507,10 +1524,10 @@ func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
 			t.Errorf("transitions of %s = %v, want %v", key, got, want)
 		}
 	}
-	if got := calls[string(DecisionReplay)]; !slices.Contains(got, k1.Key) {
+	if got := calls[string(ledger.DecisionReplay)]; !slices.Contains(got, k1.Key) {
 		t.Errorf("no replay call entry for %s (replay entries: %v)", k1.Key, got)
 	}
-	if got := calls[string(DecisionMismatch)]; !slices.Equal(got, []string{k1.Key}) {
+	if got := calls[string(ledger.DecisionMismatch)]; !slices.Equal(got, []string{k1.Key}) {
 		t.Errorf("mismatch call entries = %v, want [%s]", got, k1.Key)
 	}
 
@@ -1531,27 +1548,27 @@ func contractAudit(t *testing.T, open func(t *testing.T, o Options) Store) {
 	})
 }
 
-func contractContextCancelled(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractContextCancelled(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	c := newClaim("t1", "create_order", "fp-1")
-	if _, err := e.s.Execute(ctx, c, e.ap.succeed(resultOrder)); !errors.Is(err, context.Canceled) {
+	if _, err := e.s.Execute(ctx, c, e.ap.succeed(ResultOrder)); !errors.Is(err, context.Canceled) {
 		t.Errorf("Execute with a cancelled context: err = %v, want context.Canceled", err)
 	}
 	if _, err := e.s.Claim(ctx, c); !errors.Is(err, context.Canceled) {
 		t.Errorf("Claim with a cancelled context: err = %v, want context.Canceled", err)
 	}
 	e.wantCalls(0)
-	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Errorf("Get: err = %v, want ErrNotFound", err)
 	}
 }
 
-func contractClosed(t *testing.T, open func(t *testing.T, o Options) Store) {
+func contractClosed(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
 	c := newClaim("t1", "create_order", "fp-1")
-	e.exec(c, e.ap.succeed(resultOrder))
+	e.exec(c, e.ap.succeed(ResultOrder))
 	if err := e.s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -1570,20 +1587,20 @@ func contractClosed(t *testing.T, open func(t *testing.T, o Options) Store) {
 		{"Execute_replay", func() error { _, err := e.s.Execute(ctx, c, e.ap.succeed(`{}`)); return err }},
 		{"Claim", func() error { _, err := e.s.Claim(ctx, newClaim("t1", "create_order", "fp-3")); return err }},
 		{"Complete", func() error {
-			_, err := e.s.Complete(ctx, c.Actor, c.Key, 1, Outcome{State: StateSucceeded})
+			_, err := e.s.Complete(ctx, c.Actor, c.Key, 1, ledger.Outcome{State: ledger.StateSucceeded})
 			return err
 		}},
 		{"RenewLease", func() error { return e.s.RenewLease(ctx, "t1", c.Key, 1) }},
 		{"Get", func() error { _, err := e.s.Get(ctx, "t1", c.Key); return err }},
-		{"List", func() error { _, err := e.s.List(ctx, Filter{}); return err }},
+		{"List", func() error { _, err := e.s.List(ctx, ledger.Filter{}); return err }},
 		{"IssueKey", func() error { return e.s.IssueKey(ctx, "t1", "k") }},
-		{"View", func() error { return e.s.View(ctx, func(Tx) error { return nil }) }},
-		{"Update", func() error { return e.s.Update(ctx, func(Tx) error { return nil }) }},
+		{"View", func() error { return e.s.View(ctx, func(ledger.Tx) error { return nil }) }},
+		{"Update", func() error { return e.s.Update(ctx, func(ledger.Tx) error { return nil }) }},
 		{"Sweep", func() error { _, _, err := e.s.Sweep(ctx); return err }},
 	}
 	for _, tc := range calls {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.call(); !errors.Is(err, ErrClosed) {
+			if err := tc.call(); !errors.Is(err, ledger.ErrClosed) {
 				t.Errorf("%s after Close: err = %v, want ErrClosed", tc.name, err)
 			}
 		})

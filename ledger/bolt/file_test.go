@@ -1,16 +1,17 @@
-package ledger
+package bolt
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"idemgate/ledger"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // legacyFile writes a ledger as the build before the magic did: every
@@ -18,7 +19,7 @@ import (
 func legacyFile(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		for _, name := range []string{"meta", "records", "by_time", "expiry", "fp_index", "issued", "audit", "data", "approvals", "pending_approvals", "open"} {
 			if _, err := tx.CreateBucket([]byte(name)); err != nil {
 				return err
@@ -43,25 +44,25 @@ func readFile(t *testing.T, path string) []byte {
 func TestLegacyLedgerOpens(t *testing.T) {
 	path := legacyFile(t)
 	before := readFile(t, path)
-	ro, err := OpenBoltReadOnly(path, Options{})
+	ro, err := OpenReadOnly(path, ledger.Options{})
 	if err != nil {
 		t.Fatalf("read-only open of a schema-1 ledger: %v", err)
 	}
-	if _, err := ro.List(context.Background(), Filter{}); err != nil {
+	if _, err := ro.List(context.Background(), ledger.Filter{}); err != nil {
 		t.Fatal(err)
 	}
 	ro.Close()
 	if !bytes.Equal(before, readFile(t, path)) {
 		t.Fatal("a read-only open changed the file")
 	}
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	s.Close()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	db.View(func(tx *bolt.Tx) error {
+	db.View(func(tx *bbolt.Tx) error {
 		if got := string(tx.Bucket(bucketMeta).Get(keyMagic)); got != ledgerMagic {
 			t.Errorf("magic after a writable open = %q, want %q", got, ledgerMagic)
 		}
@@ -72,15 +73,15 @@ func TestLegacyLedgerOpens(t *testing.T) {
 // TestForeignFileRefusedUntouched: another program's bbolt file, even one
 // with idemgate's bucket names, is refused and not written to.
 func TestForeignFileRefusedUntouched(t *testing.T) {
-	for name, fill := range map[string]func(tx *bolt.Tx) error{
-		"other_buckets": func(tx *bolt.Tx) error {
+	for name, fill := range map[string]func(tx *bbolt.Tx) error{
+		"other_buckets": func(tx *bbolt.Tx) error {
 			b, err := tx.CreateBucket([]byte("sessions"))
 			if err != nil {
 				return err
 			}
 			return b.Put([]byte("x"), []byte("y"))
 		},
-		"other_meta": func(tx *bolt.Tx) error {
+		"other_meta": func(tx *bbolt.Tx) error {
 			b, err := tx.CreateBucket([]byte("meta"))
 			if err != nil {
 				return err
@@ -88,14 +89,14 @@ func TestForeignFileRefusedUntouched(t *testing.T) {
 			b.Put([]byte("schema_version"), []byte("1"))
 			return b.Put([]byte("owner"), []byte("inventory"))
 		},
-		"empty_bbolt": func(tx *bolt.Tx) error { return nil },
+		"empty_bbolt": func(tx *bbolt.Tx) error { return nil },
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "other.db")
 			rawUpdate(t, path, fill)
 			before := readFile(t, path)
-			for mode, open := range map[string]func(string, Options) (*BoltStore, error){"OpenBolt": OpenBolt, "OpenBoltReadOnly": OpenBoltReadOnly} {
-				s, err := open(path, Options{})
+			for mode, open := range map[string]func(string, ledger.Options) (*File, error){"Open": Open, "OpenReadOnly": OpenReadOnly} {
+				s, err := open(path, ledger.Options{})
 				if !errors.Is(err, ErrNotLedger) {
 					if s != nil {
 						s.Close()
@@ -119,32 +120,32 @@ func TestEmptyFileRefused(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := OpenBolt(path, Options{})
+	s, err := Open(path, ledger.Options{})
 	if !errors.Is(err, ErrEmptyFile) {
 		if s != nil {
 			s.Close()
 		}
-		t.Fatalf("OpenBolt of an empty file: %v, want ErrEmptyFile", err)
+		t.Fatalf("Open of an empty file: %v, want ErrEmptyFile", err)
 	}
 	if fi, _ := os.Stat(path); fi.Size() != 0 {
 		t.Error("the empty file was written")
 	}
-	if err := InitBolt(path); !errors.Is(err, ErrExists) {
+	if err := Init(path); !errors.Is(err, ErrExists) {
 		t.Errorf("InitBolt over an existing file: %v, want ErrExists", err)
 	}
 	os.Remove(path)
-	if err := InitBolt(path); err != nil {
+	if err := Init(path); err != nil {
 		t.Fatal(err)
 	}
-	mustOpenPath(t, path, Options{})
+	mustOpenPath(t, path, ledger.Options{})
 }
 
 // TestDeletedLedgerIsNotRecreated: a ledger file removed while a process
 // has it open is not silently re-created empty at the next transaction.
 func TestDeletedLedgerIsNotRecreated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
-	time.Sleep(4 * s.h.idleClose) // the handle closes the idle file
+	s := mustOpenPath(t, path, ledger.Options{})
+	time.Sleep(4 * s.be.h.idleClose) // the handle closes the idle file
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
@@ -161,10 +162,10 @@ func TestDeletedLedgerIsNotRecreated(t *testing.T) {
 // ErrReadOnly, and the file is unchanged.
 func TestReadOnlyStoreNeverWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	s.Close()
 	before := readFile(t, path)
-	ro, err := OpenBoltReadOnly(path, Options{})
+	ro, err := OpenReadOnly(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +177,7 @@ func TestReadOnlyStoreNeverWrites(t *testing.T) {
 	if err := ro.IssueKey(ctx, "t1", "k"); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("IssueKey: %v, want ErrReadOnly", err)
 	}
-	ro.Audit(AuditEntry{Event: "call"})
+	ro.Audit(ledger.AuditEntry{Event: "call"})
 	if _, err := ro.AuditTail(ctx, 10); err != nil {
 		t.Error(err)
 	}
@@ -191,25 +192,25 @@ func TestReadOnlyStoreNeverWrites(t *testing.T) {
 // never a panic.
 func TestUndecodableRecordIsReported(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	ctx := context.Background()
 	if _, err := s.Execute(ctx, newClaim("t1", "create_order", "fp"), (&applier{}).succeed(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	var key []byte
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
 		k, _ := tx.Bucket(bucketRecords).Cursor().First()
 		key = bytes.Clone(k)
 		return tx.Bucket(bucketRecords).Put(k, []byte("\x00\xffnot json"))
 	})
 	_, keyName, _ := bytes.Cut(key, []byte{0})
-	ro, err := OpenBoltReadOnly(path, Options{})
+	ro, err := OpenReadOnly(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if _, err := ro.List(ctx, Filter{}); err == nil || !strings.Contains(err.Error(), string(keyName)) {
+	if _, err := ro.List(ctx, ledger.Filter{}); err == nil || !strings.Contains(err.Error(), string(keyName)) {
 		t.Errorf("List over an undecodable record: %v, want an error naming %s", err, keyName)
 	}
 	rep, err := Check(path)
@@ -225,7 +226,7 @@ func TestUndecodableRecordIsReported(t *testing.T) {
 // same records, and never overwrites a file.
 func TestBackupIsConsistentCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	ctx := context.Background()
 	for i := range 20 {
 		c := newClaim("t1", "create_order", "fp")
@@ -246,7 +247,7 @@ func TestBackupIsConsistentCopy(t *testing.T) {
 	if err != nil || len(rep.Problems) > 0 || rep.Records != 20 {
 		t.Fatalf("Check of the backup: %+v %v", rep, err)
 	}
-	c, err := OpenBoltReadOnly(dst, Options{})
+	c, err := OpenReadOnly(dst, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,18 +262,18 @@ func TestBackupIsConsistentCopy(t *testing.T) {
 // is not OK, with the commit error and a failed probe.
 func TestHealthFollowsCommits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s := mustOpenPath(t, path, Options{RequireIssuedKeys: true})
+	s := mustOpenPath(t, path, ledger.Options{RequireIssuedKeys: true})
 	ctx := context.Background()
 	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" || h.FreeBytes == 0 || h.Probe != "" {
 		t.Fatalf("healthy store: %+v", h)
 	}
-	if _, err := s.Claim(ctx, newClaim("t1", "create_order", "fp")); !errors.Is(err, ErrKeyNotIssued) {
+	if _, err := s.Claim(ctx, newClaim("t1", "create_order", "fp")); !errors.Is(err, ledger.ErrKeyNotIssued) {
 		t.Fatalf("claim of an unissued key: %v", err)
 	}
 	if h := s.Health(ctx); !h.OK || h.LastCommitError != "" {
 		t.Fatalf("after a refused claim: %+v", h)
 	}
-	time.Sleep(4 * s.h.idleClose)
+	time.Sleep(4 * s.be.h.idleClose)
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}

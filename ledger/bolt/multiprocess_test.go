@@ -1,4 +1,4 @@
-package ledger
+package bolt
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"idemgate/ledger"
 	"io"
 	"os"
 	"os/exec"
@@ -63,18 +64,18 @@ func helperKeys(mode string, index, calls int) []string {
 
 // helperClaim is the claim every process makes for key: the same request,
 // so a second process gets a replay, never a mismatch.
-func helperClaim(key string) Claim {
-	return Claim{Actor: testActor("t1"), Key: key, Tool: "create_order", Fingerprint: "fp-" + key, OnLeaseExpiry: StateRetryable}
+func helperClaim(key string) ledger.Claim {
+	return ledger.Claim{Actor: testActor("t1"), Key: key, Tool: "create_order", Fingerprint: "fp-" + key, OnLeaseExpiry: ledger.StateRetryable}
 }
 
 // helperApply writes one uniquely named effect per execution, so a second
 // execution of a key would show as a second value under its prefix.
-func helperApply(index int) ApplyFunc {
-	return func(tx Tx, rec *Record) (Outcome, error) {
+func helperApply(index int) ledger.ApplyFunc {
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		if err := tx.Put(effectsCollection, rec.Key+"/"+uuid.NewString(), []byte(strconv.Itoa(index))); err != nil {
-			return Outcome{}, err
+			return ledger.Outcome{}, err
 		}
-		return Outcome{State: StateSucceeded, Result: json.RawMessage(`{"key":"` + rec.Key + `"}`)}, nil
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"key":"` + rec.Key + `"}`)}, nil
 	}
 }
 
@@ -91,7 +92,7 @@ func TestHelperProcess(t *testing.T) {
 		b, _ := json.Marshal(res)
 		fmt.Fprintf(os.Stdout, "\n%s%s\n", helperReport, b)
 	}
-	s, err := OpenBolt(os.Getenv(helperPathEnv), Options{})
+	s, err := Open(os.Getenv(helperPathEnv), ledger.Options{})
 	if err != nil {
 		res.Errors = append(res.Errors, "open: "+err.Error())
 		report()
@@ -113,9 +114,9 @@ func TestHelperProcess(t *testing.T) {
 		case err != nil:
 			res.Errors = append(res.Errors, key+": "+err.Error())
 			continue
-		case d.Kind == DecisionExecuted:
+		case d.Kind == ledger.DecisionExecuted:
 			res.Executed++
-		case d.Kind == DecisionReplay:
+		case d.Kind == ledger.DecisionReplay:
 			res.Replayed++
 		default:
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: decision %s", key, d.Kind))
@@ -216,7 +217,7 @@ func checkHelpers(t *testing.T, mode, path string, results []helperResult, calls
 		t.Errorf("%d executions reported across processes, want one per key: %d", executed, len(distinct))
 	}
 
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	perKey := map[string]int{}
 	for k := range effects(t, s) {
 		key, _, _ := strings.Cut(k, "/")
@@ -241,7 +242,7 @@ func checkHelpers(t *testing.T, mode, path string, results []helperResult, calls
 			t.Errorf("Get(%s): %v", k, err)
 			continue
 		}
-		if rec.State != StateSucceeded || rec.Attempts != 1 {
+		if rec.State != ledger.StateSucceeded || rec.Attempts != 1 {
 			t.Errorf("%s: state %s, attempts %d; want succeeded, 1", k, rec.State, rec.Attempts)
 		}
 	}

@@ -1,10 +1,10 @@
-package ledger
+package ledgertest
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path/filepath"
+	"idemgate/ledger"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,37 +58,14 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// mustOpen opens a bbolt store in a fresh t.TempDir() and closes it when the
-// test ends.
-func mustOpen(t testing.TB, opts Options) *BoltStore {
-	t.Helper()
-	return mustOpenPath(t, filepath.Join(t.TempDir(), "ledger.db"), opts)
-}
-
-// mustOpenPath opens the bbolt store at path and closes it when the test
-// ends (a second Close by the test itself is harmless).
-func mustOpenPath(t testing.TB, path string, opts Options) *BoltStore {
-	t.Helper()
-	s, err := OpenBolt(path, opts)
-	if err != nil {
-		t.Fatalf("OpenBolt(%s): %v", path, err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return s
-}
-
 // testActor is the actor of tenant.
-func testActor(tenant string) Actor {
-	return Actor{Tenant: tenant, Principal: "agent-" + tenant, Role: "agent", ClientName: "ledger-test", ClientVersion: "1"}
+func testActor(tenant string) ledger.Actor {
+	return ledger.Actor{Tenant: tenant, Principal: "agent-" + tenant, Role: "agent", ClientName: "ledger-test", ClientVersion: "1"}
 }
 
 // newClaim is a claim of a fresh key in tenant for tool with fingerprint fp.
-func newClaim(tenant, tool, fp string) Claim {
-	return Claim{Actor: testActor(tenant), Key: uuid.NewString(), Tool: tool, Fingerprint: fp, OnLeaseExpiry: StateRetryable}
+func newClaim(tenant, tool, fp string) ledger.Claim {
+	return ledger.Claim{Actor: testActor(tenant), Key: uuid.NewString(), Tool: tool, Fingerprint: fp, OnLeaseExpiry: ledger.StateRetryable}
 }
 
 // effectsCollection is where the test applies write their side effects,
@@ -102,17 +79,17 @@ type applier struct {
 }
 
 // succeed returns an apply that writes one effect and succeeds with result.
-func (a *applier) succeed(result string) ApplyFunc {
-	return a.outcome(Outcome{State: StateSucceeded, Result: json.RawMessage(result)})
+func (a *applier) succeed(result string) ledger.ApplyFunc {
+	return a.outcome(ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(result)})
 }
 
 // outcome returns an apply that writes one effect and returns out (with a
 // Summary naming the key when out has none).
-func (a *applier) outcome(out Outcome) ApplyFunc {
-	return func(tx Tx, rec *Record) (Outcome, error) {
+func (a *applier) outcome(out ledger.Outcome) ledger.ApplyFunc {
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		a.calls.Add(1)
 		if err := tx.Put(effectsCollection, effectKey(rec), []byte(rec.Fingerprint)); err != nil {
-			return Outcome{}, err
+			return ledger.Outcome{}, err
 		}
 		o := out
 		if o.Summary == "" {
@@ -124,18 +101,18 @@ func (a *applier) outcome(out Outcome) ApplyFunc {
 
 // fail returns an apply that writes an effect and then fails with err, so
 // the effect must be rolled back.
-func (a *applier) fail(err error) ApplyFunc {
-	return func(tx Tx, rec *Record) (Outcome, error) {
+func (a *applier) fail(err error) ledger.ApplyFunc {
+	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		a.calls.Add(1)
 		if perr := tx.Put(effectsCollection, effectKey(rec), []byte("doomed")); perr != nil {
-			return Outcome{}, perr
+			return ledger.Outcome{}, perr
 		}
-		return Outcome{}, err
+		return ledger.Outcome{}, err
 	}
 }
 
 // effectKey names one execution of rec: tenant, key and attempt.
-func effectKey(rec *Record) string {
+func effectKey(rec *ledger.Record) string {
 	return rec.Tenant + ":" + rec.Key + "/" + strconv.Itoa(rec.Attempts)
 }
 
@@ -146,10 +123,10 @@ func (a *applier) n() int64 { return a.calls.Load() }
 var errBoom = errors.New("boom: validation failed before the side effect")
 
 // effects returns every value in the effects collection, keyed by key.
-func effects(t testing.TB, s Store) map[string]string {
+func effects(t testing.TB, s ledger.Store) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	err := s.View(context.Background(), func(tx Tx) error {
+	err := s.View(context.Background(), func(tx ledger.Tx) error {
 		return tx.Scan(effectsCollection, "", false, func(k string, v []byte) (bool, error) {
 			out[k] = string(v)
 			return true, nil
@@ -162,7 +139,7 @@ func effects(t testing.TB, s Store) map[string]string {
 }
 
 // mustGet returns the record of (tenant, key) or fails the test.
-func mustGet(t testing.TB, s Store, tenant, key string) *Record {
+func mustGet(t testing.TB, s ledger.Store, tenant, key string) *ledger.Record {
 	t.Helper()
 	rec, err := s.Get(context.Background(), tenant, key)
 	if err != nil {
@@ -172,7 +149,7 @@ func mustGet(t testing.TB, s Store, tenant, key string) *Record {
 }
 
 // recordJSON is rec as JSON, to compare whole records.
-func recordJSON(t testing.TB, rec *Record) string {
+func recordJSON(t testing.TB, rec *ledger.Record) string {
 	t.Helper()
 	b, err := json.Marshal(rec)
 	if err != nil {

@@ -1,10 +1,11 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"idemgate/ledger"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -46,11 +47,11 @@ type linInput struct {
 }
 
 type linOutput struct {
-	Kind   string // execute/claim: a DecisionKind; complete: ok/stale; get: absent/found
-	FP     string // the record's fingerprint, as answered
-	Result string // the record's result, as answered
-	State  State  // get: the record's state
-	Gen    uint64 // claim: the claimed generation
+	Kind   string       // execute/claim: a DecisionKind; complete: ok/stale; get: absent/found
+	FP     string       // the record's fingerprint, as answered
+	Result string       // the record's result, as answered
+	State  ledger.State // get: the record's state
+	Gen    uint64       // claim: the claimed generation
 }
 
 // linState is one key's state in the spec: phase 0 no record, 1 claimed
@@ -71,9 +72,9 @@ func linStep(state, input, output any) (bool, any) {
 		case 0:
 			return out.Kind == "absent", s
 		case 1:
-			return out.Kind == "found" && out.State == StateInProgress && out.FP == s.FP, s
+			return out.Kind == "found" && out.State == ledger.StateInProgress && out.FP == s.FP, s
 		default:
-			return out.Kind == "found" && out.State == StateSucceeded && out.FP == s.FP && out.Result == s.Result, s
+			return out.Kind == "found" && out.State == ledger.StateSucceeded && out.FP == s.FP && out.Result == s.Result, s
 		}
 	case "complete":
 		if s.Phase == 1 && s.Gen == in.Gen {
@@ -83,15 +84,15 @@ func linStep(state, input, output any) (bool, any) {
 	case "execute", "claim":
 		switch {
 		case s.Phase == 0 && in.Op == "execute":
-			return out.Kind == string(DecisionExecuted) && out.FP == in.FP, linState{Phase: 2, FP: in.FP, Result: out.Result}
+			return out.Kind == string(ledger.DecisionExecuted) && out.FP == in.FP, linState{Phase: 2, FP: in.FP, Result: out.Result}
 		case s.Phase == 0:
-			return out.Kind == string(DecisionClaimed) && out.FP == in.FP && out.Gen > 0, linState{Phase: 1, FP: in.FP, Gen: out.Gen}
+			return out.Kind == string(ledger.DecisionClaimed) && out.FP == in.FP && out.Gen > 0, linState{Phase: 1, FP: in.FP, Gen: out.Gen}
 		case in.FP != s.FP:
-			return out.Kind == string(DecisionMismatch) && out.FP == s.FP && out.Result == s.Result, s
+			return out.Kind == string(ledger.DecisionMismatch) && out.FP == s.FP && out.Result == s.Result, s
 		case s.Phase == 1:
-			return out.Kind == string(DecisionBusy) && out.FP == s.FP, s
+			return out.Kind == string(ledger.DecisionBusy) && out.FP == s.FP, s
 		default:
-			return out.Kind == string(DecisionReplay) && out.FP == s.FP && out.Result == s.Result, s
+			return out.Kind == string(ledger.DecisionReplay) && out.FP == s.FP && out.Result == s.Result, s
 		}
 	}
 	return false, s
@@ -140,7 +141,7 @@ var ledgerModel = porcupine.Model{
 // goroutine picks one of the perKeys keys of generation i/opsPerGen, so
 // all goroutines race for each generation's first calls. Every execute's apply writes one effect named by the
 // call, so a second execution of a key would show as a second effect.
-func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, opsPerGen, goroutines, perG int, seed uint64) []porcupine.Operation {
+func recordHistory(t *testing.T, stores []*File, keys []string, perKeys, opsPerGen, goroutines, perG int, seed uint64) []porcupine.Operation {
 	t.Helper()
 	ctx := context.Background()
 	t0 := time.Now()
@@ -166,15 +167,15 @@ func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, op
 				gen := min(i/opsPerGen*perKeys, len(keys)-perKeys)
 				key := keys[gen+rnd.IntN(perKeys)]
 				fp := key[:8] + "-" + string(rune('a'+rnd.IntN(2)))
-				claim := Claim{Actor: testActor("t1"), Key: key, Tool: "create_order", Fingerprint: fp, OnLeaseExpiry: StateRetryable}
+				claim := ledger.Claim{Actor: testActor("t1"), Key: key, Tool: "create_order", Fingerprint: fp, OnLeaseExpiry: ledger.StateRetryable}
 				switch p := rnd.IntN(100); {
 				case p < 50: // execute
 					mine := fmt.Sprintf(`{"by":"g%02d-%03d"}`, g, i)
-					apply := func(tx Tx, rec *Record) (Outcome, error) {
+					apply := func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 						if err := tx.Put(effectsCollection, rec.Key+"/"+mine, []byte(fp)); err != nil {
-							return Outcome{}, err
+							return ledger.Outcome{}, err
 						}
-						return Outcome{State: StateSucceeded, Result: json.RawMessage(mine)}, nil
+						return ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(mine)}, nil
 					}
 					call := clock()
 					d, err := st.Execute(ctx, claim, apply)
@@ -184,7 +185,7 @@ func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, op
 						continue
 					}
 					out := linOutput{Kind: string(d.Kind), FP: d.Record.Fingerprint, Result: string(d.Record.Result)}
-					if d.Kind == DecisionExecuted && out.Result != mine {
+					if d.Kind == ledger.DecisionExecuted && out.Result != mine {
 						fail("execute answered executed with %s, its apply returned %s", out.Result, mine)
 					}
 					add(porcupine.Operation{ClientId: g, Input: linInput{Op: "execute", Key: key, FP: fp}, Call: call, Output: out, Return: ret})
@@ -197,11 +198,11 @@ func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, op
 						continue
 					}
 					out := linOutput{Kind: string(d.Kind), FP: d.Record.Fingerprint, Result: string(d.Record.Result), Gen: d.Record.Generation}
-					if d.Kind != DecisionClaimed {
+					if d.Kind != ledger.DecisionClaimed {
 						out.Gen = 0
 					}
 					add(porcupine.Operation{ClientId: g, Input: linInput{Op: "claim", Key: key, FP: fp}, Call: call, Output: out, Return: ret})
-					if d.Kind != DecisionClaimed {
+					if d.Kind != ledger.DecisionClaimed {
 						continue
 					}
 					if rnd.IntN(3) == 0 { // let others find it in progress for a moment
@@ -209,10 +210,10 @@ func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, op
 					}
 					r := fmt.Sprintf(`{"by":"g%02d-%03d-complete"}`, g, i)
 					call = clock()
-					_, err = st.Complete(ctx, claim.Actor, key, d.Record.Generation, Outcome{State: StateSucceeded, Result: json.RawMessage(r)})
+					_, err = st.Complete(ctx, claim.Actor, key, d.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(r)})
 					ret = clock()
 					kind := "ok"
-					if errors.Is(err, ErrStaleGeneration) {
+					if errors.Is(err, ledger.ErrStaleGeneration) {
 						kind = "stale"
 					} else if err != nil {
 						fail("complete: %v", err)
@@ -225,7 +226,7 @@ func recordHistory(t *testing.T, stores []*BoltStore, keys []string, perKeys, op
 					ret := clock()
 					out := linOutput{Kind: "absent"}
 					switch {
-					case errors.Is(err, ErrNotFound):
+					case errors.Is(err, ledger.ErrNotFound):
 					case err != nil:
 						fail("get: %v", err)
 						continue
@@ -251,13 +252,13 @@ func TestLedgerLinearizable(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	a := mustOpenPath(t, path, Options{})
-	b := mustOpenPath(t, path, Options{})
+	a := mustOpenPath(t, path, ledger.Options{})
+	b := mustOpenPath(t, path, ledger.Options{})
 	keys := make([]string, 5*6)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%08d-0000-4000-8000-000000000000", i)
 	}
-	history := recordHistory(t, []*BoltStore{a, b}, keys, 6, 10, 16, 50, seed)
+	history := recordHistory(t, []*File{a, b}, keys, 6, 10, 16, 50, seed)
 	if len(history) < 16*50 {
 		t.Fatalf("recorded %d operations, want at least %d", len(history), 16*50)
 	}
@@ -287,7 +288,7 @@ func TestLedgerLinearizable(t *testing.T) {
 			t.Errorf("key %s: %d side effects", k, effectsPerKey[k])
 		}
 		rec := mustGet(t, b, "t1", k)
-		if rec.State != StateSucceeded && rec.State != StateInProgress {
+		if rec.State != ledger.StateSucceeded && rec.State != ledger.StateInProgress {
 			t.Errorf("key %s ended %s", k, rec.State)
 		}
 	}
@@ -296,7 +297,7 @@ func TestLedgerLinearizable(t *testing.T) {
 	// the check can fail.
 	bad := slices.Clone(history)
 	for i, op := range bad {
-		if out := op.Output.(linOutput); out.Kind == string(DecisionReplay) {
+		if out := op.Output.(linOutput); out.Kind == string(ledger.DecisionReplay) {
 			out.Result = `{"by":"someone else"}`
 			bad[i].Output = out
 			break
@@ -317,8 +318,10 @@ func TestLedgerLinearizabilityModelRejects(t *testing.T) {
 		return porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret}
 	}
 	exec := linInput{Op: "execute", FP: "fp-a"}
-	executed := func(r string) linOutput { return linOutput{Kind: string(DecisionExecuted), FP: "fp-a", Result: r} }
-	replay := func(r string) linOutput { return linOutput{Kind: string(DecisionReplay), FP: "fp-a", Result: r} }
+	executed := func(r string) linOutput {
+		return linOutput{Kind: string(ledger.DecisionExecuted), FP: "fp-a", Result: r}
+	}
+	replay := func(r string) linOutput { return linOutput{Kind: string(ledger.DecisionReplay), FP: "fp-a", Result: r} }
 	for _, tc := range []struct {
 		name  string
 		ok    bool
@@ -346,22 +349,22 @@ func TestLedgerLinearizabilityModelRejects(t *testing.T) {
 			op(1, linInput{Op: "get"}, 5, 10, linOutput{Kind: "absent"}),
 		}, "legal: the read may come first"},
 		{"mismatch before any record", false, []porcupine.Operation{
-			op(0, linInput{Op: "execute", FP: "fp-b"}, 0, 10, linOutput{Kind: string(DecisionMismatch), FP: "fp-a"}),
+			op(0, linInput{Op: "execute", FP: "fp-b"}, 0, 10, linOutput{Kind: string(ledger.DecisionMismatch), FP: "fp-a"}),
 			op(1, exec, 20, 30, executed("R1")),
 		}, "a refusal citing a record that did not exist yet"},
 		{"busy after the completion", false, []porcupine.Operation{
-			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(DecisionClaimed), FP: "fp-a", Gen: 1}),
+			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(ledger.DecisionClaimed), FP: "fp-a", Gen: 1}),
 			op(0, linInput{Op: "complete", Gen: 1, R: "R1"}, 6, 10, linOutput{Kind: "ok"}),
-			op(1, exec, 20, 30, linOutput{Kind: string(DecisionBusy), FP: "fp-a"}),
+			op(1, exec, 20, 30, linOutput{Kind: string(ledger.DecisionBusy), FP: "fp-a"}),
 		}, "in progress after it was completed"},
 		{"busy during the claim", true, []porcupine.Operation{
-			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(DecisionClaimed), FP: "fp-a", Gen: 1}),
-			op(1, exec, 6, 8, linOutput{Kind: string(DecisionBusy), FP: "fp-a"}),
+			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(ledger.DecisionClaimed), FP: "fp-a", Gen: 1}),
+			op(1, exec, 6, 8, linOutput{Kind: string(ledger.DecisionBusy), FP: "fp-a"}),
 			op(0, linInput{Op: "complete", Gen: 1, R: "R1"}, 9, 10, linOutput{Kind: "ok"}),
 			op(1, exec, 20, 30, replay("R1")),
 		}, "legal: busy between claim and complete, then the completion's result"},
 		{"two completions", false, []porcupine.Operation{
-			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(DecisionClaimed), FP: "fp-a", Gen: 1}),
+			op(0, linInput{Op: "claim", FP: "fp-a"}, 0, 5, linOutput{Kind: string(ledger.DecisionClaimed), FP: "fp-a", Gen: 1}),
 			op(0, linInput{Op: "complete", Gen: 1, R: "R1"}, 6, 10, linOutput{Kind: "ok"}),
 			op(1, linInput{Op: "complete", Gen: 1, R: "R2"}, 20, 30, linOutput{Kind: "ok"}),
 		}, "a second completion accepted (no fencing)"},

@@ -1,6 +1,11 @@
-package ledger
+package bolt
 
-import "testing"
+import (
+	"testing"
+
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
+)
 
 func TestSamePrincipal(t *testing.T) {
 	for _, tc := range []struct {
@@ -15,7 +20,7 @@ func TestSamePrincipal(t *testing.T) {
 		{"alice-assistant-2", "alice-assistant", false},
 		{"bob", "alice", false},
 	} {
-		if got := SamePrincipal(tc.a, tc.b); got != tc.same {
+		if got := ledger.SamePrincipal(tc.a, tc.b); got != tc.same {
 			t.Errorf("SamePrincipal(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.same)
 		}
 	}
@@ -25,7 +30,7 @@ func TestSamePrincipal(t *testing.T) {
 // their own operation under a name that differs only in case or form.
 func TestDecideRefusesCaseVariantSelfApproval(t *testing.T) {
 	ctx := t.Context()
-	s := mustOpen(t, contractOpts())
+	s := mustOpen(t, ledgertest.Opts())
 	c := newClaim("t1", "cancel_order", "fp")
 	c.Actor.Principal = "alice-assistant"
 	c.RequireApproval = true
@@ -34,12 +39,12 @@ func TestDecideRefusesCaseVariantSelfApproval(t *testing.T) {
 		t.Fatalf("held claim: %v", err)
 	}
 	for _, name := range []string{"ALICE-assistant", " alice-assistant", "ａｌｉｃｅ-ASSISTANT"} {
-		_, err := s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: name, Role: "approver"}, ApprovalID: d.Record.Approval.ID, Approve: true}, nil)
-		if err != ErrSelfApproval {
+		_, err := s.Decide(ctx, ledger.DecideRequest{Approver: ledger.Actor{Tenant: "t1", Principal: name, Role: "approver"}, ApprovalID: d.Record.Approval.ID, Approve: true}, nil)
+		if err != ledger.ErrSelfApproval {
 			t.Fatalf("Decide by %q = %v, want ErrSelfApproval", name, err)
 		}
 	}
-	if _, err := s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: d.Record.Approval.ID, Approve: false}, nil); err != nil {
+	if _, err := s.Decide(ctx, ledger.DecideRequest{Approver: ledger.Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: d.Record.Approval.ID, Approve: false}, nil); err != nil {
 		t.Fatalf("Decide by another principal: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package ledger
+package bolt
 
 import (
 	"encoding/binary"
@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"idemgate/ledger"
 	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // Errors of the ledger file itself. Each is returned wrapped in a message
@@ -34,10 +35,10 @@ var (
 	// damaged (cut short, overwritten).
 	ErrDamaged = errors.New("the ledger file is damaged")
 
-	// ErrReadOnly: a write on a store opened with OpenBoltReadOnly.
+	// ErrReadOnly: a write on a store opened with OpenReadOnly.
 	ErrReadOnly = errors.New("ledger: opened read-only")
 
-	// ErrExists: InitBolt found a file at the path.
+	// ErrExists: Init found a file at the path.
 	ErrExists = errors.New("a file already exists")
 )
 
@@ -248,13 +249,13 @@ func isDamagePanic(r any) bool {
 // goroutine, under guard, so a damaged page is an error and not a crash)
 // and then runs bbolt's own consistency check (Tx.Check). It returns at
 // most limit problems.
-func deepCheck(path string, db *bolt.DB, limit int) []error {
+func deepCheck(path string, db *bbolt.DB, limit int) []error {
 	var problems []error
 	err := guard(path, func() error {
-		return db.View(func(tx *bolt.Tx) error {
+		return db.View(func(tx *bbolt.Tx) error {
 			var sum byte
-			var walk func(b *bolt.Bucket, depth int) error
-			walk = func(b *bolt.Bucket, depth int) error {
+			var walk func(b *bbolt.Bucket, depth int) error
+			walk = func(b *bbolt.Bucket, depth int) error {
 				return b.ForEach(func(k, v []byte) error {
 					sum ^= touch(k)
 					if v == nil && depth < 8 {
@@ -267,7 +268,7 @@ func deepCheck(path string, db *bolt.DB, limit int) []error {
 					return nil
 				})
 			}
-			err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			err := tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
 				return walk(b, 0)
 			})
 			runtime.KeepAlive(sum) // the reads above must happen
@@ -277,7 +278,7 @@ func deepCheck(path string, db *bolt.DB, limit int) []error {
 	if err != nil {
 		return []error{err}
 	}
-	err = db.View(func(tx *bolt.Tx) error {
+	err = db.View(func(tx *bbolt.Tx) error {
 		for e := range tx.Check() {
 			if len(problems) < limit {
 				problems = append(problems, damagedError(path, e.Error()))
@@ -317,16 +318,16 @@ const maxProblems = 50
 // opened file are in the report.
 func Check(path string) (CheckReport, error) {
 	var rep CheckReport
-	s, err := openBolt(path, Options{}, openReadOnly, false, false) // deepCheck below reports every problem
+	s, err := open(path, ledger.Options{}, openReadOnly, false, false) // deepCheck below reports every problem
 	if err != nil {
 		return rep, err
 	}
 	defer s.Close()
-	db, err := s.h.acquire()
+	db, err := s.be.h.acquire()
 	if err != nil {
 		return rep, err
 	}
-	defer s.h.release()
+	defer s.be.h.release()
 	rep.Problems = deepCheck(path, db, maxProblems)
 	if len(rep.Problems) > 0 {
 		return rep, nil
@@ -337,10 +338,10 @@ func Check(path string) (CheckReport, error) {
 		}
 	}
 	err = guard(path, func() error {
-		return db.View(func(tx *bolt.Tx) error {
+		return db.View(func(tx *bbolt.Tx) error {
 			if b := tx.Bucket(bucketRecords); b != nil {
 				b.ForEach(func(k, v []byte) error {
-					var r Record
+					var r ledger.Record
 					if err := json.Unmarshal(v, &r); err != nil {
 						add(damagedError(path, fmt.Sprintf("record %q cannot be decoded: %v", strings.ReplaceAll(string(k), "\x00", "/"), err)))
 					} else {
@@ -351,7 +352,7 @@ func Check(path string) (CheckReport, error) {
 			}
 			if b := tx.Bucket(bucketAudit); b != nil {
 				b.ForEach(func(k, v []byte) error {
-					var e AuditEntry
+					var e ledger.AuditEntry
 					if err := json.Unmarshal(v, &e); err != nil {
 						add(damagedError(path, fmt.Sprintf("audit entry %x cannot be decoded: %v", k, err)))
 					} else {

@@ -1,17 +1,19 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"errors"
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 	"path/filepath"
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
-func clockOpts(clock *fakeClock) Options {
-	o := contractOpts() // Retention 1h, TombstoneRetention 24h, ApprovalTTL 2h
+func clockOpts(clock *fakeClock) ledger.Options {
+	o := ledgertest.Opts() // Retention 1h, TombstoneRetention 24h, ApprovalTTL 2h
 	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	return o
 }
@@ -29,7 +31,7 @@ func TestClockJumpForwardDoesNotFreeKeys(t *testing.T) {
 	s := mustOpenPath(t, path, o)
 	ap := &applier{}
 	c := newClaim("t1", "create_order", "fp-1")
-	if d, err := s.Execute(ctx, c, ap.succeed(`{}`)); err != nil || d.Kind != DecisionExecuted {
+	if d, err := s.Execute(ctx, c, ap.succeed(`{}`)); err != nil || d.Kind != ledger.DecisionExecuted {
 		t.Fatalf("first run: %v %v", d.Kind, err)
 	}
 	clock.Advance(time.Minute)
@@ -45,7 +47,7 @@ func TestClockJumpForwardDoesNotFreeKeys(t *testing.T) {
 	if rec, err := s.Get(ctx, "t1", c.Key); err != nil || !rec.Tombstone {
 		t.Fatalf("after the jump: %v %v, want the tombstone kept", rec, err)
 	}
-	if d, err := s.Execute(ctx, c, ap.succeed(`{}`)); err != nil || d.Kind != DecisionExpired {
+	if d, err := s.Execute(ctx, c, ap.succeed(`{}`)); err != nil || d.Kind != ledger.DecisionExpired {
 		t.Fatalf("a late retry after the jump: %v %v, want key_expired", d.Kind, err)
 	}
 	if ap.n() != 1 {
@@ -67,7 +69,7 @@ func TestClockJumpForwardDoesNotFreeKeys(t *testing.T) {
 	if _, deleted, err := s.Sweep(ctx); err != nil || deleted != 1 {
 		t.Fatalf("Sweep once 25h really passed: deleted %d, %v; want 1", deleted, err)
 	}
-	if _, err := s.Get(ctx, "t1", c.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Get(ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("Get after deletion: %v, want ErrNotFound", err)
 	}
 }
@@ -103,9 +105,9 @@ func TestClockBackwardDoesNotExtendApprovals(t *testing.T) {
 	s := mustOpen(t, clockOpts(clock))
 	held := newClaim("t1", "cancel_order", "fp-held")
 	held.RequireApproval = true
-	held.Proposal = &Approval{Reason: "policy", Rule: "always"}
+	held.Proposal = &ledger.Approval{Reason: "policy", Rule: "always"}
 	d, err := s.Execute(ctx, held, (&applier{}).succeed(`{}`))
-	if err != nil || d.Kind != DecisionApprovalRequested {
+	if err != nil || d.Kind != ledger.DecisionApprovalRequested {
 		t.Fatalf("held claim: %v %v", d.Kind, err)
 	}
 	approvalID := d.Record.Approval.ID
@@ -116,12 +118,12 @@ func TestClockBackwardDoesNotExtendApprovals(t *testing.T) {
 	}
 	clock.Jump(-3 * time.Hour) // the wall clock is set back to when the approval was asked
 
-	if rec, err := s.Get(ctx, "t1", held.Key); err != nil || rec.State != StateRejected {
+	if rec, err := s.Get(ctx, "t1", held.Key); err != nil || rec.State != ledger.StateRejected {
 		t.Errorf("Get after the clock went back: %v %v, want rejected (approval expired)", rec, err)
 	}
 	ap := &applier{}
-	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: approvalID, Approve: true}, ap.succeed(`{}`))
-	if !errors.Is(err, ErrApprovalExpired) || ap.n() != 0 {
+	_, err = s.Decide(ctx, ledger.DecideRequest{Approver: ledger.Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: approvalID, Approve: true}, ap.succeed(`{}`))
+	if !errors.Is(err, ledger.ErrApprovalExpired) || ap.n() != 0 {
 		t.Fatalf("approving after the clock went back: %v (ran %d), want ErrApprovalExpired and nothing run", err, ap.n())
 	}
 }
@@ -145,13 +147,13 @@ func TestStatsKeyReuseIsNotADuplicate(t *testing.T) {
 	}
 	c.Fingerprint = "fp-2"
 	d2, err := s.Execute(ctx, c, (&applier{}).succeed(`{}`))
-	if err != nil || d2.Kind != DecisionExecuted {
+	if err != nil || d2.Kind != ledger.DecisionExecuted {
 		t.Fatalf("reuse: %v %v", d2.Kind, err)
 	}
 	if d1.Record.Incarnation == "" || d1.Record.Incarnation == d2.Record.Incarnation {
 		t.Errorf("incarnations %q and %q, want two different ones", d1.Record.Incarnation, d2.Record.Incarnation)
 	}
-	st, err := ComputeStats(ctx, s, "")
+	st, err := ledger.ComputeStats(ctx, s, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,28 +173,28 @@ func TestIncarnationStableAcrossReruns(t *testing.T) {
 	s := mustOpen(t, o)
 	c := newClaim("t1", "create_order", "fp-1")
 	d, err := s.Claim(ctx, c)
-	if err != nil || d.Kind != DecisionClaimed || d.Record.Incarnation == "" {
+	if err != nil || d.Kind != ledger.DecisionClaimed || d.Record.Incarnation == "" {
 		t.Fatalf("claim: %v %v %q", d.Kind, err, d.Record.Incarnation)
 	}
 	first := d.Record.Incarnation
 	clock.Advance(o.Lease) // the lease expires into retryable
 	d, err = s.Claim(ctx, c)
-	if err != nil || d.Kind != DecisionClaimed || d.Record.Attempts != 2 || d.Record.Incarnation != first {
+	if err != nil || d.Kind != ledger.DecisionClaimed || d.Record.Attempts != 2 || d.Record.Incarnation != first {
 		t.Fatalf("re-run: %v %v attempts %d incarnation %q, want the first's %q", d.Kind, err, d.Record.Attempts, d.Record.Incarnation, first)
 	}
 
 	held := newClaim("t1", "cancel_order", "fp-held")
 	held.RequireApproval = true
-	held.Proposal = &Approval{Reason: "policy", Rule: "always"}
+	held.Proposal = &ledger.Approval{Reason: "policy", Rule: "always"}
 	hd, err := s.Execute(ctx, held, (&applier{}).succeed(`{}`))
 	if err != nil || hd.Record.Incarnation == "" {
 		t.Fatalf("held: %v %q", err, hd.Record.Incarnation)
 	}
 	var ranWith string
-	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: hd.Record.Approval.ID, Approve: true},
-		func(tx Tx, rec *Record) (Outcome, error) {
+	_, err = s.Decide(ctx, ledger.DecideRequest{Approver: ledger.Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: hd.Record.Approval.ID, Approve: true},
+		func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 			ranWith = rec.Incarnation
-			return Outcome{State: StateSucceeded}, nil
+			return ledger.Outcome{State: ledger.StateSucceeded}, nil
 		})
 	if err != nil || ranWith != hd.Record.Incarnation {
 		t.Fatalf("approved run: %v, incarnation %q, want %q", err, ranWith, hd.Record.Incarnation)
@@ -211,7 +213,7 @@ func TestLegacyRecordKeepsNoIncarnation(t *testing.T) {
 	if _, err := s.Claim(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.update(func(tx *bolt.Tx) error { // as an older build wrote it
+	if err := s.update(func(tx *bbolt.Tx) error { // as an older build wrote it
 		rec, err := getRecord(tx, "t1", c.Key)
 		if err != nil {
 			return err
@@ -223,7 +225,7 @@ func TestLegacyRecordKeepsNoIncarnation(t *testing.T) {
 	}
 	clock.Advance(o.Lease)
 	d, err := s.Claim(ctx, c)
-	if err != nil || d.Kind != DecisionClaimed || d.Record.Incarnation != "" {
+	if err != nil || d.Kind != ledger.DecisionClaimed || d.Record.Incarnation != "" {
 		t.Fatalf("re-run of a legacy record: %v %v incarnation %q, want none", d.Kind, err, d.Record.Incarnation)
 	}
 }

@@ -1,10 +1,12 @@
-package ledger
+package bolt
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,20 +14,31 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 func TestBoltContract(t *testing.T) {
-	runStoreContract(t, func(t *testing.T, o Options) Store { return mustOpen(t, o) })
+	ledgertest.Run(t, func(t *testing.T, o ledger.Options) ledger.Store { return mustOpen(t, o) })
+}
+
+// TestBoltBackend runs the backend-level checks on a bbolt file.
+func TestBoltBackend(t *testing.T) {
+	ledgertest.RunBackend(t, func(t *testing.T) ledger.Backend {
+		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return be
+	})
 }
 
 // rawUpdate runs fn on the closed ledger file with bbolt directly, as an
 // attacker or an old tool would.
-func rawUpdate(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
+func rawUpdate(t *testing.T, path string, fn func(tx *bbolt.Tx) error) {
 	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
-		t.Fatalf("raw bolt.Open: %v", err)
+		t.Fatalf("raw bbolt.Open: %v", err)
 	}
 	defer db.Close()
 	if err := db.Update(fn); err != nil {
@@ -34,11 +47,11 @@ func rawUpdate(t *testing.T, path string, fn func(tx *bolt.Tx) error) {
 }
 
 // TestBoltDurableAcrossReopen: everything a store wrote is there after
-// Close and OpenBolt, and behaves the same.
+// Close and Open, and behaves the same.
 func TestBoltDurableAcrossReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	clock := newFakeClock()
-	o := contractOpts()
+	o := ledgertest.Opts()
 	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	ctx := context.Background()
 	ap := &applier{}
@@ -50,21 +63,21 @@ func TestBoltDurableAcrossReopen(t *testing.T) {
 	held.SuspectDuplicates = true
 	issued := newClaim("t1", "create_order", "fp-3")
 
-	if d, err := s.Execute(ctx, done, ap.succeed(resultOrder)); err != nil || d.Kind != DecisionExecuted {
+	if d, err := s.Execute(ctx, done, ap.succeed(ledgertest.ResultOrder)); err != nil || d.Kind != ledger.DecisionExecuted {
 		t.Fatalf("Execute = %q, %v", d.Kind, err)
 	}
 	cd, err := s.Claim(ctx, claimed)
-	if err != nil || cd.Kind != DecisionClaimed {
+	if err != nil || cd.Kind != ledger.DecisionClaimed {
 		t.Fatalf("Claim = %q, %v", cd.Kind, err)
 	}
 	hd, err := s.Execute(ctx, held, ap.succeed(`{}`))
-	if err != nil || hd.Kind != DecisionSuspectedDuplicate {
+	if err != nil || hd.Kind != ledger.DecisionSuspectedDuplicate {
 		t.Fatalf("suspect = %q, %v", hd.Kind, err)
 	}
 	if err := s.IssueKey(ctx, "t1", issued.Key); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Update(ctx, func(tx Tx) error { return tx.Put("orders", "ord_1", []byte(`{"v":1}`)) }); err != nil {
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return tx.Put("orders", "ord_1", []byte(`{"v":1}`)) }); err != nil {
 		t.Fatal(err)
 	}
 	before := map[string]string{}
@@ -88,13 +101,13 @@ func TestBoltDurableAcrossReopen(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		c    Claim
-		want DecisionKind
+		c    ledger.Claim
+		want ledger.DecisionKind
 	}{
-		{"finished_replays", done, DecisionReplay},
-		{"claimed_is_busy", claimed, DecisionBusy},
-		{"held_stays_held", held, DecisionHeld},
-		{"issued_key_usable", issued, DecisionExecuted},
+		{"finished_replays", done, ledger.DecisionReplay},
+		{"claimed_is_busy", claimed, ledger.DecisionBusy},
+		{"held_stays_held", held, ledger.DecisionHeld},
+		{"issued_key_usable", issued, ledger.DecisionExecuted},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,18 +115,18 @@ func TestBoltDurableAcrossReopen(t *testing.T) {
 			if err != nil || d.Kind != tc.want {
 				t.Fatalf("Execute = %q, %v; want %q", d.Kind, err, tc.want)
 			}
-			if tc.want == DecisionReplay && string(d.Record.Result) != resultOrder {
+			if tc.want == ledger.DecisionReplay && string(d.Record.Result) != ledgertest.ResultOrder {
 				t.Errorf("Result after reopen = %s", d.Record.Result)
 			}
-			if tc.want == DecisionHeld && d.Record.Approval.ID != hd.Record.Approval.ID {
+			if tc.want == ledger.DecisionHeld && d.Record.Approval.ID != hd.Record.Approval.ID {
 				t.Errorf("approval id changed across reopen")
 			}
 		})
 	}
-	if _, err := s.Complete(ctx, claimed.Actor, claimed.Key, cd.Record.Generation, Outcome{State: StateSucceeded}); err != nil {
+	if _, err := s.Complete(ctx, claimed.Actor, claimed.Key, cd.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded}); err != nil {
 		t.Errorf("Complete by the pre-reopen owner's generation: %v", err)
 	}
-	if err := s.View(ctx, func(tx Tx) error {
+	if err := s.View(ctx, func(tx ledger.Tx) error {
 		v, err := tx.Get("orders", "ord_1")
 		if err == nil && string(v) != `{"v":1}` {
 			err = fmt.Errorf("collection value after reopen = %q", v)
@@ -135,16 +148,16 @@ func TestBoltDurableAcrossReopen(t *testing.T) {
 func TestBoltReplayAuditedAcrossClose(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	ctx := context.Background()
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	c := newClaim("t1", "create_order", "fp-1")
 	ap := &applier{}
-	if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+	if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
 	bad := c
 	bad.Fingerprint = "fp-other"
-	for _, cl := range []Claim{c, c, bad} {
-		if _, err := s.Execute(ctx, cl, ap.succeed(resultOrder)); err != nil {
+	for _, cl := range []ledger.Claim{c, c, bad} {
+		if _, err := s.Execute(ctx, cl, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -152,7 +165,7 @@ func TestBoltReplayAuditedAcrossClose(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = mustOpenPath(t, path, Options{})
+	s = mustOpenPath(t, path, ledger.Options{})
 	entries, err := s.AuditLog(ctx, 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -176,20 +189,20 @@ func TestBoltReplayAuditedAcrossClose(t *testing.T) {
 func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	ctx := context.Background()
-	s := mustOpenPath(t, path, Options{})
+	s := mustOpenPath(t, path, ledger.Options{})
 	c := newClaim("t1", "create_order", "fp-1")
 	ap := &applier{}
 	for range 2 {
-		if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+		if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		n := 0
-		if err := s.view(func(tx *bolt.Tx) error {
+		if err := s.view(func(tx *bbolt.Tx) error {
 			return tx.Bucket(bucketAudit).ForEach(func(_, v []byte) error {
-				var e AuditEntry
+				var e ledger.AuditEntry
 				if err := json.Unmarshal(v, &e); err != nil {
 					return err
 				}
@@ -216,43 +229,43 @@ func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
 func TestBoltAuditTamper(t *testing.T) {
 	cases := []struct {
 		name   string
-		tamper func(b *bolt.Bucket) error
+		tamper func(b *bbolt.Bucket) error
 		want   string
 	}{
-		{"edit_field", func(b *bolt.Bucket) error {
+		{"edit_field", func(b *bbolt.Bucket) error {
 			return editEntry(b, 2, func(m map[string]any) { m["decision"] = "executed_by_nobody" })
 		}, "audit entry 2:"},
-		{"edit_state", func(b *bolt.Bucket) error {
+		{"edit_state", func(b *bbolt.Bucket) error {
 			return editEntry(b, 3, func(m map[string]any) { m["state_after"] = "failed" })
 		}, "audit entry 3:"},
-		{"edit_and_rehash", func(b *bolt.Bucket) error {
-			var e AuditEntry
+		{"edit_and_rehash", func(b *bbolt.Bucket) error {
+			var e ledger.AuditEntry
 			if err := json.Unmarshal(b.Get(be64(2)), &e); err != nil {
 				return err
 			}
 			e.Decision = "forged"
-			if err := e.chain(e.PrevHash); err != nil { // a consistent hash of its own …
+			if err := chain(&e, e.PrevHash); err != nil { // a consistent hash of its own …
 				return err
 			}
 			v, _ := json.Marshal(e)
 			return b.Put(be64(2), v) // … breaks the link from entry 3
 		}, "audit entry 3:"},
-		{"delete_middle", func(b *bolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
-		{"move_entry", func(b *bolt.Bucket) error {
+		{"delete_middle", func(b *bbolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
+		{"move_entry", func(b *bbolt.Bucket) error {
 			v := b.Get(be64(2))
 			return b.Put(be64(3), append([]byte(nil), v...))
 		}, "stored under sequence 3"},
-		{"not_json", func(b *bolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
+		{"not_json", func(b *bbolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "ledger.db")
 			ctx := context.Background()
-			s := mustOpenPath(t, path, Options{})
+			s := mustOpenPath(t, path, ledger.Options{})
 			ap := &applier{}
 			for i := range 3 {
 				c := newClaim("t1", "create_order", fmt.Sprintf("fp-%d", i))
-				if _, err := s.Execute(ctx, c, ap.succeed(resultOrder)); err != nil {
+				if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -263,9 +276,9 @@ func TestBoltAuditTamper(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			rawUpdate(t, path, func(tx *bolt.Tx) error { return tc.tamper(tx.Bucket(bucketAudit)) })
+			rawUpdate(t, path, func(tx *bbolt.Tx) error { return tc.tamper(tx.Bucket(bucketAudit)) })
 
-			s = mustOpenPath(t, path, Options{})
+			s = mustOpenPath(t, path, ledger.Options{})
 			n, err = s.VerifyAudit(ctx)
 			if err == nil {
 				t.Fatalf("VerifyAudit after tampering passed (%d entries)", n)
@@ -279,7 +292,7 @@ func TestBoltAuditTamper(t *testing.T) {
 
 // editEntry rewrites audit entry seq through a generic map, keeping its
 // stored hash, as a hand edit of the file would.
-func editEntry(b *bolt.Bucket, seq uint64, edit func(map[string]any)) error {
+func editEntry(b *bbolt.Bucket, seq uint64, edit func(map[string]any)) error {
 	var m map[string]any
 	if err := json.Unmarshal(b.Get(be64(seq)), &m); err != nil {
 		return err
@@ -294,36 +307,36 @@ func editEntry(b *bolt.Bucket, seq uint64, edit func(map[string]any)) error {
 
 func TestBoltOpenErrors(t *testing.T) {
 	t.Run("missing_directory", func(t *testing.T) {
-		s, err := OpenBolt(filepath.Join(t.TempDir(), "no", "such", "dir", "ledger.db"), Options{})
+		s, err := Open(filepath.Join(t.TempDir(), "no", "such", "dir", "ledger.db"), ledger.Options{})
 		if err == nil {
 			s.Close()
-			t.Fatal("OpenBolt in a missing directory succeeded")
+			t.Fatal("Open in a missing directory succeeded")
 		}
 	})
 	for _, version := range []string{"2", "999", "not-a-number"} {
 		t.Run("schema_"+version, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "ledger.db")
-			s := mustOpenPath(t, path, Options{})
+			s := mustOpenPath(t, path, ledger.Options{})
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			rawUpdate(t, path, func(tx *bolt.Tx) error {
+			rawUpdate(t, path, func(tx *bbolt.Tx) error {
 				return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(version))
 			})
-			s2, err := OpenBolt(path, Options{})
-			if !errors.Is(err, ErrSchemaVersion) {
+			s2, err := Open(path, ledger.Options{})
+			if !errors.Is(err, ledger.ErrSchemaVersion) {
 				if s2 != nil {
 					s2.Close()
 				}
-				t.Fatalf("OpenBolt of schema %q: err = %v, want ErrSchemaVersion", version, err)
+				t.Fatalf("Open of schema %q: err = %v, want ErrSchemaVersion", version, err)
 			}
 		})
 	}
 	t.Run("current_schema_reopens", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "ledger.db")
-		s := mustOpenPath(t, path, Options{})
+		s := mustOpenPath(t, path, ledger.Options{})
 		s.Close()
-		mustOpenPath(t, path, Options{})
+		mustOpenPath(t, path, ledger.Options{})
 	})
 }
 
@@ -335,7 +348,7 @@ func TestBoltOpenErrors(t *testing.T) {
 func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	clock := newFakeClock()
-	o := contractOpts()
+	o := ledgertest.Opts()
 	o.Now, o.Elapsed = clock.Now, clock.Elapsed
 	o.RequireIssuedKeys = true
 	ctx := context.Background()
@@ -344,7 +357,7 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 	if err := s.IssueKey(ctx, "t1", c.Key); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := s.Execute(ctx, c, (&applier{}).succeed(`{}`)); err != nil || d.Kind != DecisionExecuted {
+	if d, err := s.Execute(ctx, c, (&applier{}).succeed(`{}`)); err != nil || d.Kind != ledger.DecisionExecuted {
 		t.Fatalf("Execute = %q, %v", d.Kind, err)
 	}
 	clock.Advance(o.Retention)
@@ -352,7 +365,7 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 		t.Fatalf("Sweep = %d compacted, %v; want 1", n, err)
 	}
 	var issuedLeft bool
-	if err := s.view(func(tx *bolt.Tx) error {
+	if err := s.view(func(tx *bbolt.Tx) error {
 		issuedLeft = tx.Bucket(bucketIssued).Get(recordKey("t1", c.Key)) != nil
 		return nil
 	}); err != nil {
@@ -368,14 +381,14 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 // goroutines with the same claim, one effect.
 func TestBoltTwoStoresOneFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	stores := []*BoltStore{mustOpenPath(t, path, Options{}), mustOpenPath(t, path, Options{})}
+	stores := []*File{mustOpenPath(t, path, ledger.Options{}), mustOpenPath(t, path, ledger.Options{})}
 	ctx := context.Background()
 	c := newClaim("t1", "create_order", "fp-1")
 	ap := &applier{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	var mu sync.Mutex
-	kinds := map[DecisionKind]int{}
+	kinds := map[ledger.DecisionKind]int{}
 	for i := range 32 {
 		wg.Go(func() {
 			<-start
@@ -391,7 +404,7 @@ func TestBoltTwoStoresOneFile(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if kinds[DecisionExecuted] != 1 || kinds[DecisionReplay] != 31 {
+	if kinds[ledger.DecisionExecuted] != 1 || kinds[ledger.DecisionReplay] != 31 {
 		t.Errorf("decisions = %v, want 1 executed and 31 replays", kinds)
 	}
 	for i, s := range stores {
@@ -413,7 +426,7 @@ func TestBoltTwoStoresOneFile(t *testing.T) {
 func TestBoltLockFilesBesideLedger(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ledger.db")
-	mustOpenPath(t, path, Options{})
+	mustOpenPath(t, path, ledger.Options{})
 	for _, suffix := range []string{".lock", ".wait"} {
 		if _, err := os.Stat(path + suffix); err != nil {
 			t.Errorf("lock file %s: %v", path+suffix, err)
@@ -426,28 +439,28 @@ func TestBoltLockFilesBesideLedger(t *testing.T) {
 // approval, so it can no longer be used to send the request again.
 func TestSettleSupersedesPendingApproval(t *testing.T) {
 	ctx := context.Background()
-	s := mustOpen(t, Options{})
-	a := Actor{Tenant: "t1", Principal: "agent"}
-	d, err := s.Claim(ctx, Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1", OnLeaseExpiry: StateUnknown})
-	if err != nil || d.Kind != DecisionClaimed {
+	s := mustOpen(t, ledger.Options{})
+	a := ledger.Actor{Tenant: "t1", Principal: "agent"}
+	d, err := s.Claim(ctx, ledger.Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1", OnLeaseExpiry: ledger.StateUnknown})
+	if err != nil || d.Kind != ledger.DecisionClaimed {
 		t.Fatalf("Claim = %v, %v", d.Kind, err)
 	}
-	if _, err := s.Complete(ctx, a, "k1", d.Record.Generation, Outcome{State: StateUnknown}); err != nil {
+	if _, err := s.Complete(ctx, a, "k1", d.Record.Generation, ledger.Outcome{State: ledger.StateUnknown}); err != nil {
 		t.Fatal(err)
 	}
-	held, err := s.Settle(ctx, SettleRequest{Actor: a, Key: "k1", From: []State{StateUnknown}, Outcome: Outcome{State: StateAwaitingApproval}, Why: "absent"})
-	if err != nil || held.Approval == nil || held.Approval.Status != ApprovalPending {
+	held, err := s.Settle(ctx, ledger.SettleRequest{Actor: a, Key: "k1", From: []ledger.State{ledger.StateUnknown}, Outcome: ledger.Outcome{State: ledger.StateAwaitingApproval}, Why: "absent"})
+	if err != nil || held.Approval == nil || held.Approval.Status != ledger.ApprovalPending {
 		t.Fatalf("Settle to awaiting_approval = %+v, %v", held, err)
 	}
-	done, err := s.Settle(ctx, SettleRequest{Actor: a, Key: "k1", From: []State{StateAwaitingApproval}, Outcome: Outcome{State: StateSucceeded, Result: []byte(`{"order":{"order_id":"o1"}}`)}, Why: "late answer"})
-	if err != nil || done.State != StateSucceeded || done.Approval.Status != ApprovalSuperseded {
+	done, err := s.Settle(ctx, ledger.SettleRequest{Actor: a, Key: "k1", From: []ledger.State{ledger.StateAwaitingApproval}, Outcome: ledger.Outcome{State: ledger.StateSucceeded, Result: []byte(`{"order":{"order_id":"o1"}}`)}, Why: "late answer"})
+	if err != nil || done.State != ledger.StateSucceeded || done.Approval.Status != ledger.ApprovalSuperseded {
 		t.Fatalf("late Settle = %+v, %v; want succeeded with the approval superseded", done, err)
 	}
 	if pending, err := s.PendingApprovals(ctx, "t1", "", 10); err != nil || len(pending) != 0 {
 		t.Errorf("pending approvals after the settle = %d, %v; want none", len(pending), err)
 	}
-	_, err = s.Decide(ctx, DecideRequest{Approver: Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: held.Approval.ID, Approve: true}, nil)
-	if !errors.Is(err, ErrAlreadyDecided) {
+	_, err = s.Decide(ctx, ledger.DecideRequest{Approver: ledger.Actor{Tenant: "t1", Principal: "boss", Role: "approver"}, ApprovalID: held.Approval.ID, Approve: true}, nil)
+	if !errors.Is(err, ledger.ErrAlreadyDecided) {
 		t.Errorf("Decide on the superseded approval: %v, want ErrAlreadyDecided", err)
 	}
 }
@@ -456,21 +469,21 @@ func TestSettleSupersedesPendingApproval(t *testing.T) {
 // in order, whatever the page size.
 func TestOpenRecordsPages(t *testing.T) {
 	ctx := context.Background()
-	s := mustOpen(t, Options{})
-	a := Actor{Tenant: "t1", Principal: "agent"}
+	s := mustOpen(t, ledger.Options{})
+	a := ledger.Actor{Tenant: "t1", Principal: "agent"}
 	for _, k := range []string{"k1", "k2", "k3", "k4", "k5"} {
-		d, err := s.Claim(ctx, Claim{Actor: a, Key: k, Tool: "create_order", Fingerprint: "f-" + k, OnLeaseExpiry: StateUnknown})
+		d, err := s.Claim(ctx, ledger.Claim{Actor: a, Key: k, Tool: "create_order", Fingerprint: "f-" + k, OnLeaseExpiry: ledger.StateUnknown})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Complete(ctx, a, k, d.Record.Generation, Outcome{State: StateUnknown}); err != nil {
+		if _, err := s.Complete(ctx, a, k, d.Record.Generation, ledger.Outcome{State: ledger.StateUnknown}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var seen []string
 	after := ""
 	for page := 0; page < 10; page++ {
-		recs, err := s.OpenRecords(ctx, StateUnknown, after, 2)
+		recs, err := s.OpenRecords(ctx, ledger.StateUnknown, after, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -492,30 +505,30 @@ func TestOpenRecordsPages(t *testing.T) {
 func TestNewerResultFormatIsRefused(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	s, err := OpenBolt(path, Options{})
+	s, err := Open(path, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := Actor{Tenant: "t1", Principal: "p"}
-	c := Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1"}
-	apply := func(tx Tx, rec *Record) (Outcome, error) {
-		return Outcome{State: StateSucceeded, Result: []byte(`{"order":{}}`)}, nil
+	a := ledger.Actor{Tenant: "t1", Principal: "p"}
+	c := ledger.Claim{Actor: a, Key: "k1", Tool: "create_order", Fingerprint: "f1"}
+	apply := func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		return ledger.Outcome{State: ledger.StateSucceeded, Result: []byte(`{"order":{}}`)}, nil
 	}
 	if _, err := s.Execute(ctx, c, apply); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	db, err := bolt.Open(path, 0o600, nil)
+	db, err := bbolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketRecords)
 		var rec map[string]any
 		if err := json.Unmarshal(b.Get(recordKey("t1", "k1")), &rec); err != nil {
 			return err
 		}
-		rec["result_format"] = ResultFormat + 1
+		rec["result_format"] = ledger.ResultFormat + 1
 		v, _ := json.Marshal(rec)
 		return b.Put(recordKey("t1", "k1"), v)
 	})
@@ -523,11 +536,11 @@ func TestNewerResultFormatIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s = mustOpenPath(t, path, Options{})
-	if _, err := s.Execute(ctx, c, apply); !errors.Is(err, ErrSchemaVersion) {
+	s = mustOpenPath(t, path, ledger.Options{})
+	if _, err := s.Execute(ctx, c, apply); !errors.Is(err, ledger.ErrSchemaVersion) {
 		t.Errorf("replay of a newer-format record: %v, want ErrSchemaVersion", err)
 	}
-	if _, err := s.Get(ctx, "t1", "k1"); !errors.Is(err, ErrSchemaVersion) {
+	if _, err := s.Get(ctx, "t1", "k1"); !errors.Is(err, ledger.ErrSchemaVersion) {
 		t.Errorf("Get of a newer-format record: %v, want ErrSchemaVersion", err)
 	}
 }

@@ -1,0 +1,138 @@
+package ledger
+
+import "context"
+
+// Backend is the storage a ledger runs on: named, ordered key-value
+// collections read and written in transactions. The ledger's rules
+// (claim, decide, settle, fencing, leases, retention, the audit chain) are
+// written once, in this package, over it; a backend only stores bytes.
+// See the package documentation ("Backends") for what a backend must
+// guarantee, and ledgertest.Run for the suite every backend must pass.
+type Backend interface {
+	// Update runs fn in a read-write transaction and commits it when fn
+	// returns nil; when fn returns an error or panics, none of its writes
+	// happen (the panic is raised again in the caller). Update transactions
+	// are serializable: each sees the effects of every Update committed
+	// before it and none of a concurrent one. A backend may run several
+	// callers' functions in one physical transaction (group commit) and
+	// may then run fn again, alone, when another member failed: fn must
+	// reset whatever it reports at its start. When Update returns nil the
+	// writes are durable.
+	Update(ctx context.Context, fn func(BTx) error) error
+	// View runs fn in a read-only transaction that sees one consistent
+	// state: every Update committed before it began, nothing of a later
+	// or concurrent one. fn must not write.
+	View(ctx context.Context, fn func(BTx) error) error
+	// ReadOnly reports whether every Update fails (a backend opened for
+	// reading only). The ledger then drops the audit entries of reads
+	// instead of buffering them.
+	ReadOnly() bool
+	// Close releases the backend. The ledger calls it once, last; after
+	// it, Update and View return ErrClosed.
+	Close() error
+}
+
+// BTx is one backend transaction. Its values are valid only until the
+// transaction ends.
+type BTx interface {
+	// Bucket returns the ledger collection name (one of Collections), or
+	// nil when it does not exist (only an old file opened read-only may
+	// lack a collection; a writable backend creates them all).
+	Bucket(name []byte) Bucket
+	// Data returns the downstream collection name (the collections the
+	// embedded order store and the outbox write through Tx), creating it
+	// when create is true; without create it returns nil for a collection
+	// never written.
+	Data(name string, create bool) (Bucket, error)
+}
+
+// Bucket is an ordered collection of keys and values. Keys are non-empty
+// byte strings ordered bytewise. Get returns nil for a missing key and a
+// non-nil slice (possibly empty) for a present one. Put and Delete fail in
+// a View. The ledger does not change a slice after passing it to Put, so
+// a backend may keep it until the transaction ends (as bbolt does); one
+// that keeps it longer must copy it.
+type Bucket interface {
+	Get(key []byte) []byte
+	Put(key, value []byte) error
+	Delete(key []byte) error
+	// Cursor walks the keys in order. The ledger never writes to a
+	// bucket while it walks that bucket (it collects, then writes); it
+	// may write to other buckets during a walk.
+	Cursor() Cursor
+}
+
+// Cursor is a position in a Bucket. Every method returns the key and value
+// it moved to, or nil, nil past either end.
+type Cursor interface {
+	First() (key, value []byte)
+	Last() (key, value []byte)
+	// Seek moves to the first key >= seek.
+	Seek(seek []byte) (key, value []byte)
+	Next() (key, value []byte)
+	Prev() (key, value []byte)
+}
+
+// The ledger's collections and meta keys, with their key layout: all of
+// them are here. A backend creates every collection (Bucket never returns
+// nil for a writable backend); their contents are the ledger's business.
+var (
+	bucketMeta       = []byte("meta")              // audit_indexed, clock_high_water, clock_trusted (and the backend's own keys)
+	bucketRecords    = []byte("records")           // tenant \x00 key → Record JSON
+	bucketByTime     = []byte("by_time")           // first_seen (8 bytes BE ns) tenant \x00 key → ""
+	bucketExpiry     = []byte("expiry")            // due (8 bytes BE ns) action tenant \x00 key → action
+	bucketFPIndex    = []byte("fp_index")          // tenant \x00 fingerprint → fpEntry JSON (latest executed key)
+	bucketIssued     = []byte("issued")            // tenant \x00 key → issued_at (8 bytes BE ns)
+	bucketAudit      = []byte("audit")             // seq (8 bytes BE) → AuditEntry JSON
+	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
+	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
+	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
+	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → ""
+	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key
+	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
+	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time
+)
+
+// Collection names, for backends: every name Bucket is called with.
+var (
+	// MetaCollection is the collection a backend may keep its own keys in
+	// (schema version, identity), beside the ledger's clocks.
+	MetaCollection = string(bucketMeta)
+	// AuditCollection and RecordsCollection are the audit log and the
+	// records, for a backend's own consistency check.
+	AuditCollection   = string(bucketAudit)
+	RecordsCollection = string(bucketRecords)
+	// AuditByKeyCollection is the per-key audit index: a file written by a
+	// build before it may lack it, and a reader copes (AuditForKey scans).
+	AuditByKeyCollection = string(bucketAuditByKey)
+)
+
+// Collections lists every collection of the ledger.
+func Collections() []string {
+	var out []string
+	for _, b := range [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey} {
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// Upgrade brings a writable backend's collections up to this build at
+// open: it indexes audit entries written by a build without the per-key
+// audit index. Backends call it in an Update when they open.
+func Upgrade(tx BTx) error {
+	if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
+		return indexAudit(tx, beUint64(k))
+	}
+	return nil
+}
+
+// AuditUnindexed reports whether audit entries past the per-key index's
+// watermark exist (Upgrade would index them).
+func AuditUnindexed(tx BTx) bool {
+	b := tx.Bucket(bucketAudit)
+	if b == nil || tx.Bucket(bucketMeta) == nil {
+		return false
+	}
+	k, _ := b.Cursor().Last()
+	return len(k) == 8 && beUint64(k) > auditIndexed(tx)
+}

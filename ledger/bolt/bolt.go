@@ -1,0 +1,516 @@
+// Package bolt is the ledger's bbolt backend: one file, shared safely by
+// every process that opens it. It keeps the ledger's collections as bbolt
+// buckets (see schema.go), commits concurrent writers' transactions
+// together (group commit: one fsync for many claims), hands the file over
+// between processes under a lock file (handle, fileLock), and refuses
+// empty, foreign and damaged files with one actionable line. The rules
+// are in package ledger; this package stores bytes.
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"idemgate/ledger"
+)
+
+// File is a ledger kept in one bbolt file: the ledger's rules
+// (ledger.Ledger, which implements ledger.Store) over this package's
+// backend. Write transactions from concurrent goroutines are committed
+// together; reads never write, so a replay costs no fsync.
+type File struct {
+	*ledger.Ledger
+	be *backend
+}
+
+// backend implements ledger.Backend on a bbolt file.
+type backend struct {
+	h        *handle
+	path     string
+	readOnly bool
+
+	healthMu   sync.Mutex
+	lastCommit commitResult // the newest commit's outcome (see Health)
+	lastOK     time.Time    // when a commit last succeeded
+	probeAt    time.Time    // when Health last probed, and its outcome
+	probeErr   error
+
+	gcMu      sync.Mutex
+	gcQueue   []*gcJob
+	gcRunning bool
+}
+
+var (
+	_ ledger.Backend        = (*backend)(nil)
+	_ ledger.HealthReporter = (*backend)(nil)
+)
+
+// maxBatch bounds the claims committed in one transaction.
+const maxBatch = 256
+
+// Open opens the ledger file at path for reading and writing, creating
+// a new ledger only where no file exists (the parent directory must
+// exist). It refuses an empty file (ErrEmptyFile), a file that is not an
+// idemgate ledger (ErrNotLedger) and a damaged one (ErrDamaged), each with
+// one line naming the file and what to do. The file may be opened by
+// several processes at once; each sees every other's committed writes.
+func Open(path string, opts ledger.Options) (*File, error) {
+	return open(path, opts, openReadWrite, true, true)
+}
+
+// OpenExisting is Open for an existing ledger only: where no file
+// exists it returns ErrNoLedger and creates nothing (the commands that
+// change a ledger but should never start one: approvals, resolve, outbox).
+func OpenExisting(path string, opts ledger.Options) (*File, error) {
+	return open(path, opts, openReadWrite, false, true)
+}
+
+// OpenReadOnly opens an existing ledger for reading only: the file is
+// opened O_RDONLY and never written (it may be read-only, in a read-only
+// directory). Every write returns ErrReadOnly; audit entries of calls are
+// dropped.
+func OpenReadOnly(path string, opts ledger.Options) (*File, error) {
+	return open(path, opts, openReadOnly, false, true)
+}
+
+// Init creates a new, empty ledger at path. It never touches an
+// existing file: where one exists (even an empty one) it returns ErrExists.
+func Init(path string) error {
+	if _, err := os.Lstat(path); err == nil {
+		return &fileError{kind: ErrExists, path: path, todo: "idemgate init never overwrites a file; remove it first if it should be replaced"}
+	}
+	if err := createLedger(path); err != nil {
+		return err
+	}
+	s, err := Open(path, ledger.Options{})
+	if err != nil {
+		return err
+	}
+	return s.Close()
+}
+
+type openMode bool
+
+const (
+	openReadWrite openMode = false
+	openReadOnly  openMode = true
+)
+
+// open opens the store; deep runs the full page check at the first
+// open (files up to deepCheckLimit).
+func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool) (*File, error) {
+	be, err := openBackend(path, mode, mayCreate, deep)
+	if err != nil {
+		return nil, err
+	}
+	return &File{Ledger: ledger.New(be, opts), be: be}, nil
+}
+
+// openBackend opens the file as a ledger.Backend (open puts the ledger on
+// it).
+func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, error) {
+	if !mayCreate {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, noLedgerError(path) // before any lock file is created beside it
+		}
+	}
+	be := &backend{readOnly: mode == openReadOnly, path: path}
+	h, err := newHandle(path, be.readOnly, mayCreate, func(db *bbolt.DB, first bool) error { return openSchema(path, db, be.readOnly, first && deep) })
+	if err != nil {
+		return nil, err
+	}
+	be.h = h
+	// Open once now so a bad path, a foreign file or a newer schema fails
+	// here, not at the first tool call.
+	if _, err := h.acquire(); err != nil {
+		h.close()
+		return nil, err
+	}
+	h.release()
+	return be, nil
+}
+
+// deepCheckLimit bounds the file size for which the first open in a
+// process runs the full page check (deepCheck); bigger files get only the
+// cheap checks at open, and "idemgate check" on demand.
+const deepCheckLimit = 32 << 20
+
+// createLedger writes a new ledger beside path and links it into place,
+// so a ledger file either does not exist or is complete with its identity
+// (a crash half-way leaves only a temporary file). It returns ErrExists if
+// another process created path first.
+func createLedger(path string) error {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	tmp, err := os.CreateTemp(dir, "."+base+".new-*")
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	name := tmp.Name()
+	tmp.Close()
+	os.Remove(name) // bbolt initialises a file it creates itself
+	defer os.Remove(name)
+	db, err := bbolt.Open(name, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		m := tx.Bucket(bucketMeta)
+		if err := m.Put(keyMagic, []byte(ledgerMagic)); err != nil {
+			return err
+		}
+		if err := m.Put(keyCreatedAt, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+			return err
+		}
+		return m.Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	if err := os.Link(name, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ErrExists
+		}
+		return fmt.Errorf("ledger: create %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // the new name is durable
+		d.Close()
+	}
+	return nil
+}
+
+// openSchema runs at every open. It refuses a file that is not an idemgate
+// ledger and a file of a newer schema version, and checks that the file's
+// pages are sound: cheaply at every open (precheck ran before), and in
+// full (deepCheck) at the first open of a file up to deepCheckLimit. A
+// writable open adds the buckets of this build that the file lacks.
+//
+// A ledger is recognised by meta/magic, written when the file is created.
+// Files created before the magic existed (schema version 1) are recognised
+// by their exact shape: every top-level bucket is one of idemgate's, the
+// core buckets exist, and the meta bucket holds schema_version "1" and
+// nothing else. Anything else is another program's file, and nothing in it
+// is changed.
+func openSchema(path string, db *bbolt.DB, readOnly, first bool) error {
+	var (
+		version  []byte
+		magic    []byte
+		missing  []string
+		foreign  []string
+		metaKeys int
+		// unindexed: audit entries past the per-key index's watermark
+		// (written by a build before the index, or by one sharing the file).
+		unindexed bool
+	)
+	err := guard(path, func() error {
+		return db.View(func(tx *bbolt.Tx) error {
+			if b := tx.Bucket(bucketMeta); b != nil {
+				version = bytes.Clone(b.Get(keySchemaVersion))
+				magic = bytes.Clone(b.Get(keyMagic))
+				metaKeys = b.Stats().KeyN
+			}
+			for _, name := range allBuckets {
+				if tx.Bucket(name) == nil {
+					missing = append(missing, string(name))
+				}
+			}
+			unindexed = ledger.AuditUnindexed(btx{tx})
+			return tx.ForEach(func(name []byte, _ *bbolt.Bucket) error {
+				if !slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) && len(foreign) < 5 {
+					foreign = append(foreign, strconv.Quote(string(name)))
+				}
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case string(magic) == ledgerMagic:
+	case magic != nil:
+		return notLedgerError(path, fmt.Sprintf("its meta bucket holds magic %q", oneLine(string(magic), 40)))
+	case len(foreign) > 0:
+		return notLedgerError(path, "a bbolt file with buckets idemgate does not use: "+strings.Join(foreign, ", "))
+	case version == nil:
+		return notLedgerError(path, "a bbolt file without idemgate's identity")
+	case string(version) == "1" && metaKeys == 1 && !slices.ContainsFunc(missing, func(m string) bool {
+		return slices.Contains(legacyCore, m)
+	}):
+		// A ledger of the build before the magic: a writable open marks it,
+		// so later builds (which may add keys to meta) still know it.
+		if !readOnly {
+			if err := guard(path, func() error {
+				return db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyMagic, []byte(ledgerMagic)) })
+			}); err != nil {
+				return err
+			}
+		}
+	case string(version) != "1" && metaKeys == 1:
+		// schema version checked below
+	default:
+		return notLedgerError(path, "a bbolt file whose meta bucket is not idemgate's")
+	}
+	v, err := strconv.Atoi(string(version))
+	if err != nil || v > boltSchemaVersion || v < 1 {
+		return fmt.Errorf("%w: %s has %q, this build reads up to %d", ledger.ErrSchemaVersion, path, version, boltSchemaVersion)
+	}
+	if first {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if fi.Size() <= deepCheckLimit {
+			if problems := deepCheck(path, db, 1); len(problems) > 0 {
+				return problems[0]
+			}
+		}
+	}
+	if len(missing) == 0 && !unindexed {
+		return nil
+	}
+	if readOnly {
+		// Readers cope without the per-key audit index (AuditForKey then
+		// scans the log), so a file of the build before it is readable.
+		missing = slices.DeleteFunc(missing, func(m string) bool { return m == string(bucketAuditByKey) })
+		if len(missing) == 0 {
+			return nil
+		}
+		return fmt.Errorf("ledger %s lacks the buckets %s (written by an older idemgate): open it once with idemgate serve to add them", path, strings.Join(missing, ", "))
+	}
+	// A ledger written before a bucket, or the per-key audit index, was
+	// added.
+	return guard(path, func() error {
+		return db.Update(func(tx *bbolt.Tx) error {
+			for _, name := range allBuckets {
+				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+					return err
+				}
+			}
+			return ledger.Upgrade(btx{tx})
+		})
+	})
+}
+
+func (s *backend) view(fn func(*bbolt.Tx) error) error {
+	db, err := s.h.acquire()
+	if err != nil {
+		return err
+	}
+	defer s.h.release()
+	err = guard(s.path, func() error { return db.View(fn) })
+	if errors.Is(err, ErrDamaged) {
+		s.h.damaged()
+	}
+	return err
+}
+
+type gcJob struct {
+	fn       func(*bbolt.Tx) error
+	err      error
+	panicked any
+	wake     chan bool // false: done; true: lead the next batch
+}
+
+// run calls j.fn, turning a panic into an error so the batch is rolled
+// back and the lead is handed over; update re-panics in j's caller. A
+// panic raised by bbolt on a damaged page (or a fault on the mapped file)
+// is not re-raised: it is the error ErrDamaged.
+func (j *gcJob) run(tx *bbolt.Tx, path string) (err error) {
+	j.panicked = nil // a re-run alone may succeed where the batch panicked
+	defer func() {
+		if r := recover(); r != nil {
+			if isDamagePanic(r) {
+				err = damagedError(path, fmt.Sprint(r))
+				return
+			}
+			j.panicked = r
+			err = fmt.Errorf("ledger: panic in transaction: %v", r)
+		}
+	}()
+	return j.fn(tx)
+}
+
+// errBatchRetry marks a batch that failed because one of its functions did;
+// each function is then run in a transaction of its own.
+var errBatchRetry = errors.New("ledger: batch member failed")
+
+// update runs fn in a read-write transaction, committed together with the
+// functions of concurrent callers (one fsync for all). fn may be run twice:
+// if another member of its batch fails, every member is re-run alone, so fn
+// must reset whatever it reports at its start. The first caller to find no
+// commit running leads; when its batch is committed it hands the lead to the
+// next waiter, so no caller waits for more than one commit beyond its own.
+func (s *backend) update(fn func(*bbolt.Tx) error) error {
+	if s.readOnly {
+		return ErrReadOnly
+	}
+	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
+	s.gcMu.Lock()
+	s.gcQueue = append(s.gcQueue, j)
+	if s.gcRunning {
+		s.gcMu.Unlock()
+		if lead := <-j.wake; !lead {
+			if j.panicked != nil {
+				panic(j.panicked)
+			}
+			return j.err
+		}
+		s.gcMu.Lock()
+	} else {
+		s.gcRunning = true
+	}
+	n := min(len(s.gcQueue), maxBatch)
+	batch := s.gcQueue[:n:n]
+	s.gcQueue = append([]*gcJob(nil), s.gcQueue[n:]...)
+	s.gcMu.Unlock()
+
+	s.commit(batch)
+
+	for _, b := range batch[1:] { // batch[0] is j
+		b.wake <- false
+	}
+	s.gcMu.Lock()
+	if len(s.gcQueue) > 0 {
+		s.gcQueue[0].wake <- true
+	} else {
+		s.gcRunning = false
+	}
+	s.gcMu.Unlock()
+	if j.panicked != nil {
+		panic(j.panicked)
+	}
+	return j.err
+}
+
+func (s *backend) commit(batch []*gcJob) {
+	db, err := s.h.acquire()
+	if err != nil {
+		for _, b := range batch {
+			b.err = err
+		}
+		s.noteCommit(err)
+		return
+	}
+	defer s.h.release()
+	err = s.guardedUpdate(db, func(tx *bbolt.Tx) error {
+		for _, b := range batch {
+			if b.err = b.run(tx, s.path); b.err != nil {
+				return errBatchRetry
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, errBatchRetry) {
+		s.noteCommit(err)
+	}
+	switch {
+	case err == nil:
+		return
+	case !errors.Is(err, errBatchRetry):
+		for _, b := range batch {
+			b.err = err
+		}
+		return
+	case len(batch) == 1:
+		return // b.err holds fn's own error
+	}
+	for _, b := range batch {
+		fnFailed := false
+		b.err = s.guardedUpdate(db, func(tx *bbolt.Tx) error {
+			err := b.run(tx, s.path)
+			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
+			return err
+		})
+		if !fnFailed { // fn's own error (a refusal) is not a failed commit
+			s.noteCommit(b.err)
+		}
+	}
+}
+
+// guardedUpdate runs db.Update under guard: a fault or a bbolt panic on a
+// damaged page becomes ErrDamaged and the file is checked again at its
+// next open.
+func (s *backend) guardedUpdate(db *bbolt.DB, fn func(*bbolt.Tx) error) error {
+	err := guard(s.path, func() error { return db.Update(fn) })
+	if errors.Is(err, ErrDamaged) {
+		s.h.damaged()
+	}
+	return err
+}
+
+// Update implements ledger.Backend: fn runs in a read-write transaction
+// committed together with the functions of concurrent callers (see
+// update), so fn may be run twice.
+func (s *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
+	return s.update(func(tx *bbolt.Tx) error { return fn(btx{tx}) })
+}
+
+// View implements ledger.Backend.
+func (s *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
+	return s.view(func(tx *bbolt.Tx) error { return fn(btx{tx}) })
+}
+
+// ReadOnly implements ledger.Backend.
+func (s *backend) ReadOnly() bool { return s.readOnly }
+
+// Close implements ledger.Backend: it closes the file.
+func (s *backend) Close() error { return s.h.close() }
+
+// btx adapts a bbolt transaction to ledger.BTx.
+type btx struct{ tx *bbolt.Tx }
+
+func (t btx) Bucket(name []byte) ledger.Bucket {
+	b := t.tx.Bucket(name)
+	if b == nil {
+		return nil
+	}
+	return bucket{b}
+}
+
+// Data keeps the downstream collections as buckets nested in "data".
+func (t btx) Data(name string, create bool) (ledger.Bucket, error) {
+	data := t.tx.Bucket(bucketData)
+	if b := data.Bucket([]byte(name)); b != nil {
+		return bucket{b}, nil
+	}
+	if !create {
+		return nil, nil
+	}
+	b, err := data.CreateBucket([]byte(name))
+	if err != nil {
+		return nil, err
+	}
+	return bucket{b}, nil
+}
+
+// bucket adapts a bbolt bucket to ledger.Bucket.
+type bucket struct{ b *bbolt.Bucket }
+
+func (b bucket) Get(key []byte) []byte       { return b.b.Get(key) }
+func (b bucket) Put(key, value []byte) error { return b.b.Put(key, value) }
+func (b bucket) Delete(key []byte) error     { return b.b.Delete(key) }
+func (b bucket) Cursor() ledger.Cursor       { return b.b.Cursor() }

@@ -1,0 +1,388 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The claim and its completion: the atomic decision whether anything runs,
+// the transitions and their index upkeep, and the fenced Complete.
+
+// Execute implements Store.
+func (s *Ledger) Execute(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+	return s.claim(ctx, c, apply)
+}
+
+// Claim implements Store.
+func (s *Ledger) Claim(ctx context.Context, c Claim) (Decision, error) {
+	return s.claim(ctx, c, nil)
+}
+
+func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	// Fast path: an existing record that only needs an answer is read with
+	// a read-only transaction (no fsync); its audit entry is buffered.
+	var d Decision
+	var answered bool
+	err := s.view(func(tx *ltx) error {
+		rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
+		if err != nil || rec == nil {
+			return err
+		}
+		now := s.opts.Now()
+		if st, kind := s.opts.decide(rec, c, now, s.highWater()); st == stepAnswer {
+			d, answered = s.answer(rec, kind), true
+		}
+		return nil
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	if answered {
+		s.Audit(s.callEntry(c, d))
+		return d, nil
+	}
+	err = s.update(func(tx *ltx) error {
+		var err error
+		d, err = s.claimLocked(tx, c, apply)
+		return err
+	})
+	return d, err
+}
+
+func (s *Ledger) answer(rec *Record, kind DecisionKind) Decision {
+	if kind == DecisionExpired {
+		rec = tombstone(rec)
+	}
+	return Decision{Kind: kind, Record: rec}
+}
+
+func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
+	e := AuditEntry{At: s.opts.Now(), Event: "call", Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: string(d.Kind)}
+	c.policyOf(&e)
+	if d.Record != nil {
+		e.StateBefore, e.StateAfter, e.Attempt = d.Record.State, d.Record.State, d.Record.Attempts
+		e.Downstream = d.Record.Downstream
+		e.noteApproval(d.Record)
+	}
+	if d.Kind == DecisionMismatch {
+		e.ErrorCode = "key_reused_with_different_request"
+	}
+	return e
+}
+
+// claimLocked is the atomic claim; the caller holds the write tx.
+func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error) {
+	now, high, _, err := s.ledgerTime(tx)
+	if err != nil {
+		return Decision{}, err
+	}
+	rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
+	if err != nil {
+		return Decision{}, err
+	}
+	before := State("")
+	if rec != nil {
+		st, kind := s.opts.decide(rec, c, now, high)
+		if st == stepWrite {
+			prev, why := s.opts.expireTransition(rec, now, high)
+			if err := s.saveTransition(tx, c.Actor, rec, prev, why, now); err != nil {
+				return Decision{}, err
+			}
+			st, kind = s.opts.decide(rec, c, now, high)
+		}
+		if st == stepAnswer {
+			d := s.answer(rec, kind)
+			return d, s.appendObserved(tx, s.callEntry(c, d))
+		}
+		if rec.Downstream != "" && rec.Downstream != c.Downstream {
+			return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, c.Downstream)
+		}
+		before = rec.State // retryable: run again
+		rec.Attempts++
+		rec.Generation++
+		rec.Error, rec.Result = nil, nil
+	} else {
+		if s.opts.RequireIssuedKeys && tx.Bucket(bucketIssued).Get(recordKey(c.Actor.Tenant, c.Key)) == nil {
+			return Decision{}, ErrKeyNotIssued
+		}
+		if c.SuspectDuplicates {
+			d, held, err := s.holdSuspect(tx, c, now)
+			if err != nil || held {
+				return d, err
+			}
+		}
+		if c.RequireApproval {
+			rec := s.heldRecord(c, now, "")
+			if err := s.saveNew(tx, c.Actor, rec, AuditHeld+AuditDecision(rec.Approval.Rule), now, c.policyOf); err != nil {
+				return Decision{}, err
+			}
+			fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
+			if err := tx.Bucket(bucketFPIndex).Put(fpKey(c.Actor.Tenant, c.Fingerprint), fp); err != nil {
+				return Decision{}, err
+			}
+			return Decision{Kind: DecisionApprovalRequested, Record: rec}, nil
+		}
+		rec = &Record{
+			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
+			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
+			Incarnation: newIncarnation(),
+			Args:        c.Args, // a later re-run (after unknown, by approval) needs the request
+			Downstream:  c.Downstream,
+		}
+		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
+			return Decision{}, err
+		}
+	}
+	rec.State = StateInProgress
+	rec.LeaseOwner, rec.LeaseExpires = s.owner, now.Add(s.opts.Lease)
+	rec.OnLeaseExpiry = c.OnLeaseExpiry
+	rec.UpdatedAt = now
+	fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
+	if err := tx.Bucket(bucketFPIndex).Put(fpKey(c.Actor.Tenant, c.Fingerprint), fp); err != nil {
+		return Decision{}, err
+	}
+	if apply == nil {
+		if err := s.saveTransition(tx, c.Actor, rec, before, AuditClaimed, now, c.policyOf); err != nil {
+			return Decision{}, err
+		}
+		return Decision{Kind: DecisionClaimed, Record: rec}, nil
+	}
+	out, err := apply(&dataTx{tx: tx, now: now}, rec)
+	if err != nil {
+		return Decision{}, err
+	}
+	claimed := transitionEntry(now, c.Actor, rec, before, AuditClaimed)
+	c.policyOf(&claimed)
+	if err := s.appendObserved(tx, claimed); err != nil {
+		return Decision{}, err
+	}
+	s.finish(rec, out, now)
+	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, AuditExecuted, now, c.policyOf, withCall(out.Call)); err != nil {
+		return Decision{}, err
+	}
+	return Decision{Kind: DecisionExecuted, Record: rec}, nil
+}
+
+// holdSuspect creates an awaiting_approval record when c's fingerprint
+// matches a recent operation of the tenant under another key.
+func (s *Ledger) holdSuspect(tx *ltx, c Claim, now time.Time) (Decision, bool, error) {
+	v := tx.Bucket(bucketFPIndex).Get(fpKey(c.Actor.Tenant, c.Fingerprint))
+	if v == nil {
+		return Decision{}, false, nil
+	}
+	var fe fpEntry
+	if err := json.Unmarshal(v, &fe); err != nil {
+		return Decision{}, false, err
+	}
+	if fe.Key == c.Key || !now.Before(fe.At.Add(s.opts.SuspectWindow)) {
+		return Decision{}, false, nil
+	}
+	earlier, err := getRecord(tx, c.Actor.Tenant, fe.Key)
+	if err != nil || earlier == nil {
+		return Decision{}, false, err
+	}
+	if s.opts.expired(earlier, now) {
+		earlier = tombstone(earlier)
+	}
+	rec := s.heldRecord(c, now, fe.Key)
+	if err := s.saveNew(tx, c.Actor, rec, AuditSuspectedDuplicate+AuditDecision(fe.Key), now, c.policyOf); err != nil {
+		return Decision{}, false, err
+	}
+	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
+}
+
+// heldRecord builds the awaiting_approval record of c. A non-empty
+// earlierKey marks a suspected duplicate of that key.
+func (s *Ledger) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
+	a := Approval{Reason: "policy"}
+	if c.Proposal != nil {
+		a = *c.Proposal
+	}
+	if earlierKey != "" {
+		a.Reason, a.Rule, a.EarlierKey = "suspected_duplicate", "suspected_duplicate", earlierKey
+	}
+	a.ID = "apr_" + uuid.NewString()
+	a.Status = ApprovalPending
+	a.RequestedBy = c.Actor.Principal
+	a.CreatedAt, a.ExpiresAt = now, now.Add(s.opts.ApprovalTTL)
+	return &Record{
+		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
+		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args, Downstream: c.Downstream,
+		FirstSeenAt: now, UpdatedAt: now, Approval: &a, Incarnation: newIncarnation(),
+	}
+}
+
+// newIncarnation returns a fresh Record.Incarnation: 64 random bits, so
+// two operations under one key (the second after the first's tombstone
+// was deleted) never share one.
+func newIncarnation() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("ledger: no randomness for an incarnation: " + err.Error()) // crypto/rand does not fail on supported systems
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// saveNew writes a record that did not exist, with its time index and,
+// for a held record, the sweep that expires its approval.
+func (s *Ledger) saveNew(tx *ltx, a Actor, rec *Record, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
+	if err := tx.Bucket(bucketByTime).Put(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), nil); err != nil {
+		return err
+	}
+	if rec.Approval != nil && rec.Approval.Status == ApprovalPending {
+		due := dueKey(rec.Approval.ExpiresAt, dueApproval, rec.Tenant, rec.Key)
+		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueApproval}); err != nil {
+			return err
+		}
+	}
+	return s.saveTransition(tx, a, rec, "", why, now, more...)
+}
+
+// finish applies out to an in_progress rec.
+func (s *Ledger) finish(rec *Record, out Outcome, now time.Time) {
+	rec.State = out.State
+	rec.Result, rec.Error = out.Result, out.Error
+	if out.Result != nil {
+		rec.ResultFormat = ResultFormat
+		// Answer with the bytes a replay will read back (compact, HTML-escaped).
+		if b, err := json.Marshal(out.Result); err == nil {
+			rec.Result = b
+		}
+	}
+	rec.Summary, rec.DownstreamRef = out.Summary, out.DownstreamRef
+	rec.LeaseOwner, rec.LeaseExpires = "", time.Time{}
+	rec.UpdatedAt = now
+	if rec.State.Final() {
+		rec.CompletedAt = now
+	}
+}
+
+// saveTransition writes rec, its audit entry and, for a final state, its
+// retention schedule; the caller holds tx.
+func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
+	if err := putRecord(tx, rec); err != nil {
+		return err
+	}
+	if ap := rec.Approval; ap != nil {
+		k := recordKey(rec.Tenant, ap.ID)
+		if err := tx.Bucket(bucketApprovals).Put(k, []byte(rec.Key)); err != nil {
+			return err
+		}
+		pending := tx.Bucket(bucketPending)
+		var err error
+		if ap.Status == ApprovalPending {
+			err = pending.Put(k, []byte(rec.Key))
+		} else {
+			err = pending.Delete(k)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := indexOpen(tx, rec); err != nil {
+		return err
+	}
+	if rec.State.Final() && before != rec.State {
+		due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
+		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
+			return err
+		}
+	}
+	e := transitionEntry(now, a, rec, before, why)
+	for _, f := range more {
+		f(&e)
+	}
+	return s.appendObserved(tx, e)
+}
+
+// openStates are the states a record can be stuck in without a caller:
+// the background sweeps find them through the open index.
+var openStates = []State{StateInProgress, StateUnknown, StateRetryable}
+
+func openKey(st State, tenant, key string) []byte {
+	return []byte(string(st) + "\x00" + tenant + "\x00" + key)
+}
+
+// indexOpen keeps rec's entry in the open index in step with its state;
+// the caller holds tx.
+func indexOpen(tx *ltx, rec *Record) error {
+	b := tx.Bucket(bucketOpen)
+	for _, st := range openStates {
+		k := openKey(st, rec.Tenant, rec.Key)
+		var err error
+		if st == rec.State {
+			err = b.Put(k, nil)
+		} else {
+			err = b.Delete(k)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Complete implements Store.
+func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, out Outcome) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.update(func(tx *ltx) error {
+		var err error
+		rec, err = getRecord(tx, a.Tenant, key)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		if rec.State != StateInProgress || rec.Generation != gen {
+			return ErrStaleGeneration
+		}
+		now := s.opts.Now()
+		s.finish(rec, out, now)
+		if out.Also != nil && rec.State == StateSucceeded {
+			if err := out.Also(&dataTx{tx: tx, now: now}); err != nil {
+				return err
+			}
+		}
+		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// RenewLease implements Store.
+func (s *Ledger) RenewLease(ctx context.Context, tenant, key string, gen uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *ltx) error {
+		rec, err := getRecord(tx, tenant, key)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		now := s.opts.Now()
+		if rec.State != StateInProgress || rec.Generation != gen || !now.Before(rec.LeaseExpires) {
+			return ErrStaleGeneration
+		}
+		rec.LeaseExpires = now.Add(s.opts.Lease)
+		rec.UpdatedAt = now
+		return putRecord(tx, rec)
+	})
+}

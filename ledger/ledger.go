@@ -1,0 +1,335 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Ledger is the execution ledger over a Backend: every rule of the
+// package is here, written once; the backend stores the bytes. It
+// implements Store. Open one with New (a backend package's Open does).
+type Ledger struct {
+	opts     Options
+	b        Backend
+	owner    string // lease owner id of this process's claims
+	readOnly bool
+
+	auditMu  sync.Mutex
+	auditBuf []AuditEntry
+
+	clock clockState
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ Store = (*Ledger)(nil)
+
+// New returns the ledger kept in b, with opts. It starts the background
+// flush of buffered audit entries; Close stops it and closes b.
+func New(b Backend, opts Options) *Ledger {
+	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.flushLoop()
+	return s
+}
+
+// auditFlushInterval bounds how long buffered replay and refusal audit
+// entries wait for a write transaction to carry them.
+const auditFlushInterval = 200 * time.Millisecond
+
+// ltx is a backend transaction as the rules see it: it collects the
+// audit entries written by transitions, which Options.Observe sees once
+// the transaction has committed.
+type ltx struct {
+	BTx
+	observed []AuditEntry
+}
+
+// view runs fn in a read-only transaction.
+func (s *Ledger) view(fn func(*ltx) error) error {
+	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx}) })
+}
+
+// update runs fn in a read-write transaction, with the buffered audit
+// entries (written first). fn may be run more than once (see
+// Backend.Update), so it must reset whatever it reports at its start.
+func (s *Ledger) update(fn func(*ltx) error) error {
+	audits := s.takeAudit()
+	committed := false
+	defer func() {
+		if !committed { // failed, or fn panicked: the entries wait for the next write
+			s.restoreAudit(audits)
+		}
+	}()
+	var observed []AuditEntry
+	err := s.b.Update(context.Background(), func(bt BTx) error {
+		observed = nil
+		tx := &ltx{BTx: bt}
+		if err := appendAudit(tx, audits...); err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		observed = tx.observed
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	committed = true
+	if s.opts.Observe != nil {
+		for _, e := range observed {
+			s.opts.Observe(e)
+		}
+	}
+	return nil
+}
+
+// Close flushes buffered audit entries and closes the file.
+func (s *Ledger) Close() error {
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	close(s.stop)
+	<-s.done
+	err := s.flushAudit()
+	return errors.Join(err, s.b.Close())
+}
+
+// flushLoop writes buffered audit entries every auditFlushInterval. It
+// exits when Close is called.
+func (s *Ledger) flushLoop() {
+	defer close(s.done)
+	t := time.NewTicker(auditFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.flushAudit()
+		}
+	}
+}
+
+func (s *Ledger) flushAudit() error {
+	if s.readOnly {
+		return nil
+	}
+	s.auditMu.Lock()
+	empty := len(s.auditBuf) == 0
+	s.auditMu.Unlock()
+	if empty {
+		return nil
+	}
+	return s.update(func(*ltx) error { return nil }) // commit carries the buffer
+}
+
+// Audit buffers e; it is written with the next write transaction, within
+// auditFlushInterval. Used for calls that change nothing (replays,
+// refusals, reads).
+func (s *Ledger) Audit(e AuditEntry) {
+	if e.At.IsZero() {
+		e.At = s.opts.Now()
+	}
+	if s.readOnly {
+		return // a read-only store never writes: the entry is dropped
+	}
+	s.auditMu.Lock()
+	s.auditBuf = append(s.auditBuf, e)
+	s.auditMu.Unlock()
+	if s.opts.Observe != nil {
+		s.opts.Observe(e)
+	}
+}
+
+func (s *Ledger) takeAudit() []AuditEntry {
+	s.auditMu.Lock()
+	defer s.auditMu.Unlock()
+	b := s.auditBuf
+	s.auditBuf = nil
+	return b
+}
+
+func (s *Ledger) restoreAudit(b []AuditEntry) {
+	if len(b) == 0 {
+		return
+	}
+	s.auditMu.Lock()
+	s.auditBuf = append(b, s.auditBuf...)
+	s.auditMu.Unlock()
+}
+
+func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
+func be64(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
+
+func recordKey(tenant, key string) []byte { return []byte(tenant + "\x00" + key) }
+
+func timeKey(t time.Time, tenant, key string) []byte {
+	return append(be64(uint64(t.UnixNano())), recordKey(tenant, key)...)
+}
+
+func getRecord(tx *ltx, tenant, key string) (*Record, error) {
+	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
+	if v == nil {
+		return nil, nil
+	}
+	var r Record
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+	}
+	if r.ResultFormat > ResultFormat {
+		// Written by a newer idemgate: replaying a result this build does
+		// not understand could hand back something it never returned.
+		return nil, fmt.Errorf("%w: record %s/%s has result format %d, this build reads up to %d", ErrSchemaVersion, tenant, key, r.ResultFormat, ResultFormat)
+	}
+	return &r, nil
+}
+
+func putRecord(tx *ltx, r *Record) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRecords).Put(recordKey(r.Tenant, r.Key), v)
+}
+
+// Expiry index values say which sweep action is due.
+const (
+	dueCompact      = 'r' // full record → tombstone
+	dueDeleteTomb   = 't' // tombstone → deleted
+	dueDeleteIssued = 'i' // issued key → forgotten
+	dueApproval     = 'a' // pending approval → rejected (approval_expired)
+)
+
+// dueKey is an expiry index key: due time, action, tenant \x00 key. The
+// action is part of the key so two actions due at the same instant for the
+// same record do not overwrite each other.
+func dueKey(t time.Time, action byte, tenant, key string) []byte {
+	return append(append(be64(uint64(t.UnixNano())), action), recordKey(tenant, key)...)
+}
+
+type fpEntry struct {
+	Key string    `json:"key"`
+	At  time.Time `json:"at"`
+}
+
+func fpKey(tenant, fp string) []byte { return []byte(tenant + "\x00" + fp) }
+
+// Get implements Store. Due expiries (lease, approval, retention) are shown
+// as they will be recorded, without writing.
+func (s *Ledger) Get(ctx context.Context, tenant, key string) (*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.view(func(tx *ltx) error {
+		var err error
+		rec, err = getRecord(tx, tenant, key)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, ErrNotFound
+	}
+	return s.present(rec), nil
+}
+
+func (s *Ledger) present(rec *Record) *Record {
+	now := s.opts.Now()
+	s.opts.expireTransition(rec, now, s.highWater())
+	if s.opts.expired(rec, now) {
+		return tombstone(rec)
+	}
+	return rec
+}
+
+// List implements Store.
+func (s *Ledger) List(ctx context.Context, f Filter) ([]*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	var out []*Record
+	err := s.view(func(tx *ltx) error {
+		c := tx.Bucket(bucketByTime).Cursor()
+		var k []byte
+		if f.After == "" {
+			k, _ = c.Last()
+		} else if k, _ = c.Seek([]byte(f.After)); k == nil {
+			k, _ = c.Last() // every key is before the position
+		} else {
+			k, _ = c.Prev() // the last key strictly before the position
+		}
+		for ; k != nil && len(out) < f.Limit; k, _ = c.Prev() {
+			tenant, key, ok := bytes.Cut(k[8:], []byte{0})
+			if !ok || (f.Tenant != "" && string(tenant) != f.Tenant) {
+				continue
+			}
+			rec, err := getRecord(tx, string(tenant), string(key))
+			if err != nil {
+				return err
+			}
+			if rec == nil {
+				continue
+			}
+			rec = s.present(rec)
+			if f.State != "" && rec.State != f.State {
+				continue
+			}
+			out = append(out, rec)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// IssueKey implements Store.
+func (s *Ledger) IssueKey(ctx context.Context, tenant, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *ltx) error {
+		now := s.opts.Now()
+		if err := tx.Bucket(bucketIssued).Put(recordKey(tenant, key), be64(uint64(now.UnixNano()))); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketExpiry).Put(dueKey(now.Add(s.opts.Retention), dueDeleteIssued, tenant, key), []byte{dueDeleteIssued})
+	})
+}
+
+// View implements Store.
+func (s *Ledger) View(ctx context.Context, fn func(Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.view(func(tx *ltx) error { return fn(&dataTx{tx: tx, now: s.opts.Now()}) })
+}
+
+// Update implements Store.
+func (s *Ledger) Update(ctx context.Context, fn func(Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.update(func(tx *ltx) error { return fn(&dataTx{tx: tx, now: s.opts.Now()}) })
+}

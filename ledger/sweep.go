@@ -1,0 +1,249 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"time"
+)
+
+// The sweeps: open records, lease expiry, retention and tombstones.
+
+// OpenRecords implements Store.
+func (s *Ledger) OpenRecords(ctx context.Context, st State, after string, limit int) ([]*Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []*Record
+	err := s.view(func(tx *ltx) error {
+		c := tx.Bucket(bucketOpen).Cursor()
+		prefix := []byte(string(st) + "\x00")
+		k, _ := c.Seek(prefix)
+		if after != "" {
+			start := append(bytes.Clone(prefix), after...)
+			if k, _ = c.Seek(start); bytes.Equal(k, start) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+			tenant, key, _ := bytes.Cut(k[len(prefix):], []byte{0})
+			rec, err := getRecord(tx, string(tenant), string(key))
+			if err != nil {
+				return err
+			}
+			if rec != nil {
+				out = append(out, rec)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ExpireLeases implements Store.
+func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
+	stale, err := s.OpenRecords(ctx, StateInProgress, "", 1000)
+	if err != nil {
+		return 0, err
+	}
+	now := s.opts.Now()
+	n := 0
+	for _, r := range stale {
+		if now.Before(r.LeaseExpires) {
+			continue
+		}
+		moved := false
+		err := s.update(func(tx *ltx) error {
+			moved = false // update may run this twice
+			rec, err := getRecord(tx, r.Tenant, r.Key)
+			if err != nil || rec == nil {
+				return err
+			}
+			now, high, _, err := s.ledgerTime(tx)
+			if err != nil {
+				return err
+			}
+			prev, why := s.opts.expireTransition(rec, now, high)
+			if why != AuditLeaseExpired {
+				return nil // finished or renewed meanwhile
+			}
+			moved = true
+			return s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now)
+		})
+		if err != nil {
+			return n, err
+		}
+		if moved {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// sweepChunk bounds the work of one sweep transaction, and sweepScan the
+// index entries it reads past (tombstones not yet due by the trusted time).
+const (
+	sweepChunk = 1000
+	sweepScan  = 20 * sweepChunk
+)
+
+// Sweep implements Store. Pending approvals expire, and issued keys are
+// forgotten, by the later of the wall clock and the ledger's high-water
+// time; records past retention become tombstones by that time too. A
+// tombstone is deleted — freeing its key — only once its age is past
+// Retention+TombstoneRetention by both the wall clock and the ledger's
+// trusted time (see ledgerTime): a clock set forward does not free keys
+// early, a clock set back does not either. Each deletion is audited
+// (EventDeleted). Index entries are checked against their record, so an
+// entry of an earlier operation under a reused key never touches the new
+// one, and a changed retention reschedules rather than loses an entry.
+func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return compacted, deleted, err
+		}
+		var c, d int
+		var more bool
+		err := s.update(func(tx *ltx) error {
+			c, d, more = 0, 0, false
+			now, high, trusted, err := s.ledgerTime(tx)
+			if err != nil {
+				return err
+			}
+			cutoff := later(now, high)
+			freeBy := now
+			if trusted.Before(freeBy) {
+				freeBy = trusted
+			}
+			exp := tx.Bucket(bucketExpiry)
+			type entry struct {
+				k      []byte
+				due    time.Time
+				action byte
+			}
+			var due []entry
+			cur := exp.Cursor()
+			scanned := 0
+			for k, v := cur.First(); k != nil && len(v) > 0 && scanned < sweepScan; k, v = cur.Next() {
+				scanned++
+				at := time.Unix(0, int64(binary.BigEndian.Uint64(k[:8])))
+				if at.After(cutoff) {
+					break
+				}
+				if v[0] == dueDeleteTomb && at.After(freeBy) {
+					continue // due by the wall clock, not yet by the trusted time
+				}
+				due = append(due, entry{bytes.Clone(k), at, v[0]})
+				if len(due) == sweepChunk {
+					break
+				}
+			}
+			// What this pass does may make more due now (an expired
+			// approval's compaction, a compaction's deletion): another
+			// pass looks, until one finds nothing.
+			more = len(due) > 0
+			var deletedEntries []AuditEntry
+			for _, e := range due {
+				if err := exp.Delete(e.k); err != nil {
+					return err
+				}
+				tenant, key, _ := bytes.Cut(e.k[9:], []byte{0})
+				if e.action == dueDeleteIssued {
+					if err := tx.Bucket(bucketIssued).Delete(e.k[9:]); err != nil {
+						return err
+					}
+					continue
+				}
+				rec, err := getRecord(tx, string(tenant), string(key))
+				if err != nil {
+					return err
+				}
+				if rec == nil {
+					continue
+				}
+				switch e.action {
+				case dueApproval:
+					if rec.State != StateAwaitingApproval {
+						continue
+					}
+					if prev, why := s.opts.expireTransition(rec, now, high); why != "" {
+						if err := s.saveTransition(tx, Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, rec, prev, why, now); err != nil {
+							return err
+						}
+					}
+				case dueCompact:
+					if rec.Tombstone || !rec.State.Final() || rec.CompletedAt.IsZero() {
+						continue // not this entry's record (an earlier operation's entry), or done
+					}
+					if want := rec.CompletedAt.Add(s.opts.Retention); want.After(cutoff) {
+						if err := exp.Put(dueKey(want, dueCompact, rec.Tenant, rec.Key), []byte{dueCompact}); err != nil {
+							return err
+						}
+						continue
+					}
+					if err := putRecord(tx, tombstone(rec)); err != nil {
+						return err
+					}
+					at := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
+					if err := exp.Put(at, []byte{dueDeleteTomb}); err != nil {
+						return err
+					}
+					c++
+				case dueDeleteTomb:
+					if !rec.Tombstone {
+						continue // a newer operation under the key, or not yet compacted
+					}
+					if want := rec.CompletedAt.Add(s.opts.Retention + s.opts.TombstoneRetention); want.After(freeBy) {
+						if err := exp.Put(dueKey(want, dueDeleteTomb, rec.Tenant, rec.Key), []byte{dueDeleteTomb}); err != nil {
+							return err
+						}
+						continue
+					}
+					if err := s.deleteRecordLocked(tx, rec); err != nil {
+						return err
+					}
+					deletedEntries = append(deletedEntries, AuditEntry{At: now, Event: EventDeleted,
+						Actor: Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, Tool: rec.Tool, Key: rec.Key,
+						Fingerprint: rec.Fingerprint, StateBefore: rec.State,
+						Decision: string(AuditTombstoneDeleted), Detail: "incarnation " + rec.Incarnation})
+					d++
+				}
+			}
+			return s.appendObserved(tx, deletedEntries...)
+		})
+		compacted, deleted = compacted+c, deleted+d
+		if err != nil || !more {
+			return compacted, deleted, err
+		}
+	}
+}
+
+func (s *Ledger) deleteRecordLocked(tx *ltx, rec *Record) error {
+	if err := tx.Bucket(bucketRecords).Delete(recordKey(rec.Tenant, rec.Key)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketByTime).Delete(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key)); err != nil {
+		return err
+	}
+	if rec.Approval != nil {
+		k := recordKey(rec.Tenant, rec.Approval.ID)
+		if err := tx.Bucket(bucketApprovals).Delete(k); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPending).Delete(k); err != nil {
+			return err
+		}
+	}
+	fpb := tx.Bucket(bucketFPIndex)
+	if v := fpb.Get(fpKey(rec.Tenant, rec.Fingerprint)); v != nil {
+		var fe fpEntry
+		if json.Unmarshal(v, &fe) == nil && fe.Key == rec.Key {
+			return fpb.Delete(fpKey(rec.Tenant, rec.Fingerprint))
+		}
+	}
+	return nil
+}
