@@ -188,3 +188,27 @@ func TestAuditOldEntryStillVerifies(t *testing.T) {
 		t.Errorf("re-encoded entry differs:\n got %s\nwant %s", b, stored)
 	}
 }
+
+// TestAuditInvalidUTF8StillVerifies: an entry holding text that is not
+// valid UTF-8 (a client name cut at 64 bytes inside a character, evidence
+// passed on the command line) is stored as a reader will read it, so the
+// chain verifies rather than reporting the entry as edited.
+func TestAuditInvalidUTF8StillVerifies(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, Options{})
+	a := testActor("t1")
+	a.ClientName = strings.Repeat("a", 63) + "\xc3" // "é" cut in half
+	s.Audit(AuditEntry{Event: "call", Actor: a, Key: "k1", Decision: "resolved by boss: evidence: \xff\xfe"})
+	s.Audit(AuditEntry{Event: "call", Actor: testActor("t1"), Key: "k1", Decision: "replay"})
+	if err := s.flushAudit(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.VerifyAudit(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("VerifyAudit = %d, %v; want 2 intact entries", n, err)
+	}
+	got, _, err := s.AuditForKey(ctx, "t1", "k1", 0)
+	if err != nil || len(got) != 2 || got[0].Actor.ClientName != strings.Repeat("a", 63)+"\uFFFD" {
+		t.Fatalf("AuditForKey = %+v, %v; want the client name with U+FFFD for the broken byte", got, err)
+	}
+}
