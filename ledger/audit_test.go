@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -210,5 +211,19 @@ func TestAuditInvalidUTF8StillVerifies(t *testing.T) {
 	got, _, err := s.AuditForKey(ctx, "t1", "k1", 0)
 	if err != nil || len(got) != 2 || got[0].Actor.ClientName != strings.Repeat("a", 63)+"\uFFFD" {
 		t.Fatalf("AuditForKey = %+v, %v; want the client name with U+FFFD for the broken byte", got, err)
+	}
+}
+
+// TestAuditLogAfterLast: export --after the largest sequence number
+// exports nothing (after+1 used to wrap to 0: the whole log).
+func TestAuditLogAfterLast(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, Options{})
+	s.Audit(AuditEntry{Event: "call", Actor: testActor("t1"), Key: "k1", Decision: "replay"})
+	if got, err := s.AuditLog(ctx, 1, 0); err != nil || len(got) != 0 {
+		t.Fatalf("AuditLog(after 1) = %d entries, %v; want none", len(got), err)
+	}
+	if got, err := s.AuditLog(ctx, math.MaxUint64, 0); err != nil || len(got) != 0 {
+		t.Fatalf("AuditLog(after MaxUint64) = %d entries, %v; want none", len(got), err)
 	}
 }

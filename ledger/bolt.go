@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1697,6 +1698,9 @@ func (s *BoltStore) AuditLog(ctx context.Context, after uint64, limit int) ([]Au
 	}
 	var out []AuditEntry
 	err := s.view(func(tx *bolt.Tx) error {
+		if after == math.MaxUint64 {
+			return nil // nothing follows; after+1 would wrap to the start
+		}
 		c := tx.Bucket(bucketAudit).Cursor()
 		for k, v := c.Seek(be64(after + 1)); k != nil && (limit <= 0 || len(out) < limit); k, v = c.Next() {
 			var e AuditEntry
