@@ -191,9 +191,9 @@ func TestAuditOldEntryStillVerifies(t *testing.T) {
 }
 
 // TestAuditInvalidUTF8StillVerifies: an entry holding text that is not
-// valid UTF-8 (a client name cut at 64 bytes inside a character, evidence
-// passed on the command line) is stored as a reader will read it, so the
-// chain verifies rather than reporting the entry as edited.
+// valid UTF-8 (a client name cut at 64 bytes inside a character) is
+// stored as a reader will read it, so the chain verifies rather than
+// reporting the entry as edited.
 func TestAuditInvalidUTF8StillVerifies(t *testing.T) {
 	ctx := context.Background()
 	s := mustOpen(t, Options{})
