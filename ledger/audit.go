@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -101,6 +102,19 @@ func (e *AuditEntry) chain(prevHash string) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
+	}
+	if bytes.Contains(b, []byte(`\ufffd`)) {
+		// Text that is not valid UTF-8 is written as \ufffd but read back
+		// as U+FFFD, which encodes differently: hash (and store) the entry
+		// as a reader will decode it, or it would never verify.
+		var n AuditEntry
+		if err := json.Unmarshal(b, &n); err != nil {
+			return err
+		}
+		*e = n
+		if b, err = json.Marshal(e); err != nil {
+			return err
+		}
 	}
 	sum := sha256.Sum256(b)
 	e.Hash = hex.EncodeToString(sum[:])

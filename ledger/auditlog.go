@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -119,6 +120,9 @@ func (s *Ledger) AuditLog(ctx context.Context, after uint64, limit int) ([]Audit
 	}
 	var out []AuditEntry
 	err := s.view(func(tx *ltx) error {
+		if after == math.MaxUint64 {
+			return nil // nothing follows; after+1 would wrap to the start
+		}
 		c := tx.Bucket(bucketAudit).Cursor()
 		for k, v := c.Seek(be64(after + 1)); k != nil && (limit <= 0 || len(out) < limit); k, v = c.Next() {
 			var e AuditEntry

@@ -191,8 +191,13 @@ func (d *StdioDrain) Drain(ctx context.Context) int {
 }
 
 // requestID is the normalized id of a request (a message with a method
-// and an id); notifications and responses have none.
+// and an id); notifications and responses have none. A message the strict
+// envelope refuses is answered, before mcp-go, with the id its refusal
+// names: none (null) when the id is ambiguous or too long.
 func requestID(line []byte) (string, bool) {
+	if e := checkEnvelope(line); e != nil {
+		return normalizeID(e.ID)
+	}
 	var m struct {
 		ID     json.RawMessage `json:"id"`
 		Method *string         `json:"method"`

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -64,4 +65,51 @@ func TestStdioDrainGrace(t *testing.T) {
 	if left := d.Drain(ctx); left != 1 {
 		t.Errorf("Drain after its grace: %d unanswered, want 1", left)
 	}
+}
+
+// TestStdioDrainRefusedMessages: a message the strict envelope refuses
+// with id null (a duplicate or case-variant id, an id too long) is not a
+// call in flight: a shutdown does not wait its whole grace for an answer
+// that was already sent, nor report it as unanswered. One refused with
+// its id is waited for like any request, and its refusal answers it.
+func TestStdioDrainRefusedMessages(t *testing.T) {
+	in := `{"jsonrpc":"2.0","id":5,"id":6,"method":"ping"}` + "\n" +
+		`{"jsonrpc":"2.0","id":"` + strings.Repeat("x", 200) + `","method":"ping"}` + "\n" +
+		`{"jsonrpc":"2.0","id":7,"ID":8,"method":"ping"}` + "\n" +
+		`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":5}}` + "\n"
+	out := &syncBuilder{}
+	d := NewStdioDrain(strings.NewReader(in), out)
+	r, _ := stdioStreams(d.Reader(), d.Writer())
+	go io.Copy(io.Discard, r) // mcp-go's reading: every line is refused before it
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.Count(out.String(), "\n") < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals written: %q, want 4", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	started := time.Now()
+	if left := d.Drain(ctx); left != 0 || time.Since(started) > time.Second {
+		t.Errorf("Drain after four refused messages: %d unanswered after %s, want 0 at once\n%s", left, time.Since(started), out.String())
+	}
+}
+
+// syncBuilder is a strings.Builder safe for a writer and a reader.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
+	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
@@ -116,6 +118,10 @@ func checkEnvelope(msg []byte) *envelopeError {
 	if w.longID {
 		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id is longer than " + strconv.Itoa(maxIDLen) + " characters"}
 	}
+	if w.inexactID {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the numeric id " + clipEcho(string(w.id)) +
+			" cannot be answered with exactly that id (ids are read as 64-bit floats): use a string, or an integer of at most 2^53"}
+	}
 	if w.longMethod {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method is longer than " + strconv.Itoa(maxMethodLen) + " characters; no method has that name"}
 	}
@@ -157,6 +163,34 @@ type walker struct {
 	nameLen  int    // its length in characters when a string
 
 	longID, longMethod bool // the id or method is over its bound
+	inexactID          bool // a numeric id mcp-go would answer under another value
+}
+
+// echoedExactly reports whether mcp-go answers a request whose id is the
+// number lit under an id of the same value: it reads a numeric id as a
+// 64-bit float and writes it back as an integer when it is integral, so
+// 9007199254740993 would come back as 9007199254740992, which the client
+// cannot match to its request.
+func echoedExactly(lit string) bool {
+	f, err := strconv.ParseFloat(lit, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return false
+	}
+	if i := strings.IndexAny(lit, "eE"); i >= 0 {
+		// Keep big.Rat cheap: no id needs an exponent beyond a float's.
+		if e, err := strconv.Atoi(strings.TrimPrefix(lit[i+1:], "+")); err != nil || e < -400 || e > 400 {
+			return false
+		}
+	}
+	var echo []byte
+	if f == float64(int64(f)) {
+		echo = strconv.AppendInt(nil, int64(f), 10)
+	} else if echo, err = json.Marshal(f); err != nil {
+		return false
+	}
+	want, ok1 := new(big.Rat).SetString(lit)
+	got, ok2 := new(big.Rat).SetString(string(echo))
+	return ok1 && ok2 && want.Cmp(got) == 0
 }
 
 func newWalker(msg []byte) *walker {
@@ -298,6 +332,7 @@ func (w *walker) note(v any, kind string) {
 				}
 			case json.Number:
 				w.id = json.RawMessage(v)
+				w.inexactID = !echoedExactly(string(v))
 			}
 		case strings.EqualFold(key, "method"):
 			if s, ok := v.(string); ok {

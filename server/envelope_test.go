@@ -62,6 +62,16 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 			-32600, "1", "the method is longer than 64 characters"},
 		{"long id", `{"jsonrpc":"2.0","id":"` + strings.Repeat("i", 100000) + `","method":"ping"}`,
 			-32600, "null", "the id is longer than 128 characters"},
+		// mcp-go reads a numeric id as a 64-bit float: these would be
+		// answered under another id, which the client cannot match.
+		{"id beyond 2^53", `{"jsonrpc":"2.0","id":9007199254740993,"method":"ping"}`,
+			-32600, "9007199254740993", "cannot be answered with exactly that id"},
+		{"id beyond int64", `{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`,
+			-32600, "12345678901234567890", "cannot be answered with exactly that id"},
+		{"id with more digits than a float", `{"jsonrpc":"2.0","id":1.00000000000000001,"method":"ping"}`,
+			-32600, "1.00000000000000001", "cannot be answered with exactly that id"},
+		{"id with a tiny exponent", `{"jsonrpc":"2.0","id":1e-99999999,"method":"ping"}`,
+			-32600, "1e-99999999", "cannot be answered with exactly that id"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -100,6 +110,10 @@ func TestCheckEnvelopeAccepts(t *testing.T) {
 		call + `{"operation_key":"k","items":[{"sku":"a","quantity":1},{"sku":"a","quantity":2}],"note":"name NAME"}}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","arguments":{"a":{"b":1},"b":{"a":2}},"_meta":{"progressToken":1}}}`,
 		`{"jsonrpc":"2.0","id":"x","result":{}}`,
+		`{"jsonrpc":"2.0","id":9007199254740992,"method":"ping"}`, // 2^53: exact
+		`{"jsonrpc":"2.0","id":-42,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":0.1,"method":"ping"}`, // answered as 0.1
+		`{"jsonrpc":"2.0","id":1.5e3,"method":"ping"}`,
 		call + strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}}`, // 64 levels
 		// Not JSON, or not one value: left to mcp-go's parse error.
 		``, `not json`, `{"a":`, `{} {}`, `{"a":1}}`,

@@ -20,11 +20,20 @@ const MaxCursorLen = 1024
 // identity in any case). A cursor is not signed: a client that forges one
 // can only move within its own listing, which it may page through anyway.
 // Cursors do not expire; a position whose record is gone still orders
-// correctly.
+// correctly. S is a checksum of Q and P, so that a cursor copied back with
+// a character changed is refused rather than read as another position
+// (cursors handed out before it existed have none and are still read).
 type cursorBody struct {
 	V int    `json:"v"`
 	Q string `json:"q"`
 	P []byte `json:"p"`
+	S string `json:"s,omitempty"`
+}
+
+// cursorSum is the checksum of a cursor's query digest and position.
+func cursorSum(q string, p []byte) string {
+	sum := sha256.Sum256(append([]byte(q+"\x00"), p...))
+	return base64.RawURLEncoding.EncodeToString(sum[:9])
 }
 
 // ErrCursor is wrapped by DecodeCursor's errors; their text says what to
@@ -43,7 +52,8 @@ func queryDigest(query []string) string {
 
 // EncodeCursor returns the cursor that continues query after position pos.
 func EncodeCursor(query []string, pos []byte) string {
-	b, _ := json.Marshal(cursorBody{V: 1, Q: queryDigest(query), P: pos})
+	q := queryDigest(query)
+	b, _ := json.Marshal(cursorBody{V: 1, Q: q, P: pos, S: cursorSum(q, pos)})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -53,12 +63,12 @@ func DecodeCursor(s string, query []string) ([]byte, error) {
 	if len(s) > MaxCursorLen {
 		return nil, cursorError("cursor is longer than any cursor idemgate hands out; pass the next_cursor of the previous page unchanged, or omit cursor to start from the first page")
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(s)
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	var b cursorBody
 	if err == nil {
 		err = json.Unmarshal(raw, &b)
 	}
-	if err != nil || b.V != 1 || len(b.P) == 0 {
+	if err != nil || b.V != 1 || len(b.P) == 0 || (b.S != "" && b.S != cursorSum(b.Q, b.P)) {
 		return nil, cursorError("cursor is not one idemgate handed out; pass the next_cursor of the previous page unchanged, or omit cursor to start from the first page")
 	}
 	if b.Q != queryDigest(query) {

@@ -147,6 +147,44 @@ func TestListOrdersRefusesForeignAndGarbledCursors(t *testing.T) {
 	}
 }
 
+// TestListOrdersRefusesAlteredCursors: a cursor with one character
+// changed — a model copying it back imperfectly — is refused, never read
+// as another position (which would skip or repeat orders silently, or
+// end the listing early).
+func TestListOrdersRefusesAlteredCursors(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	for i := range 3 {
+		svc.Call(ctx, agent, "create_order", distinctOrder(i), nil)
+	}
+	p := listPage(t, svc, agent, map[string]any{"customer_id": "c1", "limit": float64(1)})
+	if p.NextCursor == nil {
+		t.Fatal("no next_cursor with 3 orders and limit 1")
+	}
+	cur := *p.NextCursor
+	same := svc.Call(ctx, agent, "list_orders", map[string]any{"customer_id": "c1", "limit": float64(1), "cursor": cur}, nil)
+	const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	tried := 0
+	for i := range len(cur) {
+		for _, c := range []byte{b64[(strings.IndexByte(b64, cur[i])+1)%64], b64[(strings.IndexByte(b64, cur[i])+17)%64]} {
+			altered := cur[:i] + string(c) + cur[i+1:]
+			tried++
+			r := svc.Call(ctx, agent, "list_orders", map[string]any{"customer_id": "c1", "limit": float64(1), "cursor": altered}, nil)
+			if !r.IsError && string(r.Result) == string(same.Result) {
+				continue // a change only in bits base64 ignores: the same cursor
+			}
+			if !r.IsError || r.Error == nil || r.Error.Code != "invalid_arguments" {
+				t.Fatalf("cursor with character %d changed (%q → %q) was accepted: %s", i, cur[i], c, r.Result)
+			}
+		}
+	}
+	t.Logf("%d altered cursors refused", tried)
+	// The checksum still leaves room for the longest order API cursor.
+	if n := len(EncodeCursor([]string{"list_orders", "t1", strings.Repeat("c", 64), "orders_api"}, make([]byte, maxAPICursor))); n > MaxCursorLen {
+		t.Errorf("a cursor carrying a %d-byte order API cursor is %d characters, over %d", maxAPICursor, n, MaxCursorLen)
+	}
+}
+
 // TestListPendingApprovalsPages pages through held operations oldest
 // first while more are requested between pages: each appears once, in
 // request order, including those requested during paging.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"idemgate/ledger"
 	"idemgate/ledger/ledgertest"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -188,5 +189,43 @@ func TestAuditOldEntryStillVerifies(t *testing.T) {
 	b, _ := json.Marshal(e)
 	if string(b) != stored {
 		t.Errorf("re-encoded entry differs:\n got %s\nwant %s", b, stored)
+	}
+}
+
+// TestAuditInvalidUTF8StillVerifies: an entry holding text that is not
+// valid UTF-8 (a client name cut at 64 bytes inside a character) is
+// stored as a reader will read it, so the chain verifies rather than
+// reporting the entry as edited.
+func TestAuditInvalidUTF8StillVerifies(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, ledger.Options{})
+	a := testActor("t1")
+	a.ClientName = strings.Repeat("a", 63) + "\xc3" // "é" cut in half
+	s.Audit(ledger.AuditEntry{Event: "call", Actor: a, Key: "k1", Decision: "resolved by boss: evidence: \xff\xfe"})
+	s.Audit(ledger.AuditEntry{Event: "call", Actor: testActor("t1"), Key: "k1", Decision: "replay"})
+	if _, err := s.AuditLog(ctx, 0, 0); err != nil { // writes the buffered entries
+		t.Fatal(err)
+	}
+	n, err := s.VerifyAudit(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("VerifyAudit = %d, %v; want 2 intact entries", n, err)
+	}
+	got, _, err := s.AuditForKey(ctx, "t1", "k1", 0)
+	if err != nil || len(got) != 2 || got[0].Actor.ClientName != strings.Repeat("a", 63)+"\uFFFD" {
+		t.Fatalf("AuditForKey = %+v, %v; want the client name with U+FFFD for the broken byte", got, err)
+	}
+}
+
+// TestAuditLogAfterLast: export --after the largest sequence number
+// exports nothing (after+1 used to wrap to 0: the whole log).
+func TestAuditLogAfterLast(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, ledger.Options{})
+	s.Audit(ledger.AuditEntry{Event: "call", Actor: testActor("t1"), Key: "k1", Decision: "replay"})
+	if got, err := s.AuditLog(ctx, 1, 0); err != nil || len(got) != 0 {
+		t.Fatalf("AuditLog(after 1) = %d entries, %v; want none", len(got), err)
+	}
+	if got, err := s.AuditLog(ctx, math.MaxUint64, 0); err != nil || len(got) != 0 {
+		t.Fatalf("AuditLog(after MaxUint64) = %d entries, %v; want none", len(got), err)
 	}
 }
