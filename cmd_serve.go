@@ -115,7 +115,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// way out of serve.
 	bg := newLoops()
 	defer func() {
-		if cerr := closeAfter(bg, store); cerr != nil {
+		if cerr := closeAfter(bg, svc, store); cerr != nil {
 			logger.Error("shutdown", "err", cerr)
 		}
 	}()

@@ -38,10 +38,14 @@ func (l *loops) Stop() {
 	l.wg.Wait()
 }
 
-// closeAfter stops and joins the loops, and only then closes store, which
-// they use: no loop ever runs against a closed store.
-func closeAfter(l *loops, store io.Closer) error {
+// closeAfter stops and joins the loops, then waits for the work svc runs
+// detached from its callers (svc may be nil), and only then closes store,
+// which they all use: nothing ever runs against a closed store.
+func closeAfter(l *loops, svc interface{ Close() }, store io.Closer) error {
 	l.Stop()
+	if svc != nil {
+		svc.Close()
+	}
 	if err := store.Close(); err != nil {
 		return fmt.Errorf("closing the ledger: %w", err)
 	}

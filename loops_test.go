@@ -48,7 +48,7 @@ func TestCloseAfterJoinsLoops(t *testing.T) {
 	for range 3 {
 		<-started
 	}
-	if err := closeAfter(bg, closeRecorder{log}); err != nil {
+	if err := closeAfter(bg, nil, closeRecorder{log}); err != nil {
 		t.Fatal(err)
 	}
 	got := log.list()

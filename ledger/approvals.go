@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 )
 
@@ -78,7 +77,7 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 		return Decision{Kind: DecisionExecuted, Record: rec}, nil
 	}
 	if rec.Downstream != "" && rec.Downstream != r.Downstream {
-		return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, r.Downstream)
+		return Decision{}, &DownstreamMismatchError{Recorded: rec.Downstream, Configured: r.Downstream}
 	}
 	a.Status = ApprovalApproved
 	rec.State = StateInProgress

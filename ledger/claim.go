@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -104,7 +103,7 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 			return d, s.appendObserved(tx, s.callEntry(c, d))
 		}
 		if rec.Downstream != "" && rec.Downstream != c.Downstream {
-			return Decision{}, fmt.Errorf("%w: the operation belongs to %s, this process is configured for %s", ErrDownstreamMismatch, rec.Downstream, c.Downstream)
+			return Decision{}, &DownstreamMismatchError{Recorded: rec.Downstream, Configured: c.Downstream}
 		}
 		before = rec.State // retryable: run again
 		rec.Attempts++

@@ -44,3 +44,17 @@ var (
 	// newer, incompatible version of idemgate.
 	ErrSchemaVersion = errors.New("ledger: unsupported on-disk schema version")
 )
+
+// DownstreamMismatchError is the ErrDownstreamMismatch a claim or decision
+// returns, with the two downstreams named: the one the operation was
+// recorded for and the one the refusing process is configured for.
+type DownstreamMismatchError struct {
+	Recorded, Configured string
+}
+
+func (e *DownstreamMismatchError) Error() string {
+	return ErrDownstreamMismatch.Error() + ": the operation belongs to " + e.Recorded + ", this process is configured for " + e.Configured
+}
+
+// Is makes errors.Is(err, ErrDownstreamMismatch) hold.
+func (e *DownstreamMismatchError) Is(target error) bool { return target == ErrDownstreamMismatch }

@@ -32,6 +32,10 @@ type ValidationError struct {
 	Problems []Problem
 	// Omitted counts problems beyond the first 20 that were dropped.
 	Omitted int
+	// Missing names the required top-level arguments that were absent,
+	// all of them (also those among the omitted problems), for callers
+	// that act on a particular one: never parse the messages.
+	Missing []string
 }
 
 // Problem is one reason arguments were refused.

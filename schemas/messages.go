@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/big"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +46,8 @@ type pathElem struct {
 type problem struct {
 	loc []pathElem
 	msg string
+	// missing is the absent required property this problem reports.
+	missing string
 }
 
 // locate turns the library's instance location into path elements, using
@@ -147,6 +150,9 @@ func finish(tool string, ps []problem) *ValidationError {
 	verr := &ValidationError{Tool: tool}
 	var last Problem
 	for i, p := range ps {
+		if p.missing != "" && len(p.loc) == 0 && !slices.Contains(verr.Missing, p.missing) {
+			verr.Missing = append(verr.Missing, p.missing)
+		}
 		out := Problem{Path: renderPath(p.loc), Message: p.msg}
 		if i > 0 && out == last {
 			continue
@@ -240,8 +246,14 @@ func (v *Validator) collect(e *jsonschema.ValidationError, doc any, out []proble
 		return out
 	}
 	loc := locate(doc, e.InstanceLocation)
-	for _, msg := range v.messages(e, doc) {
-		out = append(out, problem{loc: loc, msg: msg})
+	msgs := v.messages(e, doc)
+	req, _ := e.ErrorKind.(*kind.Required)
+	for i, msg := range msgs {
+		p := problem{loc: loc, msg: msg}
+		if req != nil && len(req.Missing) == len(msgs) {
+			p.missing = req.Missing[i]
+		}
+		out = append(out, p)
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -626,4 +627,28 @@ func orderWithItems(n, q int) string {
 		items[i] = map[string]any{"sku": fmt.Sprintf("SKU-%d", i), "quantity": q, "unit_price_minor": 100}
 	}
 	return withField(validOrder, "items", items)
+}
+
+// TestMissingIsData: the required top-level arguments that are absent are
+// named in ValidationError.Missing, so callers act on them without
+// parsing messages.
+func TestMissingIsData(t *testing.T) {
+	v := mustNew(t)
+	_, err := v.Prepare("create_order", json.RawMessage(`{"note":"x"}`))
+	var verr *ValidationError
+	if !errors.As(err, &verr) {
+		t.Fatalf("Prepare = %v", err)
+	}
+	want := []string{"currency", "customer_id", "items", "operation_key"}
+	got := slices.Sorted(slices.Values(verr.Missing))
+	if !slices.Equal(got, want) {
+		t.Errorf("Missing = %v, want %v", got, want)
+	}
+	_, err = v.Prepare("create_order", json.RawMessage(`{"operation_key":"0b8e5f7e-8a55-4b1e-9d52-3c1f2d9a4e61","customer_id":"c","currency":"EUR","items":[{"sku":"a","quantity":1}]}`))
+	if !errors.As(err, &verr) {
+		t.Fatalf("Prepare = %v", err)
+	}
+	if len(verr.Missing) != 0 {
+		t.Errorf("Missing = %v for a nested missing property; want none (only top-level arguments)", verr.Missing)
+	}
 }

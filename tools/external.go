@@ -225,6 +225,10 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 	}
 	detached := context.WithoutCancel(ctx)
 	ch := s.reconciling.DoChan(rec.Tenant+"\x00"+rec.Key, func() (v any, err error) {
+		if !s.startFlight() {
+			return nil, errServiceClosed
+		}
+		defer s.flights.Done()
 		defer recoverFlight(&err)
 		return s.reconcileOnce(detached, actor, rec.Tenant, rec.Key)
 	})
@@ -238,6 +242,9 @@ func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger
 		return ledger.Decision{}, ctx.Err()
 	}
 }
+
+// errServiceClosed is a reconciliation asked for after Close.
+var errServiceClosed = errors.New("tools: the service is shutting down")
 
 // recoverFlight turns a panic in a coalesced flight into its error:
 // singleflight would re-raise it on a goroutine of its own, out of reach

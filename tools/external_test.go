@@ -547,3 +547,40 @@ func TestExternalMismatchWhileInFlightAnswersAtOnce(t *testing.T) {
 	}
 	<-done
 }
+
+// TestCloseWaitsForDetachedReconcile: a reconciliation whose caller gave
+// up keeps running (others may be waiting on it), and Close waits for it:
+// the ledger is never closed under it. After Close, no new one starts.
+func TestCloseWaitsForDetachedReconcile(t *testing.T) {
+	ctx := context.Background()
+	svc, fake := externalService(t, false)
+	key := uuid.NewString()
+	args, _ := json.Marshal(orderArgs(key, 1))
+	d, err := svc.ledger.Claim(ctx, ledger.Claim{Actor: agent, Key: key, Tool: "create_order", Fingerprint: "fp",
+		OnLeaseExpiry: ledger.StateUnknown, Args: args, Downstream: svc.downstream("create_order")})
+	if err != nil || d.Kind != ledger.DecisionClaimed {
+		t.Fatalf("claim = %+v, %v", d, err)
+	}
+	rec, err := svc.ledger.Complete(ctx, agent, key, d.Record.Generation, ledger.Outcome{State: ledger.StateUnknown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.mu.Lock()
+	fake.byKey["t1:"+opRef(rec)] = `{"order_id":"ext-9","version":1,"status":"placed"}`
+	fake.lookupDelay = 120 * time.Millisecond // within the 200 ms call timeout
+	fake.mu.Unlock()
+	impatient, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := svc.reconcile(impatient, agent, rec); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("impatient reconcile: %v, want its deadline", err)
+	}
+	svc.Close() // waits for the flight the impatient caller started
+	got, err := svc.ledger.Get(ctx, "t1", key)
+	if err != nil || got.State != ledger.StateSucceeded {
+		t.Fatalf("after Close the record is %+v (%v); want succeeded: Close returned before the reconciliation finished", got, err)
+	}
+	other := uuid.NewString()
+	if _, err := svc.reconcile(ctx, agent, &ledger.Record{Tenant: "t1", Key: other, State: ledger.StateUnknown}); !errors.Is(err, errServiceClosed) {
+		t.Errorf("reconcile after Close: %v, want errServiceClosed", err)
+	}
+}

@@ -10,8 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
-	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -64,8 +65,14 @@ type Service struct {
 	// reconciling coalesces reconciliations of one (tenant, key);
 	// lookups logs outages of the order API's lookup (external.go).
 	reconciling singleflight.Group
-	lookups     lookupHealth
-	tools       map[string]descriptor
+	// flights counts the reconciliations running detached from their
+	// callers; Close waits for them. flightsMu orders flights.Add against
+	// Close, which sets closed.
+	flights   sync.WaitGroup
+	flightsMu sync.Mutex
+	closed    bool
+	lookups   lookupHealth
+	tools     map[string]descriptor
 }
 
 // registry lists every tool's descriptor. Adding a tool is its own file
@@ -258,11 +265,11 @@ func (s *Service) finish(c *call, name string, readOnly bool, resp **Response) {
 // (missing, malformed or a placeholder).
 func keyRefused(ve *schemas.ValidationError) bool {
 	for _, p := range ve.Problems {
-		if p.Path == "operation_key" || p.Message == `missing required property "operation_key"` {
+		if p.Path == "operation_key" {
 			return true
 		}
 	}
-	return false
+	return slices.Contains(ve.Missing, "operation_key")
 }
 
 // proposal is what an approver would be shown for a call.
@@ -406,8 +413,13 @@ func (s *Service) failed(tool, key string, err error) *Response {
 			NextFixRetry)
 	case errors.Is(err, ledger.ErrDownstreamMismatch):
 		s.log.Error("downstream mismatch", "tool", tool, "key", key, "err", err)
+		var dm *ledger.DownstreamMismatchError
+		what := "the operation belongs to another downstream than this process's"
+		if errors.As(err, &dm) {
+			what = "the operation belongs to " + dm.Recorded + ", this process is configured for " + dm.Configured
+		}
 		return errorResponse(key, ledger.StateRejected, CodeInternal,
-			"Nothing was run: "+strings.TrimPrefix(err.Error(), ledger.ErrDownstreamMismatch.Error()+": ")+
+			"Nothing was run: "+what+
 				". The server handling this call is configured for a different order system than the one this operation was recorded for; an operator must fix the configuration (--orders-api / --config).",
 			NextDoNotRetry)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -425,4 +437,27 @@ func mustJSON(v any) json.RawMessage {
 		panic(err) // only called with values built here
 	}
 	return b
+}
+
+// Close waits for the work the service runs detached from its callers (a
+// reconciliation whose caller gave up, bounded by the order API's timeout)
+// and refuses new such work, so the caller may then close the ledger:
+// nothing the service started writes to a closed store. Calls made after
+// Close that need such work answer with an internal error.
+func (s *Service) Close() {
+	s.flightsMu.Lock()
+	s.closed = true
+	s.flightsMu.Unlock()
+	s.flights.Wait()
+}
+
+// startFlight registers one detached run; false after Close.
+func (s *Service) startFlight() bool {
+	s.flightsMu.Lock()
+	defer s.flightsMu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.flights.Add(1)
+	return true
 }
