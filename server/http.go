@@ -242,8 +242,15 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if json.Unmarshal(body, &env) != nil {
-			// Not JSON-RPC: mcp-go answers with a parse error.
-			g.next.ServeHTTP(w, r)
+			// Not JSON-RPC as the gate reads it (a malformed initialize,
+			// say): mcp-go answers with its error. No session was
+			// recorded, so none may be handed out: mcp-go's id is
+			// withheld and its memory of it released.
+			sw := &sessionlessWriter{ResponseWriter: w}
+			g.next.ServeHTTP(sw, r)
+			if sw.withheld != "" {
+				g.sessions.free(sw.withheld)
+			}
 			return
 		}
 		modern = modern || mcp.IsModernProtocol(env.Params.Meta.ProtocolVersion())
@@ -264,14 +271,7 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ci := env.Params.ClientInfo; ci != nil {
 			name, version = ci.Name, ci.Version
 		}
-		rec, err := g.sessions.Create(r.Context(), tokenHash, id, name, version)
-		if err != nil {
-			g.logger.Error("http session: create", "err", err)
-			refuse(w, r, http.StatusServiceUnavailable, "the session could not be recorded in the ledger; retry shortly")
-			return
-		}
-		ctx := context.WithValue(withSessionClient(r.Context(), rec.ClientName, rec.ClientVersion), sessionStateKey{}, &sessionState{created: rec})
-		g.next.ServeHTTP(w, r.WithContext(ctx))
+		g.initialize(w, r, tokenHash, id, name, version)
 		return
 	}
 	sid := r.Header.Get(mcpserver.HeaderKeySessionID)
@@ -464,3 +464,109 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 	}
 	return nil
 }
+
+// initialize lets mcp-go answer an initialize under a session id chosen
+// here, and records the session in the ledger only when that answer is a
+// success: a refused initialize (a malformed one, an unsupported
+// version) leaves no session, returns no Mcp-Session-Id, and cannot evict
+// a live session of its token. The answer — small, never streamed — is
+// held until then.
+func (g *sessionGate) initialize(w http.ResponseWriter, r *http.Request, tokenHash string, id Identity, name, version string) {
+	pending := &sessionRecord{ID: newSessionID(), ClientName: clip(name), ClientVersion: clip(version)}
+	ctx := context.WithValue(withSessionClient(r.Context(), pending.ClientName, pending.ClientVersion), sessionStateKey{}, &sessionState{created: pending})
+	held := &heldResponse{header: http.Header{}}
+	g.next.ServeHTTP(held, r.WithContext(ctx))
+	if held.succeeded() {
+		if _, err := g.sessions.createWithID(r.Context(), pending.ID, tokenHash, id, name, version); err != nil {
+			g.sessions.free(pending.ID)
+			g.logger.Error("http session: create", "err", err)
+			refuse(w, r, http.StatusServiceUnavailable, "the session could not be recorded in the ledger; retry shortly")
+			return
+		}
+	} else {
+		held.header.Del(mcpserver.HeaderKeySessionID)
+		g.sessions.free(pending.ID) // mcp-go keeps even a refused initialize's session in memory
+	}
+	for k, v := range held.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(held.status)
+	w.Write(held.body.Bytes())
+}
+
+// heldResponse records an answer instead of sending it.
+type heldResponse struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldResponse) Header() http.Header { return h.header }
+func (h *heldResponse) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+func (h *heldResponse) Write(b []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	return h.body.Write(b)
+}
+func (h *heldResponse) Flush() {}
+
+// succeeded reports whether the held answer is a JSON-RPC result (as JSON
+// or as the data of server-sent events), not an error.
+func (h *heldResponse) succeeded() bool {
+	if h.status != http.StatusOK {
+		return false
+	}
+	body := h.body.Bytes()
+	if strings.HasPrefix(h.header.Get("Content-Type"), "text/event-stream") {
+		var last []byte
+		for _, line := range bytes.Split(body, []byte("\n")) {
+			if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+				last = bytes.TrimSpace(data)
+			}
+		}
+		body = last
+	}
+	var msg struct {
+		Result json.RawMessage `json:"result"`
+		Error  json.RawMessage `json:"error"`
+	}
+	return json.Unmarshal(body, &msg) == nil && len(msg.Result) > 0 && len(msg.Error) == 0
+}
+
+// sessionlessWriter passes an answer on without the Mcp-Session-Id mcp-go
+// put on it (remembered in withheld).
+type sessionlessWriter struct {
+	http.ResponseWriter
+	withheld string
+	wrote    bool
+}
+
+func (w *sessionlessWriter) strip() {
+	if !w.wrote {
+		w.wrote = true
+		if sid := w.Header().Get(mcpserver.HeaderKeySessionID); sid != "" {
+			w.withheld = sid
+			w.Header().Del(mcpserver.HeaderKeySessionID)
+		}
+	}
+}
+
+func (w *sessionlessWriter) WriteHeader(status int) { w.strip(); w.ResponseWriter.WriteHeader(status) }
+func (w *sessionlessWriter) Write(b []byte) (int, error) {
+	w.strip()
+	return w.ResponseWriter.Write(b)
+}
+func (w *sessionlessWriter) Flush() {
+	w.strip()
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *sessionlessWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

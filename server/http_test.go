@@ -184,3 +184,42 @@ func TestHTTPSessionRulesGetDelete(t *testing.T) {
 		t.Errorf("2026-07-28 without a session: %d, session %q; want 200 and none", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
 	}
 }
+
+// TestHTTPRefusedInitializeLeavesNoSession: an initialize mcp-go answers
+// with an error gets no Mcp-Session-Id, records no session and so cannot
+// evict a live session of its token; a good one still does all three.
+func TestHTTPRefusedInitializeLeavesNoSession(t *testing.T) {
+	url, token, live := testHandler(t, SessionConfig{MaxPerToken: 2})
+	var good []string
+	for range 2 {
+		resp, body := do(t, "POST", url+"/mcp", token, "", initialize)
+		if resp.StatusCode != 200 || resp.Header.Get("Mcp-Session-Id") == "" {
+			t.Fatalf("initialize: %d %s", resp.StatusCode, body)
+		}
+		good = append(good, resp.Header.Get("Mcp-Session-Id"))
+	}
+	// The first the gate cannot read either; the second only mcp-go
+	// refuses (capabilities must be an object).
+	bads := []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":5,"capabilities":[],"clientInfo":"x"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":"none","clientInfo":{"name":"t","version":"1"}}}`,
+	}
+	for i := range 10 {
+		bad := bads[i%2]
+		resp, body := do(t, "POST", url+"/mcp", token, "", bad)
+		if !strings.Contains(body, `"error"`) {
+			t.Fatalf("bad initialize %d: %d %s, want a JSON-RPC error", i, resp.StatusCode, body)
+		}
+		if sid := resp.Header.Get("Mcp-Session-Id"); sid != "" {
+			t.Fatalf("bad initialize %d returned session %q", i, sid)
+		}
+	}
+	for _, sid := range good {
+		if resp, body := do(t, "POST", url+"/mcp", token, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != 200 {
+			t.Errorf("live session %s after refused initializes: %d %s, want 200 (not evicted)", sid, resp.StatusCode, body)
+		}
+	}
+	if n := live.Load(); n != 2 {
+		t.Errorf("mcp-go holds %d sessions, want the 2 live ones", n)
+	}
+}

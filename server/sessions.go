@@ -134,8 +134,15 @@ func validSessionID(id string) bool {
 // already holds MaxPerToken sessions, its least recently used one ends
 // (evicted) in the same transaction.
 func (s *Sessions) Create(ctx context.Context, tokenHash string, id Identity, clientName, clientVersion string) (*sessionRecord, error) {
+	return s.createWithID(ctx, newSessionID(), tokenHash, id, clientName, clientVersion)
+}
+
+// createWithID is Create for a session id chosen beforehand (the gate
+// picks it before mcp-go answers initialize, and records the session
+// only once that answer is a success).
+func (s *Sessions) createWithID(ctx context.Context, sid, tokenHash string, id Identity, clientName, clientVersion string) (*sessionRecord, error) {
 	now := s.now().UTC()
-	rec := &sessionRecord{ID: newSessionID(), TokenHash: tokenHash, Principal: id.Principal, Tenant: id.Tenant,
+	rec := &sessionRecord{ID: sid, TokenHash: tokenHash, Principal: id.Principal, Tenant: id.Tenant,
 		ClientName: clip(clientName), ClientVersion: clip(clientVersion), CreatedAt: now, LastSeen: now}
 	val, err := json.Marshal(rec)
 	if err != nil {
