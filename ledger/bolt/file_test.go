@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"idemgate/ledger"
 	"os"
 	"path/filepath"
@@ -286,5 +287,15 @@ func TestHealthFollowsCommits(t *testing.T) {
 	}
 	if strings.Contains(h.LastCommitError, path) {
 		t.Errorf("health names the file's path: %s", h.LastCommitError)
+	}
+}
+
+// TestHealthTextOfADeletedLedger: the health text of a ledger deleted
+// under a running server names no path and reads as one sentence.
+func TestHealthTextOfADeletedLedger(t *testing.T) {
+	b := &backend{path: "/srv/data/ledger.db"}
+	got := b.healthText(fmt.Errorf("reopen: %w", noLedgerError(b.path)))
+	if want := "the ledger file: no ledger file"; got != want {
+		t.Errorf("healthText = %q, want %q", got, want)
 	}
 }

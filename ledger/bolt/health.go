@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"idemgate/ledger"
 	"path/filepath"
@@ -39,6 +40,15 @@ func (s *backend) noteCommit(err error) {
 // healthText is err as one bounded line without the ledger's path (the
 // health body may be served without authentication).
 func (s *backend) healthText(err error) string {
+	var fe *fileError
+	if errors.As(err, &fe) {
+		// Not the advice: it names commands with the path.
+		msg := "the ledger file: " + fe.kind.Error()
+		if fe.detail != "" {
+			msg += " (" + strings.ReplaceAll(fe.detail, s.path, "the ledger file") + ")"
+		}
+		return oneLine(msg, 300)
+	}
 	return oneLine(strings.ReplaceAll(err.Error(), s.path, "the ledger file"), 300)
 }
 
