@@ -19,7 +19,7 @@ import (
 // on the same ledger the agents' servers use, through the same code as the
 // decide_approval tool.
 func approvalsCmd(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C]  (with --principal P --tenant T, or --token)"
+	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C] | require-token on|off  (with --principal P --tenant T, or --token)"
 	if len(args) == 0 {
 		return usageError{errors.New(use)}
 	}
@@ -27,11 +27,14 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	var id string
 	switch sub {
 	case "list":
-	case "show", "approve", "reject":
+	case "show", "approve", "reject", "require-token":
 		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
 			return usageError{errors.New(use)}
 		}
 		id, rest = rest[0], rest[1:]
+		if sub == "require-token" && id != "on" && id != "off" {
+			return usageError{fmt.Errorf("require-token %q: say on or off", id)}
+		}
 	default:
 		return usageError{errors.New(use)}
 	}
@@ -54,9 +57,12 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	if err := lf.load(); err != nil {
 		return err
 	}
-	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "approve" || sub == "reject")
+	who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, sub == "approve" || sub == "reject" || sub == "require-token")
 	if err != nil {
 		return err
+	}
+	if sub == "require-token" && tf.token == "" {
+		return errors.New("forbidden: changing require_approver_token needs an approver's token (IDEMGATE_TOKEN or --token), whatever the rule is now")
 	}
 	if err := who.Validate(); err != nil {
 		return usageError{err}
@@ -78,6 +84,13 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		printApprovals(stdout, list)
+		return nil
+	case "require-token":
+		if err := setApproverTokenRule(ctx, store, id == "on"); err != nil {
+			return err
+		}
+		store.Audit(ledger.AuditEntry{Event: "call", Actor: actor, Decision: "require_approver_token " + id})
+		fmt.Fprintf(stdout, "require_approver_token: %s (recorded in the ledger; every process on it enforces it)\n", id)
 		return nil
 	case "show":
 		a, err := svc.ShowApproval(ctx, actor, id)

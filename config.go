@@ -192,6 +192,12 @@ func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Du
 	if err != nil {
 		return nil, nil, err
 	}
+	if !readOnly && l.file.RequireApproverToken {
+		if err := setApproverTokenRule(context.Background(), store, true); err != nil {
+			store.Close()
+			return nil, nil, fmt.Errorf("recording require_approver_token in the ledger: %w", err)
+		}
+	}
 	if outboxDir == "" {
 		outboxDir = filepath.Join(filepath.Dir(l.db), "outbox")
 	}

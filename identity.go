@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,11 +31,16 @@ func (t *tokenFlags) register(fs *flag.FlagSet) {
 // the configuration file sets require_approver_token, a token of the
 // approver role is required; lf must be loaded.
 func (t *tokenFlags) identity(lf *settings, fs *flag.FlagSet, flags server.Identity, needApprover bool) (server.Identity, error) {
-	require := needApprover && lf.file.RequireApproverToken
-	if t.token == "" {
-		if require {
-			return flags, fmt.Errorf("forbidden: the configuration (%s) sets require_approver_token, so approvals and resolutions need an approver's token: set IDEMGATE_TOKEN (or --token) to a token of role approver from the tokens file (create one with: idemgate tokens add --principal P --tenant T --role approver)", lf.configFile)
+	if t.token == "" && needApprover {
+		const how = "approvals and resolutions need an approver's token: set IDEMGATE_TOKEN (or --token) to a token of role approver from the tokens file (create one with: idemgate tokens add --principal P --tenant T --role approver)"
+		if lf.file.RequireApproverToken {
+			return flags, fmt.Errorf("forbidden: the configuration (%s) sets require_approver_token, so %s", lf.configFile, how)
 		}
+		if ledgerRequiresApproverToken(lf) {
+			return flags, fmt.Errorf("forbidden: the ledger %s requires approver tokens (a process configured with require_approver_token recorded it there), so %s", lf.db, how)
+		}
+	}
+	if t.token == "" {
 		return flags, nil
 	}
 	path := t.tokens
@@ -67,4 +73,49 @@ func (t *tokenFlags) identity(lf *settings, fs *flag.FlagSet, flags server.Ident
 		return flags, usageError{fmt.Errorf("%w (drop the flag: the token says who you are)", err)}
 	}
 	return id, nil
+}
+
+// The ledger remembers require_approver_token: a process whose
+// configuration sets it records it in the ledger, and from then on every
+// process on that ledger enforces it, whatever configuration it was
+// given. Only an approver can lift it (idemgate approvals require-token
+// off, with an approver's token).
+const (
+	settingsCollection    = "settings"
+	settingApproverTokens = "require_approver_token"
+)
+
+// ledgerRequiresApproverToken reports whether lf's ledger records
+// require_approver_token. A ledger that cannot be opened records nothing
+// (the command's own open then reports why).
+func ledgerRequiresApproverToken(lf *settings) bool {
+	store, err := lf.openReadOnly()
+	if err != nil {
+		return false
+	}
+	defer store.Close()
+	on := false
+	err = store.View(context.Background(), func(tx ledger.Tx) error {
+		v, err := tx.Get(settingsCollection, settingApproverTokens)
+		on = string(v) == "true"
+		return err
+	})
+	return err == nil && on
+}
+
+// setApproverTokenRule records (on) or lifts the rule in the ledger.
+func setApproverTokenRule(ctx context.Context, store ledger.Store, on bool) error {
+	return store.Update(ctx, func(tx ledger.Tx) error {
+		v, err := tx.Get(settingsCollection, settingApproverTokens)
+		if err != nil {
+			return err
+		}
+		if (string(v) == "true") == on {
+			return nil
+		}
+		if on {
+			return tx.Put(settingsCollection, settingApproverTokens, []byte("true"))
+		}
+		return tx.Delete(settingsCollection, settingApproverTokens)
+	})
 }

@@ -22,6 +22,8 @@ Usage:
   idemgate ops show KEY [flags]   show one operation's record and its whole audit history
   idemgate approvals list|show ID|approve ID|reject ID [--comment C] --principal P [--token TOKEN]
                                   decide approvals as an approver, on the same ledger
+  idemgate approvals require-token on|off --token TOKEN
+                                  make every process on the ledger ask approvers for a token (or stop)
   idemgate reconcile KEY [--db PATH] [--orders-api URL] [--tenant T]
                                   ask the order API what became of an unknown operation
   idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R]

@@ -61,6 +61,7 @@ func readmeSynopses(t *testing.T) []synopsis {
 	flagRe := regexp.MustCompile(`^--?[a-z][a-z0-9-]*$`)
 	subRe := regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 	placeholderRe := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	choiceRe := regexp.MustCompile(`^[a-z]+(\|[a-z]+)+$`) // a positional value given as its choices: on|off
 	var out []synopsis
 	for _, l := range lines {
 		words := strings.Fields(strings.NewReplacer("[", " ", "]", " ").Replace(l))
@@ -87,6 +88,8 @@ func readmeSynopses(t *testing.T) []synopsis {
 				positional = true
 			case placeholderRe.MatchString(w) && positional:
 				cur.argv = append(cur.argv, "X")
+			case choiceRe.MatchString(w) && positional:
+				cur.argv = append(cur.argv, strings.Split(w, "|")[0])
 			}
 		}
 		syn.calls = append(syn.calls, cur)

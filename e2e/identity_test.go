@@ -117,3 +117,50 @@ func TestRequireApproverToken(t *testing.T) {
 		t.Fatalf("decided_by = %q, want the token's principal boss: %s", by, d)
 	}
 }
+
+// TestApproverTokenRuleKeptByTheLedger: once a process configured with
+// require_approver_token has opened the ledger, the ledger keeps the rule:
+// an approval from a command given no configuration at all still needs an
+// approver's token. Only an approver's token lifts it.
+func TestApproverTokenRuleKeptByTheLedger(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	cfg := filepath.Join(dir, "strict.toml")
+	if err := os.WriteFile(cfg, []byte("require_approver_token = true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens.json")
+	bossTok := addToken(t, tokens, "boss", aprTenant, "approver")
+	agentTok := addToken(t, tokens, "alice-assistant", aprTenant, "agent")
+
+	// The agent's server runs with the strict configuration.
+	agent := startServer(t, mcpGoModern, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice-assistant", Args: []string{"--config", cfg}})
+	o := placeOrder(t, agent, "cust-rule")
+	key := newKey()
+	id := agent.mustHold(t, "cancel_order", cancelArgs(key, o.OrderID, 1)).Approval.ApprovalID
+
+	// No --config: the ledger still says a token is needed.
+	bare := runCLI(t, 20*time.Second, "approvals", "approve", id, "--db", db, "--tenant", aprTenant, "--principal", "boss")
+	if bare.Code == 0 || !strings.Contains(bare.Stderr, "requires approver tokens") {
+		t.Fatalf("approve with no config and no token: exit %d, want refused by the ledger's rule\nstdout: %s\nstderr: %s", bare.Code, bare.Stdout, bare.Stderr)
+	}
+	agent.mustBeState(t, key, "awaiting_approval")
+
+	off := []string{"approvals", "require-token", "off", "--db", db, "--tenant", aprTenant, "--tokens", tokens}
+	if r := runCLI(t, 20*time.Second, append(off, "--principal", "boss")...); r.Code == 0 {
+		t.Fatalf("require-token off without a token: exit 0\nstdout: %s", r.Stdout)
+	}
+	if r := runCLI(t, 20*time.Second, append(off, "--token", agentTok)...); r.Code == 0 {
+		t.Fatalf("require-token off with an agent's token: exit 0\nstdout: %s", r.Stdout)
+	}
+	if r := runCLI(t, 20*time.Second, append(off, "--token", bossTok)...); r.Code != 0 {
+		t.Fatalf("require-token off with boss's token: exit %d\nstderr: %s", r.Code, r.Stderr)
+	}
+	// Lifted: an approval without a token and without the strict
+	// configuration goes through.
+	ok := runCLI(t, 20*time.Second, "approvals", "approve", id, "--db", db, "--tenant", aprTenant, "--principal", "boss")
+	if ok.Code != 0 {
+		t.Fatalf("approve after the rule was lifted: exit %d\nstderr: %s", ok.Code, ok.Stderr)
+	}
+	agent.mustBeState(t, key, "succeeded")
+}
