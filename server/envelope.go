@@ -115,6 +115,14 @@ func checkEnvelope(msg []byte) *envelopeError {
 		}
 		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}
 	}
+	switch w.idKind {
+	case "", "a string", "a number", "null":
+	default:
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id must be a string, a number or null (JSON-RPC 2.0), got " + w.idKind}
+	}
+	if w.methodKind != "" && w.methodKind != "a string" {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method must be a string naming an MCP method, got " + w.methodKind}
+	}
 	if w.longID {
 		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id is longer than " + strconv.Itoa(maxIDLen) + " characters"}
 	}
@@ -162,8 +170,9 @@ type walker struct {
 	nameKind string // JSON type of params.name; "" when absent
 	nameLen  int    // its length in characters when a string
 
-	longID, longMethod bool // the id or method is over its bound
-	inexactID          bool // a numeric id mcp-go would answer under another value
+	longID, longMethod bool   // the id or method is over its bound
+	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
+	inexactID          bool   // a numeric id mcp-go would answer under another value
 }
 
 // echoedExactly reports whether mcp-go answers a request whose id is the
@@ -323,6 +332,7 @@ func (w *walker) note(v any, kind string) {
 		// mcp-go, like encoding/json, matches these names ignoring case.
 		switch key := w.stack[0].key; {
 		case strings.EqualFold(key, "id"):
+			w.idKind = kind
 			switch v := v.(type) {
 			case string:
 				if len(v) <= maxIDLen {
@@ -335,6 +345,7 @@ func (w *walker) note(v any, kind string) {
 				w.inexactID = !echoedExactly(string(v))
 			}
 		case strings.EqualFold(key, "method"):
+			w.methodKind = kind
 			if s, ok := v.(string); ok {
 				w.method = s
 				w.longMethod = len(s) > maxMethodLen
