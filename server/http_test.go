@@ -223,3 +223,23 @@ func TestHTTPRefusedInitializeLeavesNoSession(t *testing.T) {
 		t.Errorf("mcp-go holds %d sessions, want the 2 live ones", n)
 	}
 }
+
+// TestHTTPTwoOriginHeaders: a request with two Origin headers is refused,
+// even when the first is allowed.
+func TestHTTPTwoOriginHeaders(t *testing.T) {
+	url, token, _ := testHandler(t, SessionConfig{})
+	req, _ := http.NewRequest("POST", url+"/mcp", strings.NewReader(initialize))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Add("Origin", url)
+	req.Header.Add("Origin", "http://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("Mcp-Session-Id") != "" {
+		t.Fatalf("two Origin headers: %d (session %q), want 403", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
+	}
+}

@@ -93,6 +93,12 @@ func (o *Origins) Allowed(origin string) bool {
 // Host is not a loopback name (a page on a rebound DNS name reaches a local
 // server with its own name in Host). It reports whether it refused.
 func checkOrigin(w http.ResponseWriter, r *http.Request, origins *Origins) bool {
+	if vals := r.Header.Values("Origin"); len(vals) > 1 {
+		// No browser sends two; a proxy that reads one may not read the
+		// one we would.
+		refuse(w, r, http.StatusForbidden, "more than one Origin header: send at most one")
+		return true
+	}
 	if origin := r.Header.Get("Origin"); !origins.Allowed(origin) {
 		refuse(w, r, http.StatusForbidden, fmt.Sprintf("Origin %q is not allowed: start the server with --allowed-origins %s to let pages of that origin call it", clipHeader(origin), clipHeader(origin)))
 		return true
