@@ -42,6 +42,7 @@ type approvalItem struct {
 	// Earlier is the operation a suspected duplicate resembles.
 	Earlier *earlierOp
 	Waiting string // how long it has waited
+	Left    string // how long until it expires
 }
 
 type changeRow struct{ Path, Before, After string }
@@ -65,9 +66,8 @@ type outcome struct {
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
-		"ts": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
-		"iso": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-		"until": func(now, t time.Time) string { return roughly(t.Sub(now)) },
+		"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+		"iso":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"deref": func(p *string) string {
 			if p == nil {
 				return ""
@@ -271,7 +271,8 @@ func derefTime(p *time.Time, or time.Time) time.Time {
 // item prepares one approval for the pages: its diff as rows, the order's
 // total, and the earlier operation of a suspected duplicate.
 func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) approvalItem {
-	it := approvalItem{ApprovalView: a, Waiting: roughly(c.cfg.Now().Sub(a.CreatedAt))}
+	now := c.cfg.Now()
+	it := approvalItem{ApprovalView: a, Waiting: roughly(now.Sub(a.CreatedAt)), Left: roughly(a.ExpiresAt.Sub(now))}
 	var changes []approvals.Change
 	if len(a.Diff) > 0 && json.Unmarshal(a.Diff, &changes) == nil {
 		for _, ch := range changes {
