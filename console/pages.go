@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,8 +67,8 @@ type outcome struct {
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
-		"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
-		"iso":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"ts":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+		"iso": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"deref": func(p *string) string {
 			if p == nil {
 				return ""
@@ -302,7 +303,7 @@ func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) appro
 				if row.After != "" && row.After != "—" {
 					cur = row.After
 				}
-				it.Total += " " + strings.Trim(cur, `"`)
+				it.Total = money(it.Total, strings.Trim(cur, `"`))
 				break
 			}
 		}
@@ -352,4 +353,24 @@ func pretty(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return b.String()
+}
+
+// noMinorUnit are the currencies whose amounts have no decimals.
+var noMinorUnit = map[string]bool{"JPY": true, "KRW": true, "VND": true, "CLP": true, "ISK": true, "UGX": true, "XAF": true, "XOF": true}
+
+// money shows an amount in minor units with its currency: "37.00 EUR"
+// (or "3700 ?" as given when it is not a whole number).
+func money(minor, currency string) string {
+	n, err := strconv.ParseInt(minor, 10, 64)
+	if err != nil || currency == "" {
+		return strings.TrimSpace(minor + " " + currency)
+	}
+	if noMinorUnit[strings.ToUpper(currency)] {
+		return fmt.Sprintf("%d %s", n, currency)
+	}
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	return fmt.Sprintf("%s%d.%02d %s", sign, n/100, n%100, currency)
 }
