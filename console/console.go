@@ -148,6 +148,10 @@ func New(cfg Config) *Console {
 	c.mux.Handle("GET "+Prefix+"/approvals/{id}", c.approver(c.approvalPage))
 	c.mux.Handle("POST "+Prefix+"/approvals/{id}/decide", c.approver(c.decide))
 	c.mux.Handle("GET "+Prefix+"/history", c.approver(c.historyPage))
+	c.mux.Handle("GET "+Prefix+"/operations", c.approver(c.operationsPage))
+	c.mux.Handle("GET "+Prefix+"/operations/{key}", c.approver(c.operationPage))
+	c.mux.Handle("POST "+Prefix+"/operations/{key}/settle", c.approver(c.settle))
+	c.mux.Handle("GET "+Prefix+"/attention", c.approver(c.attentionPage))
 	c.mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, nil, http.StatusNotFound, "There is no such page in the console.")
 	})

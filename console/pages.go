@@ -83,7 +83,7 @@ func parsePages() map[string]*template.Template {
 		},
 	}
 	out := map[string]*template.Template{}
-	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error"} {
+	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation"} {
 		out[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/approval_card.html", "templates/"+name+".html"))
 	}
 	return out
@@ -110,8 +110,14 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if p.Now.IsZero() {
 		p.Now = c.cfg.Now()
 	}
+	c.renderAny(w, status, name, p)
+}
+
+// renderAny renders template name with data (a page or a struct embedding
+// one) and answers it with status.
+func (c *Console) renderAny(w http.ResponseWriter, status int, name string, data any) {
 	var b bytes.Buffer
-	if err := c.pages[name].Execute(&b, p); err != nil {
+	if err := c.pages[name].Execute(&b, data); err != nil {
 		c.cfg.Logger.Error("console: template", "page", name, "err", err)
 		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
 		return

@@ -98,11 +98,19 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // textOf is the visible text of the first element matching css.
 func textOf(t *testing.T, ctx context.Context, css string) string {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(css)))
-	if err != nil {
-		t.Fatalf("browser: text of %s: %v", css, err)
+	var err error
+	for range 5 { // a page that has just been navigated to may still be replacing its document
+		step, cancel := context.WithTimeout(ctx, 10*time.Second)
+		s, e := chromedp.Run(step, chromedp.Text(chromedp.CSS(css)))
+		cancel()
+		if e == nil {
+			return strings.TrimSpace(s)
+		}
+		err = e
+		time.Sleep(300 * time.Millisecond)
 	}
-	return strings.TrimSpace(s)
+	t.Fatalf("browser: text of %s: %v", css, err)
+	return ""
 }
 
 // bodyText is the whole page's text.
@@ -547,4 +555,69 @@ func TestConsoleTwoBrowsersApproveAtOnce(t *testing.T) {
 	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
 		t.Errorf("agent retry not replayed: %s", replay)
 	}
+}
+
+// TestConsoleResolveUnknown: an operation whose outcome is unknown (the
+// order API committed it but the reply was lost, and its lookup is down)
+// shows on the "Needs a person" page of `idemgate console`; Reconcile
+// there answers that it is still unknown; the approver resolves it with
+// evidence and the order system's id; the operation page then shows it
+// succeeded and its audit history names the resolver and the evidence;
+// the agent's retry replays it and the order API received one write.
+func TestConsoleResolveUnknown(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, _ := consoleTokens(t, dir)
+	api := newFakeAPI(t)
+	agent := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice"})
+	key := newKey()
+	args := faOrder(key, "cust-console-unknown")
+	api.Inject(fault{Kind: DropReplyAfterCommit, Match: matchCreate})
+	api.SetLookupUnavailable(true)
+	defer api.SetLookupUnavailable(false)
+	agent.mustFail(t, "create_order", args, "outcome_unknown")
+	o := api.OrderForKey(idemKey(aprTenant, key))
+
+	base, link := consoleServer(t, db, tokens, apiArgs(api)...)
+	do(t, ctx, "log in", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS("#who")))
+	do(t, ctx, "needs a person",
+		chromedp.Navigate(base+"/ui/attention"),
+		chromedp.WaitVisible(chromedp.CSS(`#ops a[href="/ui/operations/`+key+`"]`)),
+	)
+	screenshot(t, ctx, "needs-a-person")
+	do(t, ctx, "open the operation and reconcile",
+		chromedp.Click(chromedp.CSS(`#ops a[href="/ui/operations/`+key+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#reconcile")),
+		chromedp.Click(chromedp.CSS("#reconcile")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#op-state"); got != "unknown" {
+		t.Fatalf("after reconcile with the lookup down: state %q, want unknown", got)
+	}
+	evidence := "found " + o.OrderID + " in the order system's admin screen"
+	do(t, ctx, "resolve with evidence",
+		chromedp.Click(chromedp.CSS(`input[name=outcome][value=succeeded]`)),
+		chromedp.SendKeys(chromedp.CSS("#evidence"), evidence),
+		chromedp.SendKeys(chromedp.CSS("#downstream_ref"), o.OrderID),
+		chromedp.Click(chromedp.CSS("#resolve")),
+		// The page before had an outcome too (the reconcile's): wait for the new state.
+		chromedp.WaitVisible(chromedp.CSS("#op-state.s-succeeded")),
+	)
+	if got := textOf(t, ctx, "#op-state"); got != "succeeded" {
+		t.Fatalf("after resolve: state %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	audit := textOf(t, ctx, "#audit")
+	if !strings.Contains(audit, "boss") || !strings.Contains(audit, evidence) {
+		t.Errorf("the audit history does not name the resolver and the evidence:\n%s", audit)
+	}
+	screenshot(t, ctx, "operation")
+	if e := agent.mustSucceed(t, "create_order", args); !e.Replayed || e.orderID() != o.OrderID {
+		t.Errorf("the agent's retry after the resolution: %s, want a replay of %s", e, o.OrderID)
+	}
+	if w := api.WritesFor(idemKey(aprTenant, key)); w != 1 {
+		t.Errorf("the API received %d writes for the key, want 1", w)
+	}
+	do(t, ctx, "operations list", chromedp.Navigate(base+"/ui/operations?state=succeeded"), chromedp.WaitVisible(chromedp.CSS("#ops")))
+	screenshot(t, ctx, "operations")
 }
