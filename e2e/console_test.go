@@ -621,3 +621,47 @@ func TestConsoleResolveUnknown(t *testing.T) {
 	do(t, ctx, "operations list", chromedp.Navigate(base+"/ui/operations?state=succeeded"), chromedp.WaitVisible(chromedp.CSS("#ops")))
 	screenshot(t, ctx, "operations")
 }
+
+// TestConsoleSuspectedDuplicate: an order that repeats an earlier one
+// under a new key is held as a suspected duplicate; the console shows it
+// beside the earlier operation (its key, state and result, naming the
+// earlier order) with the new order's fields and total; rejecting it runs
+// nothing (the customer keeps one order).
+func TestConsoleSuspectedDuplicate(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	firstKey := newKey()
+	first := agent.mustSucceed(t, "create_order", orderArgs(firstKey, "cust-dup", coffee, nil))
+	key := newKey()
+	id := agent.mustHold(t, "create_order", orderArgs(key, "cust-dup", coffee, nil)).Approval.ApprovalID
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	card := "#apr-" + id
+	do(t, ctx, "see the held duplicate", chromedp.WaitVisible(chromedp.CSS(card+" .earlier")))
+	if got := textOf(t, ctx, card+" .reason"); got == "" {
+		t.Errorf("no reason shown")
+	}
+	earlier := textOf(t, ctx, card+" .earlier")
+	if !strings.Contains(earlier, firstKey) || !strings.Contains(earlier, "succeeded") || !strings.Contains(earlier, first.orderID()) {
+		t.Errorf("the earlier operation is not shown with its key, state and order %s:\n%s", first.orderID(), earlier)
+	}
+	if got := textOf(t, ctx, card+" .total"); !strings.Contains(got, "37.00 EUR") {
+		t.Errorf("total = %q, want 37.00 EUR", got)
+	}
+	screenshot(t, ctx, "suspected-duplicate")
+	do(t, ctx, "reject it",
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "the customer ordered once"),
+		chromedp.Click(chromedp.CSS(card+" button.reject")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "rejected" {
+		t.Errorf("outcome = %q, want rejected", got)
+	}
+	if n := agent.orderCount(t, "cust-dup"); n != 1 {
+		t.Errorf("the customer has %d orders, want 1", n)
+	}
+	agent.mustBeState(t, key, "rejected")
+}
