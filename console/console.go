@@ -152,6 +152,7 @@ func New(cfg Config) *Console {
 	c.mux.Handle("GET "+Prefix+"/operations/{key}", c.approver(c.operationPage))
 	c.mux.Handle("POST "+Prefix+"/operations/{key}/settle", c.approver(c.settle))
 	c.mux.Handle("GET "+Prefix+"/attention", c.approver(c.attentionPage))
+	c.mux.Handle("POST "+Prefix+"/messages/{id}/requeue", c.approver(c.requeue))
 	c.mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, nil, http.StatusNotFound, "There is no such page in the console.")
 	})

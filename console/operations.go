@@ -27,6 +27,7 @@ type opsPage struct {
 	Audit    []ledger.AuditEntry
 	AuditN   int
 	Answer   *outcome
+	Dead     []*outbox.Message
 }
 
 type opsFilter struct {
@@ -55,6 +56,15 @@ func (c *Console) operationsPage(w http.ResponseWriter, r *http.Request, id Iden
 // a person's resolution.
 func (c *Console) attentionPage(w http.ResponseWriter, r *http.Request, id Identity) {
 	p := opsPage{page: page{Title: "Needs a person", Who: &id, Nav: "attention"}}
+	if m := r.URL.Query().Get("requeued"); m != "" {
+		p.Notice = "Requeued " + m + ": it is delivered within seconds."
+	}
+	dead, err := c.deadLetters(r, id.Tenant)
+	if err != nil {
+		c.apiError(w, r, id, err)
+		return
+	}
+	p.Dead = dead
 	c.listOps(w, r, id, &p, ledger.StateUnknown, "attention")
 }
 

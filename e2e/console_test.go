@@ -665,3 +665,79 @@ func TestConsoleSuspectedDuplicate(t *testing.T) {
 	}
 	agent.mustBeState(t, key, "rejected")
 }
+
+// TestConsoleRequeueDeadLetter: a notification the gateway refuses (400)
+// is dead-lettered and listed on "Needs a person"; once the gateway is
+// fixed, Requeue in the console delivers it — exactly once.
+func TestConsoleRequeueDeadLetter(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, _ := consoleTokens(t, dir)
+	var (
+		mu         sync.Mutex
+		fixed      bool
+		deliveries = map[string]int{}
+	)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if !fixed {
+			http.Error(w, `{"error":"recipient blocked"}`, http.StatusBadRequest)
+			return
+		}
+		deliveries[r.Header.Get("Idempotency-Key")]++
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer gw.Close()
+	agent := startServer(t, mcpGoModern, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice", Args: []string{"--notify-webhook", gw.URL}})
+	key := newKey()
+	agent.mustSucceed(t, "send_notification", map[string]any{
+		"operation_key": key, "channel": "email", "to": []string{"ops@example.com"}, "subject": "hello", "body": "your order shipped",
+	})
+
+	base, link := consoleServer(t, db, tokens, "--notify-webhook", gw.URL)
+	do(t, ctx, "log in", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS("#who")))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		do(t, ctx, "needs a person", chromedp.Navigate(base+"/ui/attention"), chromedp.WaitVisible(chromedp.CSS("#dead-count")))
+		if textOf(t, ctx, "#dead-count") == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refused message was not listed as dead-lettered within 20 s:\n%s", bodyText(t, ctx))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if row := textOf(t, ctx, "#dead"); !strings.Contains(row, key) || !strings.Contains(row, "ops@example.com") {
+		t.Errorf("the dead letter row does not show its operation and recipient:\n%s", row)
+	}
+	screenshot(t, ctx, "dead-letters")
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	do(t, ctx, "requeue",
+		chromedp.Click(chromedp.CSS("#dead button.requeue")),
+		chromedp.WaitVisible(chromedp.CSS("#no-dead")),
+	)
+	if !eventually(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(deliveries) == 1
+	}) {
+		t.Fatalf("the requeued message was not delivered within 10 s")
+	}
+	time.Sleep(time.Second) // any second delivery would arrive by now
+	mu.Lock()
+	for id, n := range deliveries {
+		if n != 1 {
+			t.Errorf("message %s delivered %d times, want once", id, n)
+		}
+	}
+	mu.Unlock()
+	do(t, ctx, "the operation's messages", chromedp.Navigate(base+"/ui/operations/"+key), chromedp.WaitVisible(chromedp.CSS("table.messages")))
+	if got := textOf(t, ctx, "table.messages"); !strings.Contains(got, "delivered") {
+		t.Errorf("the operation page does not show the message delivered:\n%s", got)
+	}
+}
