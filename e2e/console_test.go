@@ -344,9 +344,18 @@ func TestConsoleAccess(t *testing.T) {
 	if body := bodyText(t, ctx); strings.Contains(body, key) || strings.Contains(body, o.OrderID) || strings.Contains(body, "alice") {
 		t.Errorf("globex's approver sees acme's data: %s", body)
 	}
-	do(t, ctx, "zed's history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS("h1")))
-	if body := bodyText(t, ctx); strings.Contains(body, key) {
-		t.Errorf("globex's history shows acme's operation")
+	for _, path := range []string{"/ui/history", "/ui/operations", "/ui/attention"} {
+		do(t, ctx, "zed's "+path, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS("h1")))
+		if body := bodyText(t, ctx); strings.Contains(body, key) || strings.Contains(body, "alice") {
+			t.Errorf("globex's %s shows acme's operation:\n%s", path, body)
+		}
+	}
+	resp, err = chromedp.RunResponse(ctx, chromedp.Navigate(base+"/ui/operations/"+key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := bodyText(t, ctx); resp.Status != http.StatusNotFound || strings.Contains(body, o.OrderID) {
+		t.Errorf("globex's approver opening acme's operation: status %d, want 404 showing nothing:\n%s", resp.Status, body)
 	}
 	agent.mustBeState(t, key, "awaiting_approval")
 }
