@@ -16,6 +16,8 @@ const usage = `idemgate — an MCP server whose side-effecting tools are safe to
 
 Usage:
   idemgate serve [flags]          serve MCP over stdio (embedded ledger), or --http ADDR
+  idemgate console [--listen 127.0.0.1:8081] [--principal P --tenant T] [--db PATH]
+                                  serve the web console alone and print a one-time login link
   idemgate tokens add --principal P --tenant T --role agent|approver
                                   create a bearer token for --http (shown once; stored hashed)
   idemgate ops list [flags]       list recent operations, newest first (--limit N, --cursor C for the next page)
@@ -58,6 +60,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		err = serve(args[1:], stdin, stdout, stderr)
+	case "console":
+		err = consoleCmd(args[1:], stderr)
 	case "ops":
 		err = ops(args[1:], stdout, stderr)
 	case "approvals":

@@ -41,6 +41,9 @@ type HTTPConfig struct {
 	// Health, when set, backs /healthz instead of Ready: ok false answers
 	// 503; details is the JSON body.
 	Health func(ctx context.Context) (ok bool, details any)
+	// UI, when set, is the web console, served at /ui and below (behind
+	// the same Origin and Host checks; it authenticates by itself).
+	UI http.Handler
 }
 
 // DefaultBodyTimeout is how long a client may take to send one request
@@ -141,6 +144,10 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	})
 	if cfg.Metrics != nil {
 		h.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	}
+	if cfg.UI != nil {
+		h.mux.Handle("/ui", cfg.UI)
+		h.mux.Handle("/ui/", cfg.UI)
 	}
 	return h
 }

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"idemgate/approvals"
+	"idemgate/console"
+	"idemgate/ledger"
+	"idemgate/server"
+	"idemgate/tools"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// newConsole is the web console over store and svc; tokens (may be nil)
+// log people in. standalone: the console checks Host itself (under serve
+// --http the transport does) and delivers what a decision queued.
+func newConsole(store ledger.Store, svc *tools.Service, tokens *server.Tokens, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
+	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone}
+	if tokens != nil {
+		cfg.Lookup = func(token string) (console.Identity, bool) {
+			id, ok, err := tokens.Lookup(token)
+			if err != nil {
+				logger.Warn("tokens file", "err", err)
+			}
+			return console.Identity{Principal: id.Principal, Tenant: id.Tenant, Role: id.Role}, ok
+		}
+	}
+	if ttl != nil {
+		cfg.SessionTTL = *ttl
+	}
+	if standalone {
+		cfg.AfterDecide = func(ctx context.Context) { svc.Deliverer().DeliverPending(ctx) }
+	}
+	return console.New(cfg)
+}
+
+// consoleCmd serves the web console alone, over the same ledger the
+// agents' servers use, and prints a one-time login link to stderr.
+func consoleCmd(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("console", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var lf settings
+	lf.register(fs)
+	listen := fs.String("listen", env("IDEMGATE_CONSOLE_LISTEN", "127.0.0.1:8081"), "address to serve the console on (env IDEMGATE_CONSOLE_LISTEN)")
+	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver the one-time login link logs in as (env IDEMGATE_PRINCIPAL); without it (and without --token) no link is printed and people log in with their tokens")
+	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant of --principal (env IDEMGATE_TENANT)")
+	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
+	ttl := fs.Duration("session-ttl", console.DefaultSessionTTL, "how long a console session lasts")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	var tf tokenFlags
+	tf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("console takes no arguments, got %q", fs.Args())}
+	}
+	if *ttl < time.Second || *ttl > 30*24*time.Hour {
+		return usageError{fmt.Errorf("--session-ttl must be between 1s and 720h, got %s", *ttl)}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)}
+	}
+	if err := lf.load(); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var link *server.Identity
+	if *principal != "" || tf.token != "" {
+		who, err := tf.identity(&lf, fs, server.Identity{Principal: *principal, Tenant: *tenant, Role: approvals.RoleApprover}, true)
+		if err != nil {
+			return err
+		}
+		if err := who.Validate(); err != nil {
+			return usageError{err}
+		}
+		if who.Role != approvals.RoleApprover {
+			return usageError{fmt.Errorf("the console is for approvers: --token has the role %s", who.Role)}
+		}
+		link = &who
+	}
+	tokensPath := tf.tokens
+	if tokensPath == "" {
+		tokensPath = filepath.Join(filepath.Dir(lf.db), "tokens.json")
+	}
+	var tokens *server.Tokens
+	if _, err := os.Stat(tokensPath); err == nil || tf.tokens != "" {
+		var err error
+		if tokens, err = server.LoadTokens(tokensPath); err != nil {
+			return usageError{err}
+		}
+	}
+	if tokens == nil && link == nil {
+		return usageError{fmt.Errorf("nobody could log in: give --principal P --tenant T (a one-time login link is printed) or a tokens file (--tokens; idemgate tokens add --role approver)")}
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", *listen, err)
+	}
+	defer ln.Close()
+	store, svc, err := lf.openService(*outbox, 0, logger)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	c := newConsole(store, svc, tokens, logger, true, ttl)
+	mux := http.NewServeMux()
+	mux.Handle("/ui", c)
+	mux.Handle("/ui/", c)
+	mux.Handle("/{$}", http.RedirectHandler("/ui/approvals", http.StatusSeeOther))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	base := "http://" + displayAddr(ln.Addr().String())
+	if link != nil {
+		fmt.Fprintf(stderr, "idemgate console: open this link to log in as %s (tenant %s); it works once, within 15 minutes:\n\n    %s%s\n\n", link.Principal, link.Tenant, base, c.LoginLink(console.Identity{Principal: link.Principal, Tenant: link.Tenant, Role: link.Role}, 15*time.Minute))
+	} else {
+		fmt.Fprintf(stderr, "idemgate console: serving at %s/ui (log in with an approver's token)\n", base)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdown)
+	if e := <-errc; !errors.Is(e, http.ErrServerClosed) && err == nil {
+		err = e
+	}
+	return err
+}
+
+// displayAddr is a listen address as a browser should open it: an
+// unspecified host becomes 127.0.0.1.
+func displayAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}

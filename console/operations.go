@@ -1,0 +1,173 @@
+package console
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"idemgate/ledger"
+	"idemgate/outbox"
+	"idemgate/tools"
+)
+
+// opsPage is the data of the operations pages.
+type opsPage struct {
+	page
+	Filter  opsFilter
+	States  []string
+	Ops     []*ledger.Record
+	Scanned int
+	More    bool
+
+	Op       *ledger.Record
+	Result   string
+	Args     string
+	Messages []*outbox.Message
+	Audit    []ledger.AuditEntry
+	AuditN   int
+	Answer   *outcome
+	Dead     []*outbox.Message
+}
+
+type opsFilter struct {
+	State, Tool, Principal, Since string
+}
+
+// opsScan bounds how many records one operations list reads.
+const opsScan = 2000
+
+var stateNames = []string{"in_progress", "awaiting_approval", "succeeded", "failed", "rejected", "retryable", "unknown"}
+
+// operationsPage lists the tenant's operations, newest first, filtered by
+// state, tool, principal and time; a key goes to its operation's page.
+func (c *Console) operationsPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	q := r.URL.Query()
+	if key := strings.TrimSpace(q.Get("key")); key != "" {
+		http.Redirect(w, r, Prefix+"/operations/"+url.PathEscape(key), http.StatusSeeOther)
+		return
+	}
+	f := opsFilter{State: q.Get("state"), Tool: strings.TrimSpace(q.Get("tool")), Principal: strings.TrimSpace(q.Get("principal")), Since: q.Get("since")}
+	p := opsPage{page: page{Title: "Operations", Who: &id, Nav: "operations"}, Filter: f, States: stateNames}
+	c.listOps(w, r, id, &p, ledger.State(f.State), "operations")
+}
+
+// attentionPage lists the unknown operations: each needs a reconcile or
+// a person's resolution.
+func (c *Console) attentionPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	p := opsPage{page: page{Title: "Needs a person", Who: &id, Nav: "attention"}}
+	if m := r.URL.Query().Get("requeued"); m != "" {
+		p.Notice = "Requeued " + m + ": it is delivered within seconds."
+	}
+	dead, err := c.deadLetters(r, id.Tenant)
+	if err != nil {
+		c.apiError(w, r, id, err)
+		return
+	}
+	p.Dead = dead
+	c.listOps(w, r, id, &p, ledger.StateUnknown, "attention")
+}
+
+func (c *Console) listOps(w http.ResponseWriter, r *http.Request, id Identity, p *opsPage, state ledger.State, tmpl string) {
+	var since time.Time
+	switch p.Filter.Since {
+	case "1h":
+		since = c.cfg.Now().Add(-time.Hour)
+	case "24h":
+		since = c.cfg.Now().Add(-24 * time.Hour)
+	case "7d":
+		since = c.cfg.Now().Add(-7 * 24 * time.Hour)
+	}
+	lf := ledger.Filter{Tenant: id.Tenant, State: state, Limit: 200}
+	for p.Scanned < opsScan && len(p.Ops) < 200 {
+		recs, err := c.cfg.Store.List(r.Context(), lf)
+		if err != nil {
+			c.apiError(w, r, id, err)
+			return
+		}
+		stop := len(recs) < lf.Limit
+		for _, rec := range recs {
+			if !since.IsZero() && rec.FirstSeenAt.Before(since) {
+				continue
+			}
+			if (p.Filter.Tool == "" || rec.Tool == p.Filter.Tool) && (p.Filter.Principal == "" || ledger.SamePrincipal(rec.Principal, p.Filter.Principal)) {
+				p.Ops = append(p.Ops, rec)
+			}
+		}
+		p.Scanned += len(recs)
+		if stop {
+			break
+		}
+		lf.After = ledger.ListPosition(recs[len(recs)-1])
+		p.More = p.Scanned >= opsScan
+	}
+	c.renderOps(w, r, http.StatusOK, tmpl, *p)
+}
+
+// operationPage shows one operation: its record, approval, messages and
+// its whole history from the audit log.
+func (c *Console) operationPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	c.showOperation(w, r, id, r.PathValue("key"), nil, http.StatusOK)
+}
+
+func (c *Console) showOperation(w http.ResponseWriter, r *http.Request, id Identity, key string, answer *outcome, status int) {
+	rec, err := c.cfg.Store.Get(r.Context(), id.Tenant, key)
+	if err != nil || rec == nil {
+		c.errorPage(w, r, &id, http.StatusNotFound, "No operation with this key in your tenant.")
+		return
+	}
+	p := opsPage{page: page{Title: "Operation " + key, Who: &id, Nav: "operations"}, Op: rec, Answer: answer,
+		Result: pretty(rec.Result), Args: pretty(rec.Args)}
+	_ = c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
+		p.Messages, _ = outbox.OfOperation(tx, id.Tenant, key, rec.Incarnation)
+		return nil
+	})
+	if p.Audit, p.AuditN, err = c.cfg.Store.AuditForKey(r.Context(), id.Tenant, key, 500); err != nil {
+		c.cfg.Logger.Warn("console: audit for key", "key", key, "err", err)
+	}
+	c.renderOps(w, r, status, "operation", p)
+}
+
+// settle reconciles or resolves an unknown operation through the
+// service's API (the same code as reconcile_operation and
+// resolve_operation), then shows the operation with the answer.
+func (c *Console) settle(w http.ResponseWriter, r *http.Request, id Identity) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		c.errorPage(w, r, &id, http.StatusBadRequest, "The form could not be read: "+err.Error())
+		return
+	}
+	key := r.PathValue("key")
+	var resp *tools.Response
+	action := r.PostFormValue("action")
+	switch action {
+	case "reconcile":
+		resp = c.cfg.Service.Reconcile(r.Context(), actor(id), tools.ReconcileRequest{OperationKey: key})
+	case "resolve":
+		resp = c.cfg.Service.Resolve(r.Context(), actor(id), tools.ResolveRequest{
+			OperationKey: key, Outcome: r.PostFormValue("outcome"),
+			Evidence: strings.TrimSpace(r.PostFormValue("evidence")), DownstreamRef: strings.TrimSpace(r.PostFormValue("downstream_ref")),
+		})
+	default:
+		c.errorPage(w, r, &id, http.StatusBadRequest, "Choose reconcile or resolve.")
+		return
+	}
+	if c.cfg.AfterDecide != nil {
+		c.cfg.AfterDecide(r.Context())
+	}
+	c.cfg.Logger.Info("console: settle", "principal", id.Principal, "tenant", id.Tenant, "key", key, "action", action, "status", resp.Status)
+	out := &outcome{Decision: action, Status: string(resp.Status), Replayed: resp.Replayed, Key: resp.OperationKey, Result: pretty(resp.Result)}
+	status := http.StatusOK
+	if resp.Error != nil {
+		out.Code, out.Message = resp.Error.Code, resp.Error.Message
+		status = http.StatusConflict
+	}
+	c.showOperation(w, r, id, key, out, status)
+}
+
+func (c *Console) renderOps(w http.ResponseWriter, r *http.Request, status int, name string, p opsPage) {
+	if p.Now.IsZero() {
+		p.Now = c.cfg.Now()
+	}
+	c.renderAny(w, status, name, p)
+}

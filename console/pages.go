@@ -1,0 +1,382 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"idemgate/approvals"
+	"idemgate/ledger"
+	"idemgate/tools"
+)
+
+// page is what every template gets.
+type page struct {
+	Title  string
+	Who    *Identity
+	Nav    string // the current section: approvals, history
+	Notice string
+	Error  string
+	Now    time.Time
+
+	Approvals []approvalItem
+	Approval  *approvalItem
+	Outcome   *outcome
+	Status    int
+	// HistoryScanned is how many recent operations the history looked at.
+	HistoryScanned int
+}
+
+// approvalItem is one approval as the pages show it.
+type approvalItem struct {
+	tools.ApprovalView
+	Changes []changeRow
+	Total   string // the order's total, "" when the diff does not show one
+	Order   []changeRow
+	// Earlier is the operation a suspected duplicate resembles.
+	Earlier *earlierOp
+	Waiting string // how long it has waited
+	Left    string // how long until it expires
+}
+
+type changeRow struct{ Path, Before, After string }
+
+type earlierOp struct {
+	Key, State, Tool, Result string
+	When                     time.Time
+	Missing                  bool
+}
+
+// outcome is the answer to a decision.
+type outcome struct {
+	Decision string
+	Status   string
+	Replayed bool
+	Code     string
+	Message  string
+	Result   string
+	Key      string
+}
+
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"ts":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+		"iso": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"deref": func(p *string) string {
+			if p == nil {
+				return ""
+			}
+			return *p
+		},
+		"derefTime": func(p *time.Time) time.Time {
+			if p == nil {
+				return time.Time{}
+			}
+			return *p
+		},
+	}
+	out := map[string]*template.Template{}
+	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation"} {
+		out[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/approval_card.html", "templates/"+name+".html"))
+	}
+	return out
+}
+
+// roughly says a duration the way a person reads it: "3 h 12 min",
+// "45 s", "expired".
+func roughly(d time.Duration) string {
+	if d <= 0 {
+		return "expired"
+	}
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%d d %d h", int(d.Hours())/24, int(d.Hours())%24)
+	case d >= time.Hour:
+		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
+	case d >= time.Minute:
+		return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%d s", int(d.Seconds()))
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
+	if p.Now.IsZero() {
+		p.Now = c.cfg.Now()
+	}
+	c.renderAny(w, status, name, p)
+}
+
+// renderAny renders template name with data (a page or a struct embedding
+// one) and answers it with status.
+func (c *Console) renderAny(w http.ResponseWriter, status int, name string, data any) {
+	var b bytes.Buffer
+	if err := c.pages[name].Execute(&b, data); err != nil {
+		c.cfg.Logger.Error("console: template", "page", name, "err", err)
+		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(b.Bytes())
+}
+
+func (c *Console) errorPage(w http.ResponseWriter, r *http.Request, who *Identity, status int, msg string) {
+	c.render(w, r, status, "error", page{Title: http.StatusText(status), Who: who, Error: msg, Status: status})
+}
+
+// actor is the ledger actor of a console session.
+func actor(id Identity) ledger.Actor {
+	return ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role, ClientName: "idemgate-console"}
+}
+
+// apiError shows an error of the approvals API.
+func (c *Console) apiError(w http.ResponseWriter, r *http.Request, id Identity, err error) {
+	var e *tools.Error
+	if errors.As(err, &e) {
+		status := http.StatusBadRequest
+		switch e.Code() {
+		case tools.CodeForbidden:
+			status = http.StatusForbidden
+		case tools.CodeNotFound:
+			status = http.StatusNotFound
+		case tools.CodeInternal:
+			status = http.StatusInternalServerError
+		}
+		c.errorPage(w, r, &id, status, e.Answer().Error.Message)
+		return
+	}
+	c.cfg.Logger.Error("console", "err", err)
+	c.errorPage(w, r, &id, http.StatusInternalServerError, "The ledger could not be read; try again shortly.")
+}
+
+func (c *Console) approvalsPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	var all []tools.ApprovalView
+	req := tools.ListApprovalsRequest{Limit: 100}
+	for len(all) < 500 {
+		list, err := c.cfg.Service.ListApprovals(r.Context(), actor(id), req)
+		if err != nil {
+			c.apiError(w, r, id, err)
+			return
+		}
+		all = append(all, list.Approvals...)
+		if list.NextCursor == "" {
+			break
+		}
+		req.Cursor = list.NextCursor
+	}
+	p := page{Title: "Approvals", Who: &id, Nav: "approvals"}
+	for _, a := range all {
+		p.Approvals = append(p.Approvals, c.item(r, id, a))
+	}
+	if r.URL.Query().Get("decided") != "" {
+		p.Notice = "Decision recorded."
+	}
+	c.render(w, r, http.StatusOK, "approvals", p)
+}
+
+func (c *Console) approvalPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	a, err := c.cfg.Service.ShowApproval(r.Context(), actor(id), r.PathValue("id"))
+	if err != nil {
+		c.apiError(w, r, id, err)
+		return
+	}
+	it := c.item(r, id, *a)
+	c.render(w, r, http.StatusOK, "approval", page{Title: "Approval " + a.ApprovalID, Who: &id, Nav: "approvals", Approval: &it})
+}
+
+// maxComment bounds a decision's comment (decide_approval's limit).
+const maxComment = 1000
+
+func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		c.errorPage(w, r, &id, http.StatusBadRequest, "The form could not be read: "+err.Error())
+		return
+	}
+	decision := tools.Decision(r.PostFormValue("decision"))
+	if decision != tools.Approve && decision != tools.Reject {
+		c.errorPage(w, r, &id, http.StatusBadRequest, "Choose approve or reject.")
+		return
+	}
+	comment := strings.TrimSpace(r.PostFormValue("comment"))
+	if n := len([]rune(comment)); n > maxComment {
+		c.errorPage(w, r, &id, http.StatusBadRequest, fmt.Sprintf("The comment is %d characters; at most %d.", n, maxComment))
+		return
+	}
+	approvalID := r.PathValue("id")
+	resp := c.cfg.Service.Decide(r.Context(), actor(id), tools.DecideRequest{ApprovalID: approvalID, Decision: decision, Comment: comment})
+	if c.cfg.AfterDecide != nil {
+		c.cfg.AfterDecide(r.Context())
+	}
+	c.cfg.Logger.Info("console: decision", "principal", id.Principal, "tenant", id.Tenant, "approval", approvalID, "decision", decision, "status", resp.Status)
+	out := &outcome{Decision: string(decision), Status: string(resp.Status), Replayed: resp.Replayed, Key: resp.OperationKey}
+	if resp.Error != nil {
+		out.Code, out.Message = resp.Error.Code, resp.Error.Message
+	}
+	out.Result = pretty(resp.Result)
+	p := page{Title: "Outcome", Who: &id, Nav: "approvals", Outcome: out}
+	if a, err := c.cfg.Service.ShowApproval(r.Context(), actor(id), approvalID); err == nil {
+		it := c.item(r, id, *a)
+		p.Approval = &it
+	}
+	status := http.StatusOK
+	if resp.IsError && !(decision == tools.Reject && resp.Status == ledger.StateRejected) {
+		status = http.StatusConflict
+	}
+	c.render(w, r, status, "outcome", p)
+}
+
+// historyScan bounds how many recent operations the history view reads.
+const historyScan = 2000
+
+func (c *Console) historyPage(w http.ResponseWriter, r *http.Request, id Identity) {
+	p := page{Title: "History", Who: &id, Nav: "history"}
+	f := ledger.Filter{Tenant: id.Tenant, Limit: 200}
+	for p.HistoryScanned < historyScan && len(p.Approvals) < 200 {
+		recs, err := c.cfg.Store.List(r.Context(), f)
+		if err != nil {
+			c.apiError(w, r, id, err)
+			return
+		}
+		for _, rec := range recs {
+			if rec.Approval == nil || rec.Approval.Status == ledger.ApprovalPending {
+				continue
+			}
+			a, err := c.cfg.Service.ShowApproval(r.Context(), actor(id), rec.Approval.ID)
+			if err != nil {
+				continue
+			}
+			p.Approvals = append(p.Approvals, c.item(r, id, *a))
+		}
+		p.HistoryScanned += len(recs)
+		if len(recs) < f.Limit {
+			break
+		}
+		f.After = ledger.ListPosition(recs[len(recs)-1])
+	}
+	slices.SortStableFunc(p.Approvals, func(a, b approvalItem) int {
+		return derefTime(b.DecidedAt, b.ExpiresAt).Compare(derefTime(a.DecidedAt, a.ExpiresAt))
+	})
+	c.render(w, r, http.StatusOK, "history", p)
+}
+
+func derefTime(p *time.Time, or time.Time) time.Time {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// item prepares one approval for the pages: its diff as rows, the order's
+// total, and the earlier operation of a suspected duplicate.
+func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) approvalItem {
+	now := c.cfg.Now()
+	it := approvalItem{ApprovalView: a, Waiting: roughly(now.Sub(a.CreatedAt)), Left: roughly(a.ExpiresAt.Sub(now))}
+	var changes []approvals.Change
+	if len(a.Diff) > 0 && json.Unmarshal(a.Diff, &changes) == nil {
+		for _, ch := range changes {
+			it.Changes = append(it.Changes, changeRow{ch.Path, show(ch.Before), show(ch.After)})
+			if ch.Path == "total_minor" {
+				it.Total = show(firstNonNil(ch.After, ch.Before))
+			}
+		}
+	}
+	// A cancel's diff text lists the order being cancelled, field by field.
+	if _, rest, ok := strings.Cut(a.DiffText, "the order being cancelled:\n"); ok {
+		for _, line := range strings.Split(rest, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ": ")
+			if !ok {
+				continue
+			}
+			it.Order = append(it.Order, changeRow{Path: k, Before: v})
+			if k == "total_minor" && it.Total == "" {
+				it.Total = v
+			}
+		}
+	}
+	if it.Total != "" {
+		for _, row := range append(slices.Clone(it.Order), it.Changes...) {
+			if row.Path == "currency" {
+				cur := row.Before
+				if row.After != "" && row.After != "—" {
+					cur = row.After
+				}
+				it.Total = money(it.Total, strings.Trim(cur, `"`))
+				break
+			}
+		}
+	}
+	if a.EarlierOperationKey != "" {
+		e := &earlierOp{Key: a.EarlierOperationKey}
+		rec, err := c.cfg.Store.Get(r.Context(), id.Tenant, a.EarlierOperationKey)
+		if err != nil || rec == nil {
+			e.Missing = true
+		} else {
+			e.State, e.Tool, e.When, e.Result = string(rec.State), rec.Tool, rec.FirstSeenAt, pretty(rec.Result)
+		}
+		it.Earlier = e
+	}
+	return it
+}
+
+func firstNonNil(a, b any) any {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// show renders a diff value on one line: "—" for none.
+func show(v any) string {
+	if v == nil {
+		return "—"
+	}
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// pretty indents a JSON document for reading ("" for none).
+func pretty(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if json.Indent(&b, raw, "", "  ") != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// noMinorUnit are the currencies whose amounts have no decimals.
+var noMinorUnit = map[string]bool{"JPY": true, "KRW": true, "VND": true, "CLP": true, "ISK": true, "UGX": true, "XAF": true, "XOF": true}
+
+// money shows an amount in minor units with its currency: "37.00 EUR"
+// (or "3700 ?" as given when it is not a whole number).
+func money(minor, currency string) string {
+	n, err := strconv.ParseInt(minor, 10, 64)
+	if err != nil || currency == "" {
+		return strings.TrimSpace(minor + " " + currency)
+	}
+	if noMinorUnit[strings.ToUpper(currency)] {
+		return fmt.Sprintf("%d %s", n, currency)
+	}
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	return fmt.Sprintf("%s%d.%02d %s", sign, n/100, n%100, currency)
+}

@@ -1,0 +1,752 @@
+package e2e
+
+// The web console (README "Console", DESIGN §10) in a real headless
+// Chromium driven by chromedp: an approver logs in with a token, sees the
+// diff, approves with a comment, and the agent's retry over MCP replays the
+// outcome; agents' tokens and other tenants see nothing; a forged
+// cross-site POST changes nothing; an expired session goes back to the
+// login page; two browsers approving at once cause one execution.
+//
+// The tests skip, with an install hint, when no browser is found — except
+// under CI=true, where that is a failure. IDEMGATE_CHROMIUM names the
+// browser binary. With IDEMGATE_UPDATE_SCREENSHOTS=1 the screenshots are
+// written into docs/console/ (the README shows them); otherwise into the
+// test's temporary directory.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath finds the browser, or skips (fails under CI=true).
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("IDEMGATE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no Chromium found for the console tests: install it (Debian/Ubuntu: apt-get install -y chromium) or set IDEMGATE_CHROMIUM to a Chrome/Chromium binary"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// newBrowser starts a headless Chromium with an empty profile of its own
+// and returns a tab's context; it is closed at the end of the test.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	bin := chromiumPath(t)
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(bin),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1100, 900),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	ctx, cancelTime := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() { cancelTime(); cancelTab(); cancelAlloc() })
+	if err := chromedp.Do(ctx); err != nil { // start the browser now
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	return ctx
+}
+
+// do runs browser steps or fails the test.
+func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	step, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(step, steps...); err != nil {
+		loc, _ := chromedp.Run(ctx, chromedp.Location())
+		body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+		t.Fatalf("browser: %s: %v\nat %s:\n%s", what, err, loc, body)
+	}
+}
+
+// textOf is the visible text of the first element matching css.
+func textOf(t *testing.T, ctx context.Context, css string) string {
+	t.Helper()
+	var err error
+	for range 5 { // a page that has just been navigated to may still be replacing its document
+		step, cancel := context.WithTimeout(ctx, 10*time.Second)
+		s, e := chromedp.Run(step, chromedp.Text(chromedp.CSS(css)))
+		cancel()
+		if e == nil {
+			return strings.TrimSpace(s)
+		}
+		err = e
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Fatalf("browser: text of %s: %v", css, err)
+	return ""
+}
+
+// bodyText is the whole page's text.
+func bodyText(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+	if err != nil {
+		t.Fatalf("browser: page text: %v", err)
+	}
+	return s
+}
+
+func location(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Location())
+	if err != nil {
+		t.Fatalf("browser: location: %v", err)
+	}
+	return s
+}
+
+// screenshot saves the page as name.png (see the file comment).
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("browser: screenshot %s: %v", name, err)
+	}
+	dir := t.TempDir()
+	if os.Getenv("IDEMGATE_UPDATE_SCREENSHOTS") == "1" {
+		dir = filepath.Join(moduleRoot, "docs", "console")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loginWithToken logs the browser in with token at base's console.
+func loginWithToken(t *testing.T, ctx context.Context, base, token string) {
+	t.Helper()
+	do(t, ctx, "log in",
+		chromedp.Navigate(base+"/ui/login"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Submit(chromedp.CSS("#token")),
+		chromedp.WaitVisible(chromedp.CSS("#who")),
+	)
+}
+
+// consoleTokens makes a tokens file with alice (agent, acme), boss and
+// boss2 (approvers, acme) and zed (approver, globex); it returns the file
+// and the tokens by principal.
+func consoleTokens(t *testing.T, dir string) (string, map[string]string) {
+	t.Helper()
+	file := filepath.Join(dir, "tokens.json")
+	toks := map[string]string{
+		"alice": addToken(t, file, "alice", aprTenant, "agent"),
+		"boss":  addToken(t, file, "boss", aprTenant, "approver"),
+		"boss2": addToken(t, file, "boss2", aprTenant, "approver"),
+		"zed":   addToken(t, file, "zed", "globex", "approver"),
+	}
+	return file, toks
+}
+
+// TestConsoleApproveCancel: an agent asks over MCP (Streamable HTTP) to
+// cancel an order and is held; the approver logs into the console served
+// by the same `serve --http` at /ui, sees the request with its diff
+// (status placed → cancelled) and the order's total, approves it with a
+// comment, and sees the outcome; the order is cancelled once; the agent's
+// retry replays the approved outcome byte for byte; the history shows who
+// decided and the comment.
+func TestConsoleApproveCancel(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+
+	o := placeOrder(t, agent, "cust-console")
+	key := newKey()
+	args := cancelArgs(key, o.OrderID, 1)
+	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+
+	do(t, ctx, "open the login page", chromedp.Navigate(base+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	if loc := location(t, ctx); !strings.Contains(loc, "/ui/login") {
+		t.Fatalf("without a session /ui led to %s, want the login page", loc)
+	}
+	screenshot(t, ctx, "login")
+	loginWithToken(t, ctx, base, toks["boss"])
+	card := "#apr-" + id
+	do(t, ctx, "see the approval", chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, "#pending-count"); got != "1" {
+		t.Errorf("pending count = %q, want 1", got)
+	}
+	for css, want := range map[string]string{
+		card + " .requester":                    "alice",
+		card + " .rule":                         "always_approve",
+		card + " .key":                          key,
+		card + " table.diff tbody tr td.path":   "status",
+		card + " table.diff tbody tr td.before": "placed",
+		card + " table.diff tbody tr td.after":  "cancelled",
+		card + " .total":                        "",
+		card + " time.countdown":                "",
+	} {
+		got := textOf(t, ctx, css)
+		if want == "" {
+			if got == "" {
+				t.Errorf("%s is empty", css)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("%s = %q, want %q", css, got, want)
+		}
+	}
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("`+card+` table.diff tbody tr").length`)); err != nil || n != 1 {
+		t.Errorf("diff rows = %d (%v), want exactly 1", n, err)
+	}
+	screenshot(t, ctx, "approvals")
+
+	do(t, ctx, "approve with a comment",
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "refund issued"),
+		chromedp.Click(chromedp.CSS(card+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("outcome = %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	if res := textOf(t, ctx, "#outcome-result"); !strings.Contains(res, `"cancelled"`) || !strings.Contains(res, o.OrderID) {
+		t.Errorf("the outcome page does not show the cancelled order: %s", res)
+	}
+	screenshot(t, ctx, "outcome")
+
+	replay := agent.mustSucceed(t, "cancel_order", args)
+	if !replay.Replayed {
+		t.Errorf("the agent's retry was not a replay: %s", replay)
+	}
+	if got := getOrder(t, agent, o.OrderID); got.Status != "cancelled" || got.Version != 2 {
+		t.Errorf("order after approval = %+v, want cancelled at version 2 (one execution)", got)
+	}
+	if got := resultOrder(t, replay); got.Status != "cancelled" || got.Version != 2 {
+		t.Errorf("replayed outcome = %+v", got)
+	}
+
+	do(t, ctx, "open the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, card+" .comment"); got != "refund issued" {
+		t.Errorf("history comment = %q, want %q", got, "refund issued")
+	}
+	if got := textOf(t, ctx, card+" .decided-by"); !strings.HasPrefix(got, "boss ") {
+		t.Errorf("history decided by = %q, want boss", got)
+	}
+	screenshot(t, ctx, "history")
+	do(t, ctx, "the list is empty", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#none-pending")))
+
+	// Logging out ends the session: the pages lead to the login again.
+	do(t, ctx, "log out",
+		chromedp.Click(chromedp.CSS("form.who button")),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.Navigate(base+"/ui/approvals"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+	)
+}
+
+// TestConsoleAccess: an agent's token cannot open the console (403, and
+// no session: the approvals page leads to the login); an approver of
+// another tenant sees no approval of this one, and opening its page by id
+// answers 404 without showing anything of it.
+func TestConsoleAccess(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	o := placeOrder(t, agent, "cust-access")
+	key := newKey()
+	id := agent.mustHold(t, "cancel_order", cancelArgs(key, o.OrderID, 1)).Approval.ApprovalID
+
+	resp, err := chromedp.RunResponse(ctx,
+		chromedp.Navigate(base+"/ui/login"),
+	)
+	if err != nil || resp.Status != 200 {
+		t.Fatalf("login page: %v %v", resp, err)
+	}
+	resp, err = chromedp.RunResponse(ctx,
+		chromedp.SendKeys(chromedp.CSS("#token"), toks["alice"]),
+		chromedp.Submit(chromedp.CSS("#token")),
+	)
+	if err != nil {
+		t.Fatalf("agent login: %v", err)
+	}
+	if resp.Status != http.StatusForbidden {
+		t.Errorf("an agent's token logging in: status %d, want 403", resp.Status)
+	}
+	if body := bodyText(t, ctx); !strings.Contains(body, "role agent") {
+		t.Errorf("the refusal does not say why: %s", body)
+	}
+	screenshot(t, ctx, "forbidden")
+	do(t, ctx, "approvals without a session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	if strings.Contains(bodyText(t, ctx), key) {
+		t.Errorf("the page shown to an agent names the operation")
+	}
+
+	// The agent's bearer token on the console's pages is no session either.
+	req, _ := http.NewRequest("GET", base+"/ui/approvals/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+toks["alice"])
+	hr, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Body.Close()
+	if hr.StatusCode != http.StatusSeeOther || !strings.Contains(hr.Header.Get("Location"), "/ui/login") {
+		t.Errorf("bearer token on /ui: %d %s, want 303 to the login page", hr.StatusCode, hr.Header.Get("Location"))
+	}
+
+	// Another tenant's approver.
+	loginWithToken(t, ctx, base, toks["zed"])
+	do(t, ctx, "zed's approvals", chromedp.WaitVisible(chromedp.CSS("#none-pending")))
+	if got := textOf(t, ctx, "#pending-count"); got != "0" {
+		t.Errorf("globex's approver sees %s pending approvals, want 0", got)
+	}
+	resp, err = chromedp.RunResponse(ctx, chromedp.Navigate(base+"/ui/approvals/"+id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != http.StatusNotFound {
+		t.Errorf("globex's approver opening acme's approval: status %d, want 404", resp.Status)
+	}
+	if body := bodyText(t, ctx); strings.Contains(body, key) || strings.Contains(body, o.OrderID) || strings.Contains(body, "alice") {
+		t.Errorf("globex's approver sees acme's data: %s", body)
+	}
+	for _, path := range []string{"/ui/history", "/ui/operations", "/ui/attention"} {
+		do(t, ctx, "zed's "+path, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS("h1")))
+		if body := bodyText(t, ctx); strings.Contains(body, key) || strings.Contains(body, "alice") {
+			t.Errorf("globex's %s shows acme's operation:\n%s", path, body)
+		}
+	}
+	resp, err = chromedp.RunResponse(ctx, chromedp.Navigate(base+"/ui/operations/"+key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := bodyText(t, ctx); resp.Status != http.StatusNotFound || strings.Contains(body, o.OrderID) {
+		t.Errorf("globex's approver opening acme's operation: status %d, want 404 showing nothing:\n%s", resp.Status, body)
+	}
+	agent.mustBeState(t, key, "awaiting_approval")
+}
+
+// consoleServer starts `idemgate console` on a free loopback port and
+// returns its base URL and the one-time login link it printed.
+func consoleServer(t *testing.T, db, tokens string, extra ...string) (base, link string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args := append([]string{"console", "--listen", addr, "--db", db, "--tokens", tokens, "--principal", "boss", "--tenant", aprTenant, "--log-level", "warn"}, extra...)
+	cmd := exec.Command(idemgate, args...)
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("idemgate console did not stop on SIGINT within 10 s")
+		}
+		pw.Close()
+		if t.Failed() {
+			t.Logf("console stderr:\n%s", stderr.String())
+		}
+	})
+	found := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`http://\S+/ui/login\?once=\S+`)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			fmt.Fprintln(stderr, sc.Text())
+			if m := re.FindString(sc.Text()); m != "" {
+				select {
+				case found <- m:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case link = <-found:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("idemgate console printed no login link within 10 s:\n%s", stderr.String())
+	}
+	return "http://" + addr, link
+}
+
+// TestConsoleStandaloneCrossSiteAndExpiry: `idemgate console` serves the
+// console alone over the agents' ledger file and prints a one-time login
+// link, which works once. A page of another site that posts an approval
+// form to the console with the approver's cookie is refused (403) and
+// changes nothing: the approval stays pending and the order untouched. A
+// Host that is not a loopback name is refused (DNS rebinding). When the
+// session's lifetime has passed, the console leads back to the login.
+func TestConsoleStandaloneCrossSiteAndExpiry(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, _ := consoleTokens(t, dir)
+	agent := startAgent(t, mcpGoModern, db)
+	o := placeOrder(t, agent, "cust-forged")
+	key := newKey()
+	args := cancelArgs(key, o.OrderID, 1)
+	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+
+	const ttl = 15 * time.Second
+	base, link := consoleServer(t, db, tokens, "--session-ttl", ttl.String())
+	do(t, ctx, "log in by the link", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS("#apr-"+id)))
+	loggedIn := time.Now()
+	if got := textOf(t, ctx, "#who"); !strings.HasPrefix(got, "boss") {
+		t.Errorf("logged in as %q, want boss", got)
+	}
+
+	// A second browser opening the same link gets the login page.
+	other := newBrowser(t)
+	resp, err := chromedp.RunResponse(other, chromedp.Navigate(link))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != http.StatusUnauthorized || !strings.Contains(bodyText(t, other), "already used") {
+		t.Errorf("the login link opened twice: status %d, want 401 saying it was used", resp.Status)
+	}
+
+	// A page on another origin submits a decision form to the console.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/ui/approvals/%s/decide">
+<input name="decision" value="approve"><input name="comment" value="forged"></form>
+<script>document.getElementById("f").submit()</script>`, base, id)
+	}))
+	defer evil.Close()
+	resp, err = chromedp.RunResponse(ctx, chromedp.Navigate(evil.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	do(t, ctx, "wait for the forged post's answer", chromedp.WaitVisible(chromedp.CSS("#error")))
+	if loc := location(t, ctx); !strings.Contains(loc, "/decide") {
+		t.Fatalf("the forged form did not post to the console (at %s)", loc)
+	}
+	if body := bodyText(t, ctx); !strings.Contains(body, "another site") {
+		t.Errorf("the forged post was not refused as cross-site: %s", body)
+	}
+	screenshot(t, ctx, "cross-site-refused")
+	if again := agent.mustHold(t, "cancel_order", args); again.Approval.ApprovalID != id {
+		t.Errorf("after the forged post: approval %s, want the same pending %s", again.Approval.ApprovalID, id)
+	}
+	agent.mustBeState(t, key, "awaiting_approval")
+	if got := getOrder(t, agent, o.OrderID); got.Status != "placed" || got.Version != 1 {
+		t.Errorf("order after the forged post = %+v, want placed at version 1", got)
+	}
+	// The session itself still works: the refusal was the request's origin.
+	do(t, ctx, "still logged in", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#apr-"+id)))
+
+	// DNS rebinding: a loopback listener answers only loopback names.
+	req, _ := http.NewRequest("GET", base+"/ui/login", nil)
+	req.Host = "attacker.example:80"
+	hr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Body.Close()
+	if hr.StatusCode != http.StatusForbidden {
+		t.Errorf("Host attacker.example on loopback: status %d, want 403", hr.StatusCode)
+	}
+
+	// The session ends after its lifetime.
+	time.Sleep(time.Until(loggedIn.Add(ttl + 500*time.Millisecond)))
+	do(t, ctx, "after the session's lifetime", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	if loc := location(t, ctx); !strings.Contains(loc, "/ui/login") {
+		t.Errorf("an expired session led to %s, want the login page", loc)
+	}
+	screenshot(t, ctx, "session-expired")
+	agent.mustBeState(t, key, "awaiting_approval")
+}
+
+// TestConsoleTwoBrowsersApproveAtOnce: two approvers in two browsers open
+// the same request and press Approve at the same moment: the order is
+// cancelled once (version 2, not 3); both pages show it succeeded, and
+// exactly one of them executed it (the other shows the recorded outcome).
+func TestConsoleTwoBrowsersApproveAtOnce(t *testing.T) {
+	b1, b2 := newBrowser(t), newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	o := placeOrder(t, agent, "cust-race")
+	key := newKey()
+	args := cancelArgs(key, o.OrderID, 1)
+	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+
+	browsers := []context.Context{b1, b2}
+	for i, who := range []string{"boss", "boss2"} {
+		loginWithToken(t, browsers[i], base, toks[who])
+		do(t, browsers[i], "open the approval",
+			chromedp.Navigate(base+"/ui/approvals/"+id),
+			chromedp.WaitVisible(chromedp.CSS("#apr-"+id+" button.approve")),
+			chromedp.SendKeys(chromedp.CSS("#comment-"+id), "ok by "+who),
+		)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	start := make(chan struct{})
+	for i := range browsers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[i] = chromedp.Do(browsers[i],
+				chromedp.Click(chromedp.CSS("#apr-"+id+" button.approve")),
+				chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+			)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	executed := 0
+	for i, ctx := range browsers {
+		if errs[i] != nil {
+			t.Fatalf("browser %d: %v", i+1, errs[i])
+		}
+		if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+			t.Errorf("browser %d: outcome %q, want succeeded\n%s", i+1, got, bodyText(t, ctx))
+		}
+		if !strings.Contains(bodyText(t, ctx), "already decided") {
+			executed++
+		}
+	}
+	if executed != 1 {
+		t.Errorf("%d browsers executed the approval, want exactly 1", executed)
+	}
+	if got := getOrder(t, agent, o.OrderID); got.Status != "cancelled" || got.Version != 2 {
+		t.Errorf("order = %+v, want cancelled at version 2 (one execution)", got)
+	}
+	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
+		t.Errorf("agent retry not replayed: %s", replay)
+	}
+}
+
+// TestConsoleResolveUnknown: an operation whose outcome is unknown (the
+// order API committed it but the reply was lost, and its lookup is down)
+// shows on the "Needs a person" page of `idemgate console`; Reconcile
+// there answers that it is still unknown; the approver resolves it with
+// evidence and the order system's id; the operation page then shows it
+// succeeded and its audit history names the resolver and the evidence;
+// the agent's retry replays it and the order API received one write.
+func TestConsoleResolveUnknown(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, _ := consoleTokens(t, dir)
+	api := newFakeAPI(t)
+	agent := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice"})
+	key := newKey()
+	args := faOrder(key, "cust-console-unknown")
+	api.Inject(fault{Kind: DropReplyAfterCommit, Match: matchCreate})
+	api.SetLookupUnavailable(true)
+	defer api.SetLookupUnavailable(false)
+	agent.mustFail(t, "create_order", args, "outcome_unknown")
+	o := api.OrderForKey(idemKey(aprTenant, key))
+
+	base, link := consoleServer(t, db, tokens, apiArgs(api)...)
+	do(t, ctx, "log in", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS("#who")))
+	do(t, ctx, "needs a person",
+		chromedp.Navigate(base+"/ui/attention"),
+		chromedp.WaitVisible(chromedp.CSS(`#ops a[href="/ui/operations/`+key+`"]`)),
+	)
+	screenshot(t, ctx, "needs-a-person")
+	do(t, ctx, "open the operation and reconcile",
+		chromedp.Click(chromedp.CSS(`#ops a[href="/ui/operations/`+key+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#reconcile")),
+		chromedp.Click(chromedp.CSS("#reconcile")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#op-state"); got != "unknown" {
+		t.Fatalf("after reconcile with the lookup down: state %q, want unknown", got)
+	}
+	evidence := "found " + o.OrderID + " in the order system's admin screen"
+	do(t, ctx, "resolve with evidence",
+		chromedp.Click(chromedp.CSS(`input[name=outcome][value=succeeded]`)),
+		chromedp.SendKeys(chromedp.CSS("#evidence"), evidence),
+		chromedp.SendKeys(chromedp.CSS("#downstream_ref"), o.OrderID),
+		chromedp.Click(chromedp.CSS("#resolve")),
+		// The page before had an outcome too (the reconcile's): wait for the new state.
+		chromedp.WaitVisible(chromedp.CSS("#op-state.s-succeeded")),
+	)
+	if got := textOf(t, ctx, "#op-state"); got != "succeeded" {
+		t.Fatalf("after resolve: state %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	audit := textOf(t, ctx, "#audit")
+	if !strings.Contains(audit, "boss") || !strings.Contains(audit, evidence) {
+		t.Errorf("the audit history does not name the resolver and the evidence:\n%s", audit)
+	}
+	screenshot(t, ctx, "operation")
+	if e := agent.mustSucceed(t, "create_order", args); !e.Replayed || e.orderID() != o.OrderID {
+		t.Errorf("the agent's retry after the resolution: %s, want a replay of %s", e, o.OrderID)
+	}
+	if w := api.WritesFor(idemKey(aprTenant, key)); w != 1 {
+		t.Errorf("the API received %d writes for the key, want 1", w)
+	}
+	do(t, ctx, "operations list", chromedp.Navigate(base+"/ui/operations?state=succeeded"), chromedp.WaitVisible(chromedp.CSS("#ops")))
+	screenshot(t, ctx, "operations")
+}
+
+// TestConsoleSuspectedDuplicate: an order that repeats an earlier one
+// under a new key is held as a suspected duplicate; the console shows it
+// beside the earlier operation (its key, state and result, naming the
+// earlier order) with the new order's fields and total; rejecting it runs
+// nothing (the customer keeps one order).
+func TestConsoleSuspectedDuplicate(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	firstKey := newKey()
+	first := agent.mustSucceed(t, "create_order", orderArgs(firstKey, "cust-dup", coffee, nil))
+	key := newKey()
+	id := agent.mustHold(t, "create_order", orderArgs(key, "cust-dup", coffee, nil)).Approval.ApprovalID
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	card := "#apr-" + id
+	do(t, ctx, "see the held duplicate", chromedp.WaitVisible(chromedp.CSS(card+" .earlier")))
+	if got := textOf(t, ctx, card+" .reason"); got == "" {
+		t.Errorf("no reason shown")
+	}
+	earlier := textOf(t, ctx, card+" .earlier")
+	if !strings.Contains(earlier, firstKey) || !strings.Contains(earlier, "succeeded") || !strings.Contains(earlier, first.orderID()) {
+		t.Errorf("the earlier operation is not shown with its key, state and order %s:\n%s", first.orderID(), earlier)
+	}
+	if got := textOf(t, ctx, card+" .total"); !strings.Contains(got, "37.00 EUR") {
+		t.Errorf("total = %q, want 37.00 EUR", got)
+	}
+	screenshot(t, ctx, "suspected-duplicate")
+	do(t, ctx, "reject it",
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "the customer ordered once"),
+		chromedp.Click(chromedp.CSS(card+" button.reject")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "rejected" {
+		t.Errorf("outcome = %q, want rejected", got)
+	}
+	if n := agent.orderCount(t, "cust-dup"); n != 1 {
+		t.Errorf("the customer has %d orders, want 1", n)
+	}
+	agent.mustBeState(t, key, "rejected")
+}
+
+// TestConsoleRequeueDeadLetter: a notification the gateway refuses (400)
+// is dead-lettered and listed on "Needs a person"; once the gateway is
+// fixed, Requeue in the console delivers it — exactly once.
+func TestConsoleRequeueDeadLetter(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, _ := consoleTokens(t, dir)
+	var (
+		mu         sync.Mutex
+		fixed      bool
+		deliveries = map[string]int{}
+	)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if !fixed {
+			http.Error(w, `{"error":"recipient blocked"}`, http.StatusBadRequest)
+			return
+		}
+		deliveries[r.Header.Get("Idempotency-Key")]++
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer gw.Close()
+	agent := startServer(t, mcpGoModern, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice", Args: []string{"--notify-webhook", gw.URL}})
+	key := newKey()
+	agent.mustSucceed(t, "send_notification", map[string]any{
+		"operation_key": key, "channel": "email", "to": []string{"ops@example.com"}, "subject": "hello", "body": "your order shipped",
+	})
+
+	base, link := consoleServer(t, db, tokens, "--notify-webhook", gw.URL)
+	do(t, ctx, "log in", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.CSS("#who")))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		do(t, ctx, "needs a person", chromedp.Navigate(base+"/ui/attention"), chromedp.WaitVisible(chromedp.CSS("#dead-count")))
+		if textOf(t, ctx, "#dead-count") == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refused message was not listed as dead-lettered within 20 s:\n%s", bodyText(t, ctx))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if row := textOf(t, ctx, "#dead"); !strings.Contains(row, key) || !strings.Contains(row, "ops@example.com") {
+		t.Errorf("the dead letter row does not show its operation and recipient:\n%s", row)
+	}
+	screenshot(t, ctx, "dead-letters")
+	mu.Lock()
+	fixed = true
+	mu.Unlock()
+	do(t, ctx, "requeue",
+		chromedp.Click(chromedp.CSS("#dead button.requeue")),
+		chromedp.WaitVisible(chromedp.CSS("#no-dead")),
+	)
+	if !eventually(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(deliveries) == 1
+	}) {
+		t.Fatalf("the requeued message was not delivered within 10 s")
+	}
+	time.Sleep(time.Second) // any second delivery would arrive by now
+	mu.Lock()
+	for id, n := range deliveries {
+		if n != 1 {
+			t.Errorf("message %s delivered %d times, want once", id, n)
+		}
+	}
+	mu.Unlock()
+	do(t, ctx, "the operation's messages", chromedp.Navigate(base+"/ui/operations/"+key), chromedp.WaitVisible(chromedp.CSS("table.messages")))
+	if got := textOf(t, ctx, "table.messages"); !strings.Contains(got, "delivered") {
+		t.Errorf("the operation page does not show the message delivered:\n%s", got)
+	}
+}
