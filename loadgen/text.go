@@ -21,7 +21,7 @@ func (r *Report) WriteText(w io.Writer) {
 		r.Clients, r.DupRatio, r.MismatchRatio, keySpaceText(r.KeySpace), strings.Join(mix, ","))
 	fmt.Fprintf(w, "run         %d calls in %.2fs: %.0f calls/s", r.Calls, r.Elapsed, r.Throughput)
 	if r.ThroughputVsNoop > 0 {
-		fmt.Fprintf(w, " (%.0f%% of no-op calls/s at %d clients)", 100*r.ThroughputVsNoop, r.Clients)
+		fmt.Fprintf(w, " (%.0f%% of no-op calls/s with --clients %d)", 100*r.ThroughputVsNoop, r.Clients)
 	}
 	fmt.Fprintln(w)
 	if r.Failed > 0 {
@@ -57,7 +57,7 @@ func (r *Report) WriteText(w io.Writer) {
 	row("all", r.Calls, r.Throughput, r.Latency, nil)
 	if f := r.Floors; f != nil {
 		fmt.Fprintf(w, "\nfloors (p50, mean of before and after the run):\n")
-		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f); %.0f no-op calls/s at %d clients\n", f.NoopP50, f.NoopP50Start, f.NoopP50End, f.NoopRate, r.Clients)
+		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f); %.0f no-op calls/s with --clients %d\n", f.NoopP50, f.NoopP50Start, f.NoopP50End, f.NoopRate, r.Clients)
 		fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f)\n", f.CommitP50, f.CommitP50Start, f.CommitP50End)
 		if r.Clients > 1 {
 			fmt.Fprintf(w, "  (with %d clients a call's latency includes its wait in the queue: compare the ratios at --clients 1)\n", r.Clients)
