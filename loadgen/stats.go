@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -51,4 +52,46 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 		rank = len(sorted)
 	}
 	return sorted[rank-1]
+}
+
+// maxSamples bounds the durations a sampler keeps (8 MiB each); a
+// variable so tests can lower it.
+var maxSamples = 1 << 20
+
+// sampler keeps the count, sum and maximum of every duration added and a
+// uniform random sample of at most maxSamples of them (reservoir sampling,
+// Algorithm R), so a long run's percentiles cost bounded memory: exact up
+// to maxSamples calls, estimated from the sample beyond.
+type sampler struct {
+	n       int64
+	sum     time.Duration
+	max     time.Duration
+	samples []time.Duration
+}
+
+// add records d; rng picks which samples a full reservoir replaces.
+func (s *sampler) add(d time.Duration, rng *rand.Rand) {
+	s.n++
+	s.sum += d
+	s.max = max(s.max, d)
+	if len(s.samples) < maxSamples {
+		s.samples = append(s.samples, d)
+		return
+	}
+	if j := rng.Int64N(s.n); j < int64(len(s.samples)) {
+		s.samples[j] = d
+	}
+}
+
+// latency summarises the sampler: count, mean and max exact, percentiles
+// from the sample.
+func (s *sampler) latency() Latency {
+	if s.n == 0 {
+		return Latency{}
+	}
+	l := summarize(s.samples)
+	l.Count = int(s.n)
+	l.Max = float64(s.max.Nanoseconds()) / 1e3
+	l.Mean = float64(s.sum.Nanoseconds()) / 1e3 / float64(s.n)
+	return l
 }
