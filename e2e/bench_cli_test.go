@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,6 +116,26 @@ func TestBenchCLIHTTP(t *testing.T) {
 	checkReport(t, rep, 4)
 	if rep.Target != base+"/mcp" || rep.ServerCPU != nil {
 		t.Fatalf("target %q, server CPU %+v: want the URL and no CPU figure", rep.Target, rep.ServerCPU)
+	}
+
+	// A token the server does not know: refused before any call, saying so.
+	r := runCLI(t, 30*time.Second, "bench", "--url", base+"/mcp", "--token", "not-a-token", "--duration", "1s")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "did not answer initialize") || strings.Contains(r.Stdout, "calls/s") {
+		t.Fatalf("bench with an unknown token: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// TestBenchCLIServerDoesNotStart: a spawned server that exits at once
+// (here: a configuration file it refuses) is reported with its own error,
+// exit 1, and no report.
+func TestBenchCLIServerDoesNotStart(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(cfg, []byte("no_such_setting = 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, 60*time.Second, "bench", "--config", cfg, "--duration", "1s")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "unknown keys no_such_setting") || !strings.Contains(r.Stderr, "the spawned server") || r.Stdout != "" {
+		t.Fatalf("bench with a refused config: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

@@ -94,12 +94,12 @@ func SpawnStdio(ctx context.Context, bin string, args []string, stderr io.Writer
 	// The stdio transport keeps the context it starts with for the
 	// connection's lifetime.
 	if err := c.Start(context.Background()); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+		return nil, fmt.Errorf("starting the server %s: %w", bin, err)
 	}
 	cl.c = c
 	if err := initialize(ctx, c); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("initializing %s: %w", bin, err)
+		return nil, fmt.Errorf("the spawned server (%s %s) did not answer initialize (its own error, if any, is above): %w", bin, strings.Join(args, " "), err)
 	}
 	return cl, nil
 }
@@ -124,7 +124,7 @@ func DialHTTP(ctx context.Context, url, token string, hc *http.Client) (*Client,
 	}
 	if err := initialize(ctx, c); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("%s: %w", url, err)
+		return nil, fmt.Errorf("--url %s: the server did not answer initialize (is it running, and is this its MCP endpoint and the token one of its --tokens?): %w", url, err)
 	}
 	return &Client{c: c}, nil
 }
