@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -187,4 +190,47 @@ func TestBenchCLIBadFlags(t *testing.T) {
 			t.Errorf("bench %v: exit %d, stderr %q; want exit 2 saying %q", tc.args, r.Code, r.Stderr, tc.want)
 		}
 	}
+}
+
+// TestBenchCLICtrlC: Ctrl-C at a terminal signals the whole foreground
+// process group. The load generator stops issuing calls, lets those in
+// flight finish, and prints the report of the calls made (exit 1, saying
+// it was interrupted); the server it spawned, in a group of its own, does
+// not see the signal, so no call in flight is dropped.
+func TestBenchCLICtrlC(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "ledger.db")
+	cmd := exec.Command(idemgate, "bench", "--db", db, "--duration", "10m", "--clients", "8", "--json")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the "terminal's" process group
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Calls are being made once the ledger holds operations.
+	if !eventually(60*time.Second, func() bool {
+		r := runCLI(t, 30*time.Second, "stats", "--db", db, "--json")
+		return r.Code == 0 && !strings.Contains(r.Stdout, `"operations": 0,`)
+	}) {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		t.Fatalf("no operation reached the ledger within 60 s\nstderr: %s", stderr.String())
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		t.Fatalf("bench did not stop within 90 s of Ctrl-C\nstderr: %s", stderr.String())
+	}
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(stderr.String(), "interrupted") {
+		t.Fatalf("exit %d, stderr %q: want exit 1 saying it was interrupted", cmd.ProcessState.ExitCode(), stderr.String())
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("no report after Ctrl-C: %v\n%s", err, stdout.String())
+	}
+	checkReport(t, &rep, 8)
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
@@ -79,7 +80,7 @@ func initialize(ctx context.Context, c *client.Client) error {
 }
 
 // SpawnStdio starts bin with args as an MCP stdio server (its stderr goes
-// to stderr) and connects to it.
+// to stderr), in a process group of its own, and connects to it.
 func SpawnStdio(ctx context.Context, bin string, args []string, stderr io.Writer) (*Client, error) {
 	cl := &Client{}
 	tr := transport.NewStdioWithOptions(bin, nil, args,
@@ -87,6 +88,11 @@ func SpawnStdio(ctx context.Context, bin string, args []string, stderr io.Writer
 		transport.WithCommandFunc(func(_ context.Context, command string, env, args []string) (*exec.Cmd, error) {
 			cmd := exec.Command(command, args...)
 			cmd.Env = append(os.Environ(), env...)
+			// Its own process group: a Ctrl-C at the terminal stops the
+			// load generator, which then lets the calls in flight finish
+			// and closes the server's stdin; the server need not see the
+			// signal and start shutting down under them.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			cl.cmd = cmd
 			return cmd, nil
 		}))
