@@ -338,8 +338,12 @@ func Run(ctx context.Context, cfg Config, callers []Caller) (*Report, error) {
 			}
 		}()
 	}
-	if cfg.Progress != nil {
+	progressDone := make(chan struct{})
+	if cfg.Progress == nil {
+		close(progressDone)
+	} else {
 		go func() {
+			defer close(progressDone)
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
@@ -353,8 +357,10 @@ func Run(ctx context.Context, cfg Config, callers []Caller) (*Report, error) {
 		}()
 	}
 	wg.Wait()
+	elapsed := time.Since(start)
 	close(stop)
-	return r.report(time.Since(start)), nil
+	<-progressDone // no progress call after Run returns
+	return r.report(elapsed), nil
 }
 
 // one makes one call and accounts for its answer.

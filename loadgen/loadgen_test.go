@@ -328,3 +328,51 @@ func TestSamplerBoundsMemory(t *testing.T) {
 		t.Fatalf("estimated p50 %v, p90 %v from the sample: not near 50000 and 90000", l.P50, l.P90)
 	}
 }
+
+// slowCaller answers like fakeServer after a pause.
+type slowCaller struct {
+	fakeServer
+	pause time.Duration
+}
+
+func (s *slowCaller) Call(ctx context.Context, tool string, args map[string]any) (Answer, error) {
+	time.Sleep(s.pause)
+	return s.fakeServer.Call(ctx, tool, args)
+}
+
+// TestProgressStopsWithTheRun: the progress callback reports the calls
+// made while the run lasts, and is never called once Run has returned (the
+// command clears the line then).
+func TestProgressStopsWithTheRun(t *testing.T) {
+	var mu sync.Mutex
+	var got []Progress
+	returned := false
+	late := false
+	cfg := Config{Clients: 1, Mix: []MixEntry{{"create_order", 1}}, Calls: 150, Progress: func(p Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		late = late || returned
+		got = append(got, p)
+	}}
+	rep, err := Run(context.Background(), cfg, []Caller{&slowCaller{pause: 10 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	returned = true
+	mu.Unlock()
+	time.Sleep(1500 * time.Millisecond) // a tick would have come by now
+	mu.Lock()
+	defer mu.Unlock()
+	if late {
+		t.Fatal("the progress callback was called after Run returned")
+	}
+	if len(got) == 0 { // 150 calls of ≥ 10 ms take ≥ 1.5 s: at least one tick
+		t.Fatal("no progress reported during a run of more than a second")
+	}
+	for i, p := range got {
+		if p.Calls < 1 || p.Calls > rep.Calls || p.Target != 150 || (i > 0 && p.Calls < got[i-1].Calls) {
+			t.Fatalf("progress %d: %+v (run made %d calls)", i, p, rep.Calls)
+		}
+	}
+}
