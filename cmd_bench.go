@@ -64,11 +64,20 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := loadgen.Config{Clients: *clients, DupRatio: *dup, MismatchRatio: *mismatch, KeySpace: *keySpace,
 		Mix: mix, Duration: *duration, Calls: *calls, CallTimeout: *timeout}
-	if err := cfg.Validate(); err != nil {
-		return usageError{fmt.Errorf("--%s", err)}
-	}
 	if *timeout < time.Millisecond || *timeout > 10*time.Minute {
 		return usageError{fmt.Errorf("--timeout must be 1ms..10m, got %s", *timeout)}
+	}
+	if err := cfg.Validate(); err != nil {
+		// The engine names its fields as the flags are named, without
+		// the dashes.
+		msg := err.Error()
+		for _, f := range []string{"clients", "dup-ratio", "mismatch-ratio", "key-space", "duration", "calls"} {
+			if strings.HasPrefix(msg, f+" ") {
+				msg = "--" + msg
+				break
+			}
+		}
+		return usageError{errors.New(strings.Replace(msg, "+ mismatch-ratio", "+ --mismatch-ratio", 1))}
 	}
 	remote := *target != ""
 	switch {

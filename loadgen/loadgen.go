@@ -157,7 +157,7 @@ func (c *Config) Validate() error {
 	case c.Calls < 0 || c.Calls > MaxCalls:
 		return fmt.Errorf("calls must be 0..%d, got %d", MaxCalls, c.Calls)
 	case c.Duration == 0 && c.Calls == 0:
-		return errors.New("give a duration or a number of calls (or both: the run stops at the first)")
+		return errors.New("give a duration or a number of calls (--duration, --calls; with both the run stops at the first)")
 	case c.CallTimeout < 0:
 		return fmt.Errorf("call timeout must not be negative, got %s", c.CallTimeout)
 	case len(c.Mix) == 0:
