@@ -1,0 +1,171 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// Client is an mcp-go client as a Caller. Close it when done.
+type Client struct {
+	c   *client.Client
+	cmd *exec.Cmd // the spawned server, for stdio
+}
+
+// Call calls tool with args and returns its answer.
+func (c *Client) Call(ctx context.Context, tool string, args map[string]any) (Answer, error) {
+	req := mcp.CallToolRequest{}
+	req.Params.Name = tool
+	req.Params.Arguments = args
+	res, err := c.c.CallTool(ctx, req)
+	if err != nil {
+		return Answer{}, err
+	}
+	a := Answer{IsError: res.IsError, Structured: res.RawStructuredContent}
+	if len(a.Structured) == 0 && res.StructuredContent != nil {
+		if a.Structured, err = json.Marshal(res.StructuredContent); err != nil {
+			return Answer{}, err
+		}
+	}
+	return a, nil
+}
+
+// PID is the spawned server's process id (0 over HTTP).
+func (c *Client) PID() int {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Close ends the connection; a spawned server sees its stdin close and
+// exits, and Close waits up to 10 s for it, then kills it.
+func (c *Client) Close() error {
+	err := c.c.Close()
+	if c.cmd != nil && c.cmd.Process != nil {
+		done := make(chan struct{})
+		go func() {
+			_ = c.cmd.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-done
+		}
+	}
+	return err
+}
+
+func initialize(ctx context.Context, c *client.Client) error {
+	req := mcp.InitializeRequest{}
+	req.Params.ClientInfo = mcp.Implementation{Name: "idemgate-bench", Version: "1"}
+	req.Params.ProtocolVersion = mcp.LATEST_PROTOCOL_VERSION
+	_, err := c.Initialize(ctx, req)
+	return err
+}
+
+// SpawnStdio starts bin with args as an MCP stdio server (its stderr goes
+// to stderr), in a process group of its own, and connects to it.
+func SpawnStdio(ctx context.Context, bin string, args []string, stderr io.Writer) (*Client, error) {
+	cl := &Client{}
+	tr := transport.NewStdioWithOptions(bin, nil, args,
+		transport.WithCommandStderrWriter(stderr),
+		transport.WithCommandFunc(func(_ context.Context, command string, env, args []string) (*exec.Cmd, error) {
+			cmd := exec.Command(command, args...)
+			cmd.Env = append(os.Environ(), env...)
+			// Its own process group: a Ctrl-C at the terminal stops the
+			// load generator, which then lets the calls in flight finish
+			// and closes the server's stdin; the server need not see the
+			// signal and start shutting down under them.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cl.cmd = cmd
+			return cmd, nil
+		}))
+	c := client.NewClient(tr)
+	// The stdio transport keeps the context it starts with for the
+	// connection's lifetime.
+	if err := c.Start(context.Background()); err != nil {
+		return nil, fmt.Errorf("starting the server %s: %w", bin, err)
+	}
+	cl.c = c
+	if err := initialize(ctx, c); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("the spawned server (%s %s) did not answer initialize (its own error, if any, is above): %w", bin, strings.Join(args, " "), err)
+	}
+	return cl, nil
+}
+
+// DialHTTP connects to a Streamable HTTP MCP endpoint with a bearer
+// token, through hc (nil: a client of its own).
+func DialHTTP(ctx context.Context, url, token string, hc *http.Client) (*Client, error) {
+	opts := []transport.StreamableHTTPCOption{transport.WithHTTPTimeout(60 * time.Second)}
+	if hc != nil {
+		opts = append(opts, transport.WithHTTPBasicClient(hc))
+	}
+	if token != "" {
+		opts = append(opts, transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + token}))
+	}
+	tr, err := transport.NewStreamableHTTP(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	c := client.NewClient(tr)
+	if err := c.Start(context.Background()); err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	if err := initialize(ctx, c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("--url %s: the server did not answer initialize (is it running, and is this its MCP endpoint and the token one of its --tokens?): %w", url, err)
+	}
+	return &Client{c: c}, nil
+}
+
+// userHZ is the unit of utime and stime in /proc/PID/stat: USER_HZ, 100
+// on Linux (fixed by the kernel's user-space ABI).
+const userHZ = 100
+
+// ProcessCPU is the CPU time (user + system) process pid has used, read
+// from /proc/PID/stat (Linux only; the resolution is 10 ms).
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatCPU(string(b))
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat
+// line; the command name (field 2) may hold spaces and parentheses, so the
+// fields are counted from its last ')'.
+func parseStatCPU(stat string) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("/proc stat: no command name")
+	}
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state); utime is field 14, stime 15.
+	if len(f) < 13 {
+		return 0, errors.New("/proc stat: too few fields")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil || ut < 0 || st < 0 {
+		return 0, fmt.Errorf("/proc stat: utime %q, stime %q are not tick counts", f[11], f[12])
+	}
+	return time.Duration(ut+st) * time.Second / userHZ, nil
+}

@@ -1,0 +1,103 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// WriteText writes the report for a person: the run, throughput, latency
+// by kind of call, server CPU, floors and ratios, and correctness.
+func (r *Report) WriteText(w io.Writer) {
+	var mix []string
+	for _, t := range Tools {
+		if n, ok := r.Mix[t]; ok {
+			mix = append(mix, fmt.Sprintf("%s=%d", t, n))
+		}
+	}
+	fmt.Fprintf(w, "target      %s\n", r.Target)
+	fmt.Fprintf(w, "workload    %d clients, dup-ratio %g, mismatch-ratio %g, key-space %s, mix %s\n",
+		r.Clients, r.DupRatio, r.MismatchRatio, keySpaceText(r.KeySpace), strings.Join(mix, ","))
+	fmt.Fprintf(w, "run         %d calls in %.2fs: %.0f calls/s", r.Calls, r.Elapsed, r.Throughput)
+	if r.ThroughputVsNoop > 0 {
+		fmt.Fprintf(w, " (%.0f%% of no-op calls/s with --clients %d)", 100*r.ThroughputVsNoop, r.Clients)
+	}
+	fmt.Fprintln(w)
+	if r.Failed > 0 {
+		fmt.Fprintf(w, "            %d calls got no answer\n", r.Failed)
+	}
+	if r.ServerCPU != nil {
+		fmt.Fprintf(w, "server CPU  %.0f ms, %.0f µs per call\n", r.ServerCPU.Total, r.ServerCPU.PerCall)
+	}
+	fmt.Fprintf(w, "\n%-26s %8s %9s %9s %9s %9s %9s", "latency (µs)", "calls", "calls/s", "p50", "p90", "p99", "max")
+	if r.Floors != nil {
+		fmt.Fprintf(w, " %9s %12s", "p50/noop", "p50/(n+c)")
+	}
+	fmt.Fprintln(w)
+	row := func(name string, calls int64, rate float64, l Latency, ra *Ratio) {
+		fmt.Fprintf(w, "%-26s %8d %9.0f %9.0f %9.0f %9.0f %9.0f", name, calls, rate, l.P50, l.P90, l.P99, l.Max)
+		if ra != nil {
+			nc := "—"
+			if ra.NoopCommit > 0 {
+				nc = fmt.Sprintf("%.2f×", ra.NoopCommit)
+			}
+			fmt.Fprintf(w, " %8.2f× %12s", ra.Noop, nc)
+		}
+		fmt.Fprintln(w)
+	}
+	kinds := make([]string, 0, len(r.Kinds))
+	for k := range r.Kinds {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	for _, k := range kinds {
+		row(k, r.Kinds[k].Calls, r.Kinds[k].Throughput, r.Kinds[k].Latency, r.Ratios[k])
+	}
+	row("all", r.Calls, r.Throughput, r.Latency, nil)
+	if f := r.Floors; f != nil {
+		fmt.Fprintf(w, "\nfloors (p50, mean of before and after the run):\n")
+		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f); %.0f no-op calls/s with --clients %d\n", f.NoopP50, f.NoopP50Start, f.NoopP50End, f.NoopRate, r.Clients)
+		fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f)\n", f.CommitP50, f.CommitP50Start, f.CommitP50End)
+		if r.Clients > 1 {
+			fmt.Fprintf(w, "  (with %d clients a call's latency includes its wait in the queue: compare the ratios at --clients 1)\n", r.Clients)
+		}
+	}
+	c := r.Correctness
+	verdict := "OK"
+	if !c.OK {
+		verdict = "FAILED"
+	}
+	var keys []string
+	for _, t := range Tools {
+		if n, ok := c.Keys[t]; ok {
+			keys = append(keys, fmt.Sprintf("%d %s", n, t))
+		}
+	}
+	if len(keys) == 0 {
+		keys = []string{"none"}
+	}
+	fmt.Fprintf(w, "\ncorrectness %s: keys answered: %s; %d distinct orders; %d replays; %d changed requests refused; %d reads\n",
+		verdict, strings.Join(keys, ", "), c.Orders, c.Replays, c.RefusedMismatch, c.Reads)
+	if c.Failures > 0 {
+		fmt.Fprintf(w, "            %d answers broke a guarantee\n", c.Failures)
+	}
+	if len(c.Unexpected) > 0 {
+		codes := make([]string, 0, len(c.Unexpected))
+		for code, n := range c.Unexpected {
+			codes = append(codes, fmt.Sprintf("%s ×%d", code, n))
+		}
+		slices.Sort(codes)
+		fmt.Fprintf(w, "            unexpected answers: %s\n", strings.Join(codes, ", "))
+	}
+	for _, e := range c.Examples {
+		fmt.Fprintf(w, "  - %s\n", e)
+	}
+}
+
+func keySpaceText(n int) string {
+	if n == 0 {
+		return "all"
+	}
+	return fmt.Sprint(n)
+}
