@@ -1,0 +1,672 @@
+// Package postgres is the ledger's PostgreSQL backend: one database shared
+// by every replica (`idemgate serve --http` on several machines) and every
+// command, through a pgx connection pool. The rules are in package ledger;
+// this package stores bytes.
+//
+// # Storage
+//
+// Every collection is a range of one table, idemgate_kv (collection, key,
+// value) with primary key (collection, key): bytea keys are ordered
+// bytewise, so Get is an index lookup and a cursor walk is an ordered
+// index scan, fetched a page at a time. The downstreams' collections
+// (BTx.Data) live in the same table under "data:"+name, and
+// idemgate_collections records which exist.
+//
+// # Transactions and the atomic claim
+//
+// Update begins a READ COMMITTED transaction and first takes one
+// transaction-scoped advisory lock (pg_advisory_xact_lock) shared by every
+// process on the database: writers are serialised, globally. Each statement
+// after the lock sees every Update committed before (the lock is released
+// only after the commit is visible), and no other writer commits until this
+// one ends — so a read-check-write (the claim: read the key's record, write
+// in_progress) is never interleaved with another, which is what makes a
+// claim exactly-once across replicas. The lock is taken rather than
+// relying on SERIALIZABLE because every ledger write appends to the one
+// hash-chained audit log (its last sequence number is read and the next
+// written), so any two write transactions conflict anyway: under
+// SERIALIZABLE they would abort and retry; under the lock they queue. The
+// cost: write transactions do not run in parallel, so write throughput is
+// one transaction per (round trips × latency to the database); the
+// backend keeps a transaction's writes in memory and sends them in one
+// batch before COMMIT to keep the round trips few. Partitioning the
+// audit chain by tenant would let tenants' writers run in parallel (not
+// built yet). View is a REPEATABLE READ READ ONLY transaction: one snapshot
+// for its whole duration, no lock, never blocked by writers.
+//
+// A transaction whose COMMIT fails is reported as an error and not retried:
+// whether it committed is unknown to this backend (the ledger's callers see
+// an error, as for a failed fsync). A failure before COMMIT was sent is a
+// rollback; the lock makes serialization failures and deadlocks between
+// Updates impossible.
+//
+// # Clock
+//
+// The backend implements ledger.Clock: the ledger's time is the database
+// server's clock (clock_timestamp()), not the replica's, sampled at open
+// and every ClockResync, corrected by half the round trip, and carried
+// between samples by this process's monotonic clock. Replicas on machines
+// whose clocks drift therefore agree on leases, approval TTLs and
+// retention to within a round trip.
+//
+// # Schema
+//
+// The schema is versioned (idemgate_schema_version) and migrated by Open
+// (and `idemgate migrate`) under an advisory lock; a database migrated by a
+// newer build is refused with ledger.ErrSchemaVersion.
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemgate/ledger"
+)
+
+// DB is a ledger kept in a PostgreSQL database: the ledger's rules
+// (ledger.Ledger, which implements ledger.Store) over this package's
+// backend.
+type DB struct {
+	*ledger.Ledger
+	be *backend
+}
+
+// IsURL reports whether db names a PostgreSQL database (a postgres:// or
+// postgresql:// URL) rather than a ledger file.
+func IsURL(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// ErrReadOnly is returned by every write of a ledger opened with
+// OpenReadOnly.
+var ErrReadOnly = errors.New("postgres: the ledger was opened read-only")
+
+// writerLockKey is the advisory lock every Update takes (see the package
+// documentation).
+const writerLockKey int64 = 0x6964656d77726974 // "idemwrit"
+
+// ClockResync is how often the backend samples the database's clock.
+const ClockResync = 10 * time.Second
+
+// openTimeout bounds connecting and migrating at open.
+const openTimeout = 30 * time.Second
+
+// Open opens the ledger in the database at url for reading and writing,
+// first applying the schema migrations it lacks (under an advisory lock;
+// a new database gets the whole schema). A schema newer than this build
+// is refused with ledger.ErrSchemaVersion.
+func Open(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, true, false)
+}
+
+// OpenExisting is Open for a database that already holds a ledger: one
+// with no idemgate schema is refused with ErrNotMigrated, and nothing is
+// created (the commands that change a ledger but should never start one).
+func OpenExisting(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, false, false)
+}
+
+// OpenReadOnly opens an existing ledger for reading only: nothing is
+// migrated or written; every write returns ErrReadOnly and the audit
+// entries of reads are dropped.
+func OpenReadOnly(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, false, true)
+}
+
+func open(url string, opts ledger.Options, mayMigrate, readOnly bool) (*DB, error) {
+	be, err := openBackend(url, mayMigrate, readOnly)
+	if err != nil {
+		return nil, err
+	}
+	return &DB{Ledger: ledger.New(be, opts), be: be}, nil
+}
+
+// OpenBackend opens the database at url as a bare ledger.Backend,
+// migrated like Open (ledger.New puts the ledger's rules on it; Open does
+// both). For tests of the backend alone.
+func OpenBackend(url string) (ledger.Backend, error) {
+	return openBackend(url, true, false)
+}
+
+func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	pool, err := newPool(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{})}
+	if err := be.init(ctx, mayMigrate); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	go be.clockLoop()
+	return be, nil
+}
+
+// newPool connects to url and checks the connection.
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: the --db URL is not a valid PostgreSQL connection string: %v", redact(err))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, connError(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, connError(err)
+	}
+	return pool, nil
+}
+
+// redact drops what follows "password" in a parse error, which may quote
+// the URL.
+func redact(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "://"); i >= 0 {
+		return s[:i] + "://… (URL not shown)"
+	}
+	return s
+}
+
+func connError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("postgres: %w", err)
+}
+
+// backend implements ledger.Backend and ledger.Clock on a pool.
+type backend struct {
+	pool     *pgxpool.Pool
+	readOnly bool
+
+	mu     sync.Mutex
+	closed bool
+	known  map[string]bool // data collections known to exist (committed)
+	offset time.Duration   // the database's clock minus this process's
+	synced time.Time       // local time of the last clock sample
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+var (
+	_ ledger.Backend = (*backend)(nil)
+	_ ledger.Clock   = (*backend)(nil)
+)
+
+func (b *backend) init(ctx context.Context, mayMigrate bool) error {
+	if mayMigrate {
+		if _, _, err := migrate(ctx, b.pool); err != nil {
+			return err
+		}
+	} else {
+		v, err := currentVersion(ctx, b.pool)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			return fmt.Errorf("%w: run `idemgate migrate --db URL` (or `idemgate serve`) first", ErrNotMigrated)
+		}
+		if v > SchemaVersion() {
+			return newerSchema(v)
+		}
+		if v < SchemaVersion() && !b.readOnly {
+			if _, _, err := migrate(ctx, b.pool); err != nil {
+				return err
+			}
+		} else if v < SchemaVersion() {
+			return fmt.Errorf("%w: the database's idemgate schema is version %d, this build needs %d: run `idemgate migrate --db URL`", ledger.ErrSchemaVersion, v, SchemaVersion())
+		}
+	}
+	if err := b.syncClock(ctx); err != nil {
+		return err
+	}
+	if b.readOnly {
+		return nil
+	}
+	return b.Update(ctx, func(tx ledger.BTx) error { return ledger.Upgrade(tx) })
+}
+
+// syncClock samples the database's clock.
+func (b *backend) syncClock(ctx context.Context) error {
+	t0 := time.Now()
+	var db time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&db); err != nil {
+		return connError(err)
+	}
+	t1 := time.Now()
+	mid := t0.Add(t1.Sub(t0) / 2)
+	b.mu.Lock()
+	b.offset, b.synced = db.Sub(mid), t1
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *backend) clockLoop() {
+	t := time.NewTicker(ClockResync)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			b.syncClock(ctx) // on failure the last offset stays: the process's clock carries it
+			cancel()
+		}
+	}
+}
+
+// Now implements ledger.Clock: the database's clock, as last sampled,
+// carried forward by this process's monotonic clock.
+func (b *backend) Now() time.Time {
+	b.mu.Lock()
+	off := b.offset
+	b.mu.Unlock()
+	return time.Now().Add(off)
+}
+
+func (b *backend) ReadOnly() bool { return b.readOnly }
+
+func (b *backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.pool.Close()
+	return nil
+}
+
+func (b *backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Update implements ledger.Backend (see the package documentation).
+func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) (err error) {
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	if b.readOnly {
+		return ErrReadOnly
+	}
+	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return b.txError(err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			pt.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+		return b.txError(err)
+	}
+	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if tx.err != nil {
+		return b.txError(tx.err)
+	}
+	if err := tx.flush(); err != nil {
+		return b.txError(err)
+	}
+	if err := pt.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres: COMMIT failed, the transaction's outcome is unknown: %w", err)
+	}
+	committed = true
+	if len(tx.created) > 0 {
+		b.mu.Lock()
+		for _, n := range tx.created {
+			b.known[n] = true
+		}
+		b.mu.Unlock()
+	}
+	return nil
+}
+
+// View implements ledger.Backend: one snapshot, read only.
+func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return b.txError(err)
+	}
+	defer pt.Rollback(context.WithoutCancel(ctx))
+	tx := &btx{b: b, ctx: ctx, pt: pt}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return b.txError(tx.err)
+}
+
+func (b *backend) txError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	return connError(err)
+}
+
+var errViewWrite = errors.New("postgres: write in a read-only transaction")
+
+// btx is one transaction. Writes are kept in pending and sent in one batch
+// before a cursor query on their collection and before COMMIT; Get reads
+// pending first. The first query error sticks: the transaction then fails.
+type btx struct {
+	b        *backend
+	ctx      context.Context
+	pt       pgx.Tx
+	writable bool
+	err      error
+	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
+	created  []string                      // data collections created here
+}
+
+func (t *btx) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+func (t *btx) Bucket(name []byte) ledger.Bucket {
+	return &bucket{tx: t, coll: string(name)}
+}
+
+func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
+	coll := "data:" + name
+	t.b.mu.Lock()
+	known := t.b.known[coll]
+	t.b.mu.Unlock()
+	if !known && !containsStr(t.created, coll) {
+		var exists bool
+		if err := t.pt.QueryRow(t.ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists); err != nil {
+			t.fail(err)
+			return nil, connError(err)
+		}
+		switch {
+		case exists:
+			t.b.mu.Lock()
+			t.b.known[coll] = true
+			t.b.mu.Unlock()
+		case !create:
+			return nil, nil
+		case !t.writable:
+			return nil, errViewWrite
+		default:
+			if _, err := t.pt.Exec(t.ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll); err != nil {
+				t.fail(err)
+				return nil, connError(err)
+			}
+			t.created = append(t.created, coll)
+		}
+	}
+	return &bucket{tx: t, coll: coll}, nil
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// flush sends the pending writes (of coll, or of every collection when
+// coll is "") in one batch.
+func (t *btx) flush(colls ...string) error {
+	if t.err != nil {
+		return t.err
+	}
+	if len(t.pending) == 0 {
+		return nil
+	}
+	if len(colls) == 0 {
+		for c := range t.pending {
+			colls = append(colls, c)
+		}
+	}
+	batch := &pgx.Batch{}
+	for _, c := range colls {
+		for k, v := range t.pending[c] {
+			if v == nil {
+				batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = $2", c, []byte(k))
+			} else {
+				batch.Queue("INSERT INTO idemgate_kv (collection, key, value) VALUES ($1, $2, $3) ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value", c, []byte(k), *v)
+			}
+		}
+		delete(t.pending, c)
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	if err := t.pt.SendBatch(t.ctx, batch).Close(); err != nil {
+		t.fail(err)
+		return err
+	}
+	return nil
+}
+
+// bucket is one collection seen from a transaction.
+type bucket struct {
+	tx   *btx
+	coll string
+}
+
+func (bk *bucket) Get(key []byte) []byte {
+	t := bk.tx
+	if v, ok := t.pending[bk.coll][string(key)]; ok {
+		if v == nil {
+			return nil
+		}
+		return *v
+	}
+	if t.err != nil {
+		return nil
+	}
+	var v []byte
+	err := t.pt.QueryRow(t.ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		t.fail(err)
+		return nil
+	}
+	if v == nil {
+		v = []byte{}
+	}
+	return v
+}
+
+func (bk *bucket) Put(key, value []byte) error {
+	t := bk.tx
+	if !t.writable {
+		return errViewWrite
+	}
+	if len(key) == 0 {
+		return errors.New("postgres: empty key")
+	}
+	if t.err != nil {
+		return connError(t.err)
+	}
+	v := bytes.Clone(value)
+	if v == nil {
+		v = []byte{}
+	}
+	t.set(bk.coll, string(key), &v)
+	return nil
+}
+
+func (bk *bucket) Delete(key []byte) error {
+	t := bk.tx
+	if !t.writable {
+		return errViewWrite
+	}
+	if t.err != nil {
+		return connError(t.err)
+	}
+	t.set(bk.coll, string(key), nil)
+	return nil
+}
+
+func (t *btx) set(coll, key string, v *[]byte) {
+	if t.pending == nil {
+		t.pending = map[string]map[string]*[]byte{}
+	}
+	m := t.pending[coll]
+	if m == nil {
+		m = map[string]*[]byte{}
+		t.pending[coll] = m
+	}
+	m[key] = v
+}
+
+func (bk *bucket) Cursor() ledger.Cursor { return &cursor{bk: bk} }
+
+// cursorPage is how many rows a cursor fetches at once.
+const cursorPage = 64
+
+type kv struct{ k, v []byte }
+
+// cursor walks a collection a page at a time; rows is the current page in
+// ascending order and i the position in it (-1: not positioned).
+type cursor struct {
+	bk   *bucket
+	rows []kv
+	i    int
+}
+
+// fetch loads the page after (op ">" / ">=") or before ("<") key, and
+// returns whether it found a row.
+func (c *cursor) fetch(op string, key []byte, last bool) bool {
+	t := c.bk.tx
+	c.rows, c.i = nil, -1
+	if t.err != nil {
+		return false
+	}
+	if err := t.flush(c.bk.coll); err != nil {
+		return false
+	}
+	q := "SELECT key, value FROM idemgate_kv WHERE collection = $1"
+	args := []any{c.bk.coll}
+	if key != nil {
+		q += " AND key " + op + " $2"
+		args = append(args, key)
+	}
+	desc := op == "<" || last
+	if desc {
+		q += " ORDER BY key DESC"
+	} else {
+		q += " ORDER BY key"
+	}
+	q += fmt.Sprintf(" LIMIT %d", cursorPage)
+	rows, err := t.pt.Query(t.ctx, q, args...)
+	if err != nil {
+		t.fail(err)
+		return false
+	}
+	for rows.Next() {
+		var r kv
+		if err := rows.Scan(&r.k, &r.v); err != nil {
+			rows.Close()
+			t.fail(err)
+			return false
+		}
+		if r.v == nil {
+			r.v = []byte{}
+		}
+		c.rows = append(c.rows, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.fail(err)
+		c.rows = nil
+		return false
+	}
+	if len(c.rows) == 0 {
+		return false
+	}
+	if desc {
+		for i, j := 0, len(c.rows)-1; i < j; i, j = i+1, j-1 {
+			c.rows[i], c.rows[j] = c.rows[j], c.rows[i]
+		}
+		c.i = len(c.rows) - 1
+	} else {
+		c.i = 0
+	}
+	return true
+}
+
+func (c *cursor) at() ([]byte, []byte) {
+	if c.i < 0 || c.i >= len(c.rows) {
+		c.i = -1
+		return nil, nil
+	}
+	r := c.rows[c.i]
+	return r.k, r.v
+}
+
+func (c *cursor) First() ([]byte, []byte) {
+	c.fetch(">=", nil, false)
+	return c.at()
+}
+
+func (c *cursor) Last() ([]byte, []byte) {
+	c.fetch("", nil, true)
+	return c.at()
+}
+
+func (c *cursor) Seek(seek []byte) ([]byte, []byte) {
+	c.fetch(">=", seek, false)
+	return c.at()
+}
+
+func (c *cursor) Next() ([]byte, []byte) {
+	if c.i < 0 {
+		return nil, nil
+	}
+	if c.i+1 < len(c.rows) {
+		c.i++
+		return c.at()
+	}
+	cur := c.rows[c.i].k
+	c.fetch(">", cur, false)
+	return c.at()
+}
+
+func (c *cursor) Prev() ([]byte, []byte) {
+	if c.i < 0 {
+		return nil, nil
+	}
+	if c.i > 0 {
+		c.i--
+		return c.at()
+	}
+	cur := c.rows[c.i].k
+	c.fetch("<", cur, false)
+	return c.at()
+}
