@@ -97,7 +97,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	var metrics *server.Metrics
 	if *httpAddr != "" {
 		if *tokensFile == "" {
-			*tokensFile = filepath.Join(filepath.Dir(lf.db), "tokens.json")
+			*tokensFile = filepath.Join(lf.dataDir(), "tokens.json")
 		}
 		var err error
 		if tokens, err = server.LoadTokens(*tokensFile); err != nil {
