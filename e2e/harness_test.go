@@ -7,6 +7,8 @@
 package e2e
 
 import (
+	"idemgate/ledger/postgres/pgtest"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -75,7 +77,7 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	return pgtest.Main(m) // m.Run, then stop the PostgreSQL cluster if a test started one
 }
 
 // findModuleRoot asks the go command for idemgate's go.mod, falling back

@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"idemgate/ledger/postgres/pgtest"
+)
+
+// startPGReplicas starts n `serve --http` processes of the real binary on
+// one new PostgreSQL database (started by pgtest; the test skips when
+// PostgreSQL is not installed, and fails under CI=true), and a round-robin
+// proxy with no session affinity in front of them. It returns the
+// database URL, the replicas, the balancer's base URL and alice's token.
+func startPGReplicas(t *testing.T, n int) (db string, reps []*httpProc, lb string, token string) {
+	t.Helper()
+	db = pgtest.NewDatabase(t)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.json")
+	token = addToken(t, tokens, "alice", "acme", "agent")
+	var wg sync.WaitGroup
+	reps = make([]*httpProc, n)
+	for i := range n { // at once: their schema migrations race, under the advisory lock
+		wg.Go(func() { reps[i] = startHTTP(t, db, tokens, 0, "--outbox-dir", filepath.Join(dir, "outbox")) })
+	}
+	wg.Wait()
+	var targets []*url.URL
+	for _, p := range reps {
+		u, _ := url.Parse(p.base)
+		targets = append(targets, u)
+	}
+	var turn atomic.Int64
+	srv := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(targets[int(turn.Add(1))%len(targets)]) },
+		FlushInterval: -1,
+	})
+	t.Cleanup(srv.Close)
+	return db, reps, srv.URL, token
+}
+
+func orderID(t *testing.T, e envelope) string {
+	t.Helper()
+	var r struct {
+		Order struct {
+			OrderID string `json:"order_id"`
+		} `json:"order"`
+	}
+	if err := json.Unmarshal(e.Result, &r); err != nil || r.Order.OrderID == "" {
+		t.Fatalf("create_order result without an order_id: %v: %s", err, e)
+	}
+	return r.Order.OrderID
+}
+
+// TestPostgresReplicasOneOrderPerKey: two replicas on one PostgreSQL
+// ledger, behind a round-robin balancer. Every key is sent at the same
+// moment by a client pinned to each replica and by one whose requests
+// alternate between them; each key yields exactly one order, and every
+// answer for a key names that order.
+func TestPostgresReplicasOneOrderPerKey(t *testing.T) {
+	db, reps, lb, alice := startPGReplicas(t, 2)
+	clients := []*session{httpSession(t, reps[0].base, alice), httpSession(t, reps[1].base, alice), httpSession(t, lb, alice)}
+	const keys = 12
+	for i := range keys {
+		key, customer := newKey(), fmt.Sprintf("cust-pg-%d", i)
+		ids := make([]string, len(clients))
+		envs := make([]envelope, len(clients))
+		var wg sync.WaitGroup
+		for j, s := range clients {
+			wg.Go(func() { envs[j] = s.callTool(t, "create_order", orderArgs(key, customer, coffee, nil)) })
+		}
+		wg.Wait()
+		executed := 0
+		for j, e := range envs {
+			if e.IsError || e.Status != "succeeded" {
+				t.Fatalf("key %d, client %d: %s", i, j, e)
+			}
+			if !e.Replayed {
+				executed++
+			}
+			ids[j] = orderID(t, e)
+		}
+		if executed != 1 {
+			t.Errorf("key %d: %d answers say they executed, want exactly 1", i, executed)
+		}
+		for j := range ids {
+			if ids[j] != ids[0] {
+				t.Errorf("key %d: answers name orders %v, want one order", i, ids)
+				break
+			}
+		}
+		for j, s := range clients {
+			if n := s.orderCount(t, customer); n != 1 {
+				t.Errorf("key %d: client %d lists %d orders for %s, want 1", i, j, n, customer)
+			}
+		}
+	}
+
+	// The commands work on the PostgreSQL ledger while the replicas run.
+	r := runCLI(t, 30*time.Second, "audit", "verify", "--db", db)
+	if r.Code != 0 {
+		t.Errorf("audit verify: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	r = runCLI(t, 30*time.Second, "ops", "list", "--db", db, "--tenant", "acme", "--limit", "100")
+	if r.Code != 0 || strings.Count(r.Stdout, "create_order") != keys {
+		t.Errorf("ops list: %d, %d create_order lines, want %d:\n%s%s", r.Code, strings.Count(r.Stdout, "create_order"), keys, r.Stdout, r.Stderr)
+	}
+	r = runCLI(t, 30*time.Second, "stats", "--db", db, "--tenant", "acme", "--json")
+	if r.Code != 0 {
+		t.Errorf("stats: %d %s", r.Code, r.Stderr)
+	}
+	r = runCLI(t, 30*time.Second, "migrate", "--db", db)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "up to date") {
+		t.Errorf("migrate of a migrated database: %d %q %s", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// TestPostgresFileOnlyCommandsSayWhatToUse: check and backup work on a
+// file; given a PostgreSQL URL they exit 2 with what to use instead, and
+// init creates the schema (as migrate does).
+func TestPostgresFileOnlyCommandsSayWhatToUse(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	r := runCLI(t, 30*time.Second, "ops", "list", "--db", db)
+	if r.Code == 0 || !strings.Contains(r.Stderr, "idemgate migrate") {
+		t.Errorf("ops list on an empty database: %d %q, want a refusal naming idemgate migrate", r.Code, r.Stderr)
+	}
+	if r = runCLI(t, 30*time.Second, "check", "--db", db); r.Code != 2 || !strings.Contains(r.Stderr, "pg_amcheck") {
+		t.Errorf("check of a URL: %d %q", r.Code, r.Stderr)
+	}
+	if r = runCLI(t, 30*time.Second, "backup", filepath.Join(t.TempDir(), "copy.db"), "--db", db); r.Code != 2 || !strings.Contains(r.Stderr, "pg_dump") {
+		t.Errorf("backup of a URL: %d %q", r.Code, r.Stderr)
+	}
+	if r = runCLI(t, 30*time.Second, "init", "--db", db); r.Code != 0 || !strings.Contains(r.Stdout, "migrated from version 0") {
+		t.Errorf("init of a URL: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if r = runCLI(t, 30*time.Second, "ops", "list", "--db", db); r.Code != 0 {
+		t.Errorf("ops list after init: %d %q", r.Code, r.Stderr)
+	}
+	if r = runCLI(t, 30*time.Second, "migrate", "--db", "/tmp/ledger.db"); r.Code != 2 || !strings.Contains(r.Stderr, "postgres://") {
+		t.Errorf("migrate of a file: %d %q", r.Code, r.Stderr)
+	}
+}
