@@ -231,6 +231,15 @@ func startServer(t testing.TB, f flavor, cfg serverConfig) *session {
 	t.Helper()
 	if cfg.DB == "" {
 		cfg.DB = filepath.Join(t.TempDir(), "ledger.db")
+		if onPostgres() { // a new database in the test binary's PostgreSQL cluster
+			cfg.DB = pgtest.NewDatabase(t)
+			if cfg.OutboxDir == "" {
+				cfg.OutboxDir = filepath.Join(t.TempDir(), "outbox")
+			}
+		}
+	}
+	if dir, ok := pgOutboxes.Load(cfg.DB); ok && cfg.OutboxDir == "" {
+		cfg.OutboxDir = dir.(string)
 	}
 	s, err := connect(t, f, idemgate, cfg.args())
 	if err != nil {
@@ -239,6 +248,11 @@ func startServer(t testing.TB, f flavor, cfg serverConfig) *session {
 	s.cfg = cfg
 	return s
 }
+
+// onPostgres reports whether IDEMGATE_E2E_DB=postgres asks the servers
+// that startServer starts with no --db of their own to run on PostgreSQL
+// (a new database each) instead of a new ledger file.
+func onPostgres() bool { return os.Getenv("IDEMGATE_E2E_DB") == "postgres" }
 
 // connect starts bin with args and connects a client of flavor f.
 func connect(t testing.TB, f flavor, bin string, args []string) (*session, error) {

@@ -148,3 +148,22 @@ func TestPostgresFileOnlyCommandsSayWhatToUse(t *testing.T) {
 		t.Errorf("migrate of a file: %d %q", r.Code, r.Stderr)
 	}
 }
+
+// newLedger is the --db of a test's servers and commands: a new ledger
+// file in t.TempDir(), or, with IDEMGATE_E2E_DB=postgres, a new database
+// in the test binary's PostgreSQL cluster (so the core, approvals and
+// unknown-outcome suites run on either store).
+func newLedger(t testing.TB) string {
+	t.Helper()
+	if !onPostgres() {
+		return filepath.Join(t.TempDir(), "ledger.db")
+	}
+	db := pgtest.NewDatabase(t)
+	pgOutboxes.Store(db, filepath.Join(t.TempDir(), "outbox"))
+	return db
+}
+
+// pgOutboxes is the outbox directory of each PostgreSQL ledger newLedger
+// made: its servers share it, as servers of one ledger file share the
+// directory beside it.
+var pgOutboxes sync.Map // URL → directory
