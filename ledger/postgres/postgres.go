@@ -36,9 +36,12 @@
 //
 // A transaction whose COMMIT fails is reported as an error and not retried:
 // whether it committed is unknown to this backend (the ledger's callers see
-// an error, as for a failed fsync). A failure before COMMIT was sent is a
-// rollback; the lock makes serialization failures and deadlocks between
-// Updates impossible.
+// an error, as for a failed fsync; reading the key back before answering
+// is not built yet). A transient failure before COMMIT was sent (the
+// connection lost, the server restarting) is a rollback, and the
+// transaction is run again for up to 15 s, so replicas ride out a database
+// restart; the lock makes serialization failures and deadlocks between
+// Updates impossible (they are retried all the same).
 //
 // # Clock
 //
@@ -66,6 +69,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"idemgate/ledger"
@@ -299,17 +303,51 @@ func (b *backend) isClosed() bool {
 	return b.closed
 }
 
-// Update implements ledger.Backend (see the package documentation).
-func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) (err error) {
+// Update implements ledger.Backend (see the package documentation). A
+// transaction that failed before COMMIT was sent for a transient reason
+// (the connection lost, the server restarting, a serialization failure
+// or deadlock) did not commit, and is run again (fn with it, as the
+// interface allows) for up to retryFor; a failure of COMMIT itself is
+// never retried.
+func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 	if b.isClosed() {
 		return ledger.ErrClosed
 	}
 	if b.readOnly {
 		return ErrReadOnly
 	}
+	return b.retry(ctx, func() (bool, error) { return b.update(ctx, fn) })
+}
+
+// retryFor bounds how long a transaction is retried after transient
+// failures (a database restart takes a few seconds).
+const retryFor = 15 * time.Second
+
+// retry runs attempt until it succeeds, fails for good, or retryFor has
+// passed; attempt reports whether its failure is safe to retry.
+func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error {
+	deadline := time.Now().Add(retryFor)
+	wait := 20 * time.Millisecond
+	for {
+		again, err := attempt()
+		if err == nil || !again || b.isClosed() || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// update runs fn in one transaction; retry reports whether it failed
+// before COMMIT for a transient reason.
+func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry bool, err error) {
 	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
-		return b.txError(err)
+		return transient(err), b.txError(err)
 	}
 	committed := false
 	defer func() {
@@ -318,20 +356,21 @@ func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) (err er
 		}
 	}()
 	if _, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
-		return b.txError(err)
+		return transient(err), b.txError(err)
 	}
 	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
-	if err := fn(tx); err != nil {
-		return err
+	ferr := fn(tx)
+	if tx.err != nil { // a failed read may have misled fn: its error is not the cause
+		return transient(tx.err), b.txError(tx.err)
 	}
-	if tx.err != nil {
-		return b.txError(tx.err)
+	if ferr != nil {
+		return false, ferr
 	}
 	if err := tx.flush(); err != nil {
-		return b.txError(err)
+		return transient(err), b.txError(err)
 	}
 	if err := pt.Commit(ctx); err != nil {
-		return fmt.Errorf("postgres: COMMIT failed, the transaction's outcome is unknown: %w", err)
+		return false, fmt.Errorf("postgres: COMMIT failed, the transaction's outcome is unknown: %w", err)
 	}
 	committed = true
 	if len(tx.created) > 0 {
@@ -341,24 +380,50 @@ func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) (err er
 		}
 		b.mu.Unlock()
 	}
-	return nil
+	return false, nil
 }
 
-// View implements ledger.Backend: one snapshot, read only.
+// transient reports whether err is a failure after which the transaction
+// certainly did not commit and may succeed when run again: the
+// connection failed (the server rolls back a transaction whose
+// connection is gone), the server is shutting down or starting, or a
+// serialization failure or deadlock.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+			return true
+		}
+		return false
+	}
+	return true // not an answer of the server: the connection failed
+}
+
+// View implements ledger.Backend: one snapshot, read only. It is run
+// again after a transient failure (a read changes nothing).
 func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 	if b.isClosed() {
 		return ledger.ErrClosed
 	}
+	return b.retry(ctx, func() (bool, error) { return b.view(ctx, fn) })
+}
+
+func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
 	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return b.txError(err)
+		return transient(err), b.txError(err)
 	}
 	defer pt.Rollback(context.WithoutCancel(ctx))
 	tx := &btx{b: b, ctx: ctx, pt: pt}
-	if err := fn(tx); err != nil {
-		return err
+	ferr := fn(tx)
+	if tx.err != nil {
+		return transient(tx.err), b.txError(tx.err)
 	}
-	return b.txError(tx.err)
+	return false, ferr
 }
 
 func (b *backend) txError(err error) error {

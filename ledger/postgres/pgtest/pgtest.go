@@ -181,6 +181,12 @@ func (c *Cluster) CreateDatabase(ctx context.Context) (string, error) {
 	return c.URL(name), nil
 }
 
+// Restart stops the cluster (fast shutdown: connections are cut,
+// transactions in flight roll back) and starts it again on the same port.
+func (c *Cluster) Restart() error {
+	return c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart")
+}
+
 // Stop stops the cluster at once and removes its directory.
 func (c *Cluster) Stop() error {
 	err := c.run("pg_ctl", "-D", c.data(), "-m", "immediate", "-w", "stop")
