@@ -23,7 +23,7 @@ import (
 // every claim after the restart succeeds, and no key's effect is
 // committed twice.
 func TestDatabaseRestartUnderLoad(t *testing.T) {
-	pgtest.Require(t) // skips (or fails under CI) as the other tests do
+	pgtest.Require(t)        // skips (or fails under CI) as the other tests do
 	c, err := pgtest.Start() // a cluster of its own: the restart must not disturb other tests
 	if err != nil {
 		t.Fatal(err)
