@@ -24,9 +24,17 @@ import (
 func startPGReplicas(t *testing.T, n int) (db string, reps []*httpProc, lb string, token string) {
 	t.Helper()
 	db = pgtest.NewDatabase(t)
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens.json")
+	tokens := filepath.Join(t.TempDir(), "tokens.json")
 	token = addToken(t, tokens, "alice", "acme", "agent")
+	reps, lb = startReplicasOn(t, db, tokens, n)
+	return db, reps, lb, token
+}
+
+// startReplicasOn starts n replicas on db with the tokens file, behind a
+// round-robin balancer whose base URL it returns.
+func startReplicasOn(t *testing.T, db, tokens string, n int) (reps []*httpProc, lb string) {
+	t.Helper()
+	dir := t.TempDir()
 	var wg sync.WaitGroup
 	reps = make([]*httpProc, n)
 	for i := range n { // at once: their schema migrations race, under the advisory lock
@@ -44,7 +52,50 @@ func startPGReplicas(t *testing.T, n int) (db string, reps []*httpProc, lb strin
 		FlushInterval: -1,
 	})
 	t.Cleanup(srv.Close)
-	return db, reps, srv.URL, token
+	return reps, srv.URL
+}
+
+// TestPostgresApprovalAcrossReplicas: an operation held for approval on
+// one replica is approved by an approver connected to the other, and the
+// agent's retry, served by the other replica, gets the one execution's
+// result; the order is cancelled once.
+func TestPostgresApprovalAcrossReplicas(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	tokens := filepath.Join(t.TempDir(), "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	boss := addToken(t, tokens, "boss", "acme", "approver")
+	reps, _ := startReplicasOn(t, db, tokens, 2)
+	onA, onB := httpSession(t, reps[0].base, alice), httpSession(t, reps[1].base, alice)
+	approver := httpSession(t, reps[1].base, boss)
+
+	order := onA.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-pg-approval", coffee, nil))
+	args := map[string]any{"operation_key": newKey(), "order_id": orderID(t, order), "expected_version": 1, "reason": "asked"}
+	held := onA.mustFail(t, "cancel_order", args, "approval_required")
+	if held.Approval == nil || held.Approval.ApprovalID == "" {
+		t.Fatalf("held without an approval id: %s", held)
+	}
+	done := approver.mustSucceed(t, "decide_approval", map[string]any{"approval_id": held.Approval.ApprovalID, "decision": "approve"})
+	if done.Status != "succeeded" {
+		t.Fatalf("approval on the other replica: %s", done)
+	}
+	retry := onB.mustSucceed(t, "cancel_order", args)
+	if !retry.Replayed || string(retry.Result) != string(done.Result) {
+		t.Errorf("the agent's retry on the other replica: %s, want the approved execution's result %s replayed", retry, done.Result)
+	}
+	got := onA.mustSucceed(t, "get_order", map[string]any{"order_id": orderID(t, order)})
+	var o struct {
+		Order struct {
+			Status  string `json:"status"`
+			Version int    `json:"version"`
+		} `json:"order"`
+	}
+	if err := json.Unmarshal(got.Result, &o); err != nil || o.Order.Status != "cancelled" || o.Order.Version != 2 {
+		t.Errorf("the order after one approved cancel: %v %s, want cancelled at version 2", err, got)
+	}
+	r := runCLI(t, 30*time.Second, "ops", "list", "--db", db, "--tenant", "acme", "--json")
+	if r.Code != 0 || strings.Count(r.Stdout, `"cancel_order"`) != 1 {
+		t.Errorf("ops list: want one cancel_order operation: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
 }
 
 func orderID(t *testing.T, e envelope) string {
