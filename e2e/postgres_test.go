@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -218,3 +219,48 @@ func newLedger(t testing.TB) string {
 // made: its servers share it, as servers of one ledger file share the
 // directory beside it.
 var pgOutboxes sync.Map // URL → directory
+
+// TestPostgresKilledReplicaSettledByTheOther: two servers on one
+// PostgreSQL ledger in front of the order API. One is SIGKILLed during
+// its call to the API, which commits the order anyway; the other server,
+// running all along, lets the lease expire and its background sweep
+// settles the operation succeeded with the API's order — no new call to
+// create_order, one order, one request to the API.
+func TestPostgresKilledReplicaSettledByTheOther(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	outbox := filepath.Join(t.TempDir(), "outbox")
+	api := newFakeAPI(t)
+	a := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: db, OutboxDir: outbox}, "--orders-api-safe-retry")
+	b := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, OutboxDir: outbox}, "--orders-api-safe-retry")
+	key := newKey()
+	args := faOrder(key, "cust-pg-crash")
+	h := api.InjectHold(fault{Kind: HoldBeforeCommit, Match: matchCreate, CommitAnyway: true})
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.call(context.Background(), "create_order", args)
+		done <- err
+	}()
+	h.Wait(t, 5*time.Second)
+	a.Kill()
+	h.WaitGone(t, 5*time.Second)
+	h.Release()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("the call to the killed server answered")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call to the killed server did not return")
+	}
+	st := waitStatus(t, b, key, 10*time.Second, "succeeded")
+	o := api.OrderForKey(idemKey("", key))
+	if o == nil || st.DownstreamRef != o.OrderID {
+		t.Fatalf("settled with %q, the API has %+v", st.DownstreamRef, o)
+	}
+	if e := b.mustSucceed(t, "create_order", args); !e.Replayed || e.orderID() != o.OrderID {
+		t.Errorf("the agent's retry on the surviving server: %s, want a replay of %s", e, o.OrderID)
+	}
+	if w := api.WritesFor(idemKey("", key)); w != 1 {
+		t.Errorf("the API received %d requests, want 1", w)
+	}
+}
