@@ -34,14 +34,20 @@
 // built yet). View is a REPEATABLE READ READ ONLY transaction: one snapshot
 // for its whole duration, no lock, never blocked by writers.
 //
-// A transaction whose COMMIT fails is reported as an error and not retried:
-// whether it committed is unknown to this backend (the ledger's callers see
-// an error, as for a failed fsync; reading the key back before answering
-// is not built yet). A transient failure before COMMIT was sent (the
-// connection lost, the server restarting) is a rollback, and the
-// transaction is run again for up to 15 s, so replicas ride out a database
-// restart; the lock makes serialization failures and deadlocks between
-// Updates impossible (they are retried all the same).
+// A transient failure before COMMIT was sent (the connection lost, the
+// server restarting) is a rollback, and the transaction is run again for
+// up to 15 s, so replicas ride out a database restart; the lock makes
+// serialization failures and deadlocks between Updates impossible (they
+// are retried all the same). A connection lost during COMMIT leaves the
+// outcome unknown to the client, so every write transaction also writes a
+// row of its own (idemgate_commits, a random id, batched with its writes:
+// no extra round trip); when COMMIT fails, the backend takes the writer
+// lock on a new connection — granted only once the old transaction has
+// ended, one way or the other — and reads that row back: present, the
+// transaction committed and Update succeeds; absent, it did not and is
+// run again. Only when the database cannot be reached for 15 s is the
+// outcome reported as unknown (an error). Rows older than ten minutes are
+// deleted.
 //
 // # Clock
 //
@@ -68,6 +74,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -268,6 +275,9 @@ func (b *backend) clockLoop() {
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			b.syncClock(ctx) // on failure the last offset stays: the process's clock carries it
+			if !b.readOnly {
+				b.pool.Exec(ctx, "DELETE FROM idemgate_commits WHERE at < now() - make_interval(secs => $1)", commitsKept.Seconds())
+			}
 			cancel()
 		}
 	}
@@ -366,11 +376,19 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	if ferr != nil {
 		return false, ferr
 	}
+	tx.marker = uuid.NewString()
 	if err := tx.flush(); err != nil {
 		return transient(err), b.txError(err)
 	}
 	if err := pt.Commit(ctx); err != nil {
-		return false, fmt.Errorf("postgres: COMMIT failed, the transaction's outcome is unknown: %w", err)
+		// The outcome is unknown: read it back rather than guess.
+		did, known := b.readBack(ctx, tx.marker)
+		switch {
+		case !known:
+			return false, fmt.Errorf("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown: %w", err)
+		case !did:
+			return true, b.txError(err) // certainly not committed: run it again
+		}
 	}
 	committed = true
 	if len(tx.created) > 0 {
@@ -382,6 +400,33 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	}
 	return false, nil
 }
+
+// readBack learns whether the transaction that wrote marker committed,
+// after its COMMIT failed: it takes the writer lock (granted only once that
+// transaction has ended, committed or rolled back) and looks for the
+// marker. known is false when the database could not be asked within
+// retryFor.
+func (b *backend) readBack(ctx context.Context, marker string) (committed, known bool) {
+	ctx = context.WithoutCancel(ctx)
+	deadline := time.Now().Add(retryFor)
+	for wait := 20 * time.Millisecond; time.Now().Before(deadline) && !b.isClosed(); wait = min(2*wait, time.Second) {
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
+		})
+		if err == nil {
+			return committed, true
+		}
+		time.Sleep(wait)
+	}
+	return false, false
+}
+
+// commitsKept is how long the idemgate_commits rows are kept (a read-back
+// happens within retryFor of its COMMIT).
+const commitsKept = 10 * time.Minute
 
 // transient reports whether err is a failure after which the transaction
 // certainly did not commit and may succeed when run again: the
@@ -449,6 +494,7 @@ type btx struct {
 	err      error
 	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
 	created  []string                      // data collections created here
+	marker   string                        // the idemgate_commits row the final flush writes
 }
 
 func (t *btx) fail(err error) {
@@ -507,7 +553,7 @@ func (t *btx) flush(colls ...string) error {
 	if t.err != nil {
 		return t.err
 	}
-	if len(t.pending) == 0 {
+	if len(t.pending) == 0 && t.marker == "" {
 		return nil
 	}
 	if len(colls) == 0 {
@@ -525,6 +571,9 @@ func (t *btx) flush(colls ...string) error {
 			}
 		}
 		delete(t.pending, c)
+	}
+	if t.marker != "" && len(t.pending) == 0 { // the final flush
+		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
 	}
 	if batch.Len() == 0 {
 		return nil
