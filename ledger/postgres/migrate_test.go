@@ -102,3 +102,17 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 		t.Errorf("IssueKey on a read-only ledger: %v, want ErrReadOnly", err)
 	}
 }
+
+// TestBadURLNamesTheProblemNotThePassword: a URL pgx cannot parse is
+// refused with the reason, and the password is never echoed.
+func TestBadURLNamesTheProblemNotThePassword(t *testing.T) {
+	for url, reason := range map[string]string{
+		"postgres://u:s3cret@127.0.0.1:badport/x":               "invalid port",
+		"postgres://u:s3cret@127.0.0.1:5432/x?sslmode=whatever": "sslmode is invalid",
+	} {
+		_, err := postgres.Open(url, ledger.Options{})
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), reason) {
+			t.Errorf("Open(%s): %v; want the reason %q without the password", url, err, reason)
+		}
+	}
+}

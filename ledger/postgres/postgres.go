@@ -180,12 +180,19 @@ func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// redact drops what follows "password" in a parse error, which may quote
-// the URL.
+// redact drops the URL from a parse error (pgx quotes it, password and
+// all) and keeps the reason.
 func redact(err error) string {
 	s := err.Error()
 	if i := strings.Index(s, "://"); i >= 0 {
-		return s[:i] + "://… (URL not shown)"
+		reason := ""
+		if j := strings.LastIndex(s, "`: "); j > i {
+			reason = ": " + s[j+3:]
+			if k := strings.Index(reason, "://"); k >= 0 { // the reason quotes it again
+				reason = ""
+			}
+		}
+		return "cannot parse it (the URL is not repeated here: it may hold a password)" + reason
 	}
 	return s
 }
