@@ -169,6 +169,9 @@ func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: the --db URL is not a valid PostgreSQL connection string: %v", redact(err))
 	}
+	if cfg.ConnConfig.ConnectTimeout == 0 { // unless the URL sets connect_timeout
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, connError(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -125,5 +126,47 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 	}
 	if _, err := reps[1].VerifyAudit(ctx); err != nil {
 		t.Errorf("audit chain after the restart: %v", err)
+	}
+}
+
+// TestHealthFollowsTheDatabase: Health is OK while the database answers,
+// not OK (promptly, naming the cause) while it is stopped, and OK again
+// once it is back, without reopening.
+func TestHealthFollowsTheDatabase(t *testing.T) {
+	pgtest.Require(t)
+	c, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	url, err := c.CreateDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := postgres.Open(url, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if h := s.Health(ctx); !h.OK {
+		t.Fatalf("health of a running database: %+v", h)
+	}
+	if err := c.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	h := s.Health(ctx)
+	if h.OK || !strings.Contains(h.Problem, "cannot be read") {
+		t.Errorf("health with the database stopped: %+v, want not OK naming the cause", h)
+	}
+	if d := time.Since(start); d > 6*time.Second {
+		t.Errorf("health took %s with the database stopped", d)
+	}
+	if err := c.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.Health(ctx); !h.OK {
+		t.Errorf("health after the database is back: %+v", h)
 	}
 }

@@ -112,8 +112,7 @@ func Start() (*Cluster, error) {
 	for attempt := 0; ; attempt++ {
 		c.port, err = freePort()
 		if err == nil {
-			err = c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start",
-				"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", c.port, dir))
+			err = c.start()
 		}
 		if err == nil {
 			return c, nil
@@ -185,6 +184,20 @@ func (c *Cluster) CreateDatabase(ctx context.Context) (string, error) {
 // transactions in flight roll back) and starts it again on the same port.
 func (c *Cluster) Restart() error {
 	return c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart")
+}
+
+// Pause stops the server (fast shutdown), keeping its data: Resume
+// starts it again on the same port.
+func (c *Cluster) Pause() error {
+	return c.run("pg_ctl", "-D", c.data(), "-m", "fast", "-w", "stop")
+}
+
+// Resume starts a paused cluster.
+func (c *Cluster) Resume() error { return c.start() }
+
+func (c *Cluster) start() error {
+	return c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start",
+		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", c.port, c.dir))
 }
 
 // Stop stops the cluster at once and removes its directory.
