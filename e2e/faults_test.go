@@ -490,7 +490,10 @@ func TestFaultTimeoutAfterCommit(t *testing.T) {
 				// and waits for its outcome.
 				waiter = make(chan envelope, 1)
 				go func() {
-					time.Sleep(100 * time.Millisecond)
+					// Once the first call is at the API (not a fixed
+					// sleep: a slow claim would let the duplicate own it).
+					eventually(5*time.Second, func() bool { return api.WritesFor(idemKey("", key)) > 0 })
+					time.Sleep(50 * time.Millisecond)
 					w, err := s.call(testContext(t), "create_order", args)
 					if err != nil {
 						t.Errorf("PRODUCT BUG: the waiting duplicate got a malformed answer: %v", err)
