@@ -1,6 +1,8 @@
 package main
 
 import (
+	"idemgate/ledger/postgres"
+
 	"context"
 	"errors"
 	"flag"
@@ -153,7 +155,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		})
 		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
 	} else {
-		logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
+		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = serveStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, grace, logger)
 	}
 	bg.Stop() // the deliverer's last pass ends before the answer is returned

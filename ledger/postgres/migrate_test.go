@@ -116,3 +116,13 @@ func TestBadURLNamesTheProblemNotThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactedHidesThePassword: what the server logs of --db.
+func TestRedactedHidesThePassword(t *testing.T) {
+	if got := postgres.Redacted("postgres://u:s3cret@db:5432/x?sslmode=disable"); strings.Contains(got, "s3cret") || !strings.Contains(got, "db:5432/x") {
+		t.Errorf("Redacted = %q", got)
+	}
+	if got := postgres.Redacted("/var/lib/idemgate/ledger.db"); got != "/var/lib/idemgate/ledger.db" {
+		t.Errorf("Redacted of a path = %q", got)
+	}
+}

@@ -70,6 +70,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +95,19 @@ type DB struct {
 // postgresql:// URL) rather than a ledger file.
 func IsURL(db string) bool {
 	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// Redacted is db with a URL's password replaced by "xxxxx", for logs; a
+// ledger file's path is returned as it is.
+func Redacted(db string) string {
+	if !IsURL(db) {
+		return db
+	}
+	u, err := neturl.Parse(db)
+	if err != nil {
+		return "postgres://…"
+	}
+	return u.Redacted()
 }
 
 // ErrReadOnly is returned by every write of a ledger opened with
