@@ -1,14 +1,13 @@
 package main
 
 import (
-	"idemgate/ledger/postgres"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/postgres"
 	"idemgate/server"
 	"idemgate/tools"
 	"io"
