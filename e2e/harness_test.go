@@ -7,8 +7,6 @@
 package e2e
 
 import (
-	"idemgate/ledger/postgres/pgtest"
-
 	"bytes"
 	"context"
 	"encoding/json"
@@ -32,6 +30,8 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"idemgate/ledger/postgres/pgtest"
 )
 
 // Paths set by TestMain.
