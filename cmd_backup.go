@@ -9,6 +9,7 @@ import (
 
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
+	"idemgate/ledger/postgres"
 )
 
 // backupCmd writes a consistent copy of a live ledger to FILE, holding the
@@ -30,6 +31,9 @@ func backupCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	if postgres.IsURL(*db) {
+		return usageError{errors.New("backup copies a ledger file; back a PostgreSQL ledger up with PostgreSQL's own tools (pg_dump, or continuous archiving)")}
 	}
 	store, err := bolt.OpenReadOnly(*db, ledger.Options{})
 	if err != nil {

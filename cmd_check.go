@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"idemgate/ledger/bolt"
+	"idemgate/ledger/postgres"
 )
 
 // checkCmd checks the whole ledger file read-only: bbolt's page check and
@@ -24,6 +25,9 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	if postgres.IsURL(*db) {
+		return usageError{errors.New("check inspects a ledger file's pages; a PostgreSQL ledger is checked by PostgreSQL itself (pg_amcheck), and its audit chain by: idemgate audit verify --db URL")}
 	}
 	rep, err := bolt.Check(*db)
 	if err != nil {

@@ -9,12 +9,13 @@ import (
 	"path/filepath"
 
 	"idemgate/ledger/bolt"
+	"idemgate/ledger/postgres"
 )
 
 // dbFlag registers --db alone, for the commands that work on the file
 // itself (init, check, backup).
 func dbFlag(fs *flag.FlagSet) *string {
-	return fs.String("db", env("IDEMGATE_DB", defaultDB()), "ledger file (env IDEMGATE_DB)")
+	return fs.String("db", env("IDEMGATE_DB", defaultDB()), "ledger file, or postgres:// URL (env IDEMGATE_DB)")
 }
 
 // initCmd creates a new, empty ledger. It never overwrites a file: an
@@ -31,6 +32,9 @@ func initCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
+	}
+	if postgres.IsURL(*db) { // the PostgreSQL equivalent: create the schema
+		return migrateDB(*db, stdout)
 	}
 	if err := os.MkdirAll(filepath.Dir(*db), 0o700); err != nil {
 		return fmt.Errorf("ledger directory: %w", err)

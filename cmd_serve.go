@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/postgres"
 	"idemgate/server"
 	"idemgate/tools"
 	"io"
@@ -97,7 +98,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	var metrics *server.Metrics
 	if *httpAddr != "" {
 		if *tokensFile == "" {
-			*tokensFile = filepath.Join(filepath.Dir(lf.db), "tokens.json")
+			*tokensFile = filepath.Join(lf.dataDir(), "tokens.json")
 		}
 		var err error
 		if tokens, err = server.LoadTokens(*tokensFile); err != nil {
@@ -154,7 +155,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		})
 		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
 	} else {
-		logger.Info("serving MCP on stdio", "db", lf.db, "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
+		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = serveStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, grace, logger)
 	}
 	bg.Stop() // the deliverer's last pass ends before the answer is returned

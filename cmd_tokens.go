@@ -29,7 +29,7 @@ func tokensCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *file == "" {
-		*file = filepath.Join(filepath.Dir(env("IDEMGATE_DB", defaultDB())), "tokens.json")
+		*file = filepath.Join(dataDirOf(env("IDEMGATE_DB", defaultDB())), "tokens.json")
 	}
 	if err := id.Validate(); err != nil {
 		return usageError{err}

@@ -22,6 +22,7 @@ import (
 	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
+	"idemgate/ledger/postgres"
 	"idemgate/orders"
 	"idemgate/outbox"
 	"idemgate/schemas"
@@ -90,7 +91,7 @@ func (readOnlySink) Deliver(context.Context, *outbox.Message) error {
 func (readOnlySink) Flush() error { return nil }
 
 func (l *settings) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger file (bbolt); shared safely by several processes (env IDEMGATE_DB)")
+	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger: a file (bbolt), shared safely by several processes on one machine, or a postgres:// URL, shared by several machines (env IDEMGATE_DB)")
 	fs.DurationVar(&l.retention, "retention", 24*time.Hour, "how long a finished operation's full result is kept and replayed")
 	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
 	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")
@@ -199,7 +200,7 @@ func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Du
 		}
 	}
 	if outboxDir == "" {
-		outboxDir = filepath.Join(filepath.Dir(l.db), "outbox")
+		outboxDir = filepath.Join(l.dataDir(), "outbox")
 	}
 	if readOnly {
 		l.readOnlySink = true
@@ -249,13 +250,21 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 type usageError struct{ error }
 
 // open opens the ledger for reading and writing, creating a new one only
-// where no file exists (see bolt.Open).
+// where no file exists (see bolt.Open). A postgres:// URL opens the
+// PostgreSQL ledger instead (see postgres.Open): serve migrates its schema,
+// every other command needs a database that already holds a ledger.
 func (l *settings) open() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
 	if err := l.load(); err != nil {
 		return nil, err
+	}
+	if postgres.IsURL(l.db) {
+		if l.mayCreate {
+			return asPG(postgres.Open(l.db, l.ledgerOptions()))
+		}
+		return asPG(postgres.OpenExisting(l.db, l.ledgerOptions()))
 	}
 	if !l.mayCreate {
 		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions()))
@@ -268,13 +277,17 @@ func (l *settings) open() (ledger.Store, error) {
 
 // openReadOnly opens an existing ledger for reading only: the file is
 // opened read-only and never written, nothing is created (see
-// bolt.OpenReadOnly). The read commands use it.
+// bolt.OpenReadOnly; for a postgres:// URL, postgres.OpenReadOnly). The
+// read commands use it.
 func (l *settings) openReadOnly() (ledger.Store, error) {
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
 	if err := l.load(); err != nil {
 		return nil, err
+	}
+	if postgres.IsURL(l.db) {
+		return asPG(postgres.OpenReadOnly(l.db, l.ledgerOptions()))
 	}
 	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions()))
 }
@@ -285,6 +298,28 @@ func asStore(f *bolt.File, err error) (ledger.Store, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// asPG is asStore for a PostgreSQL ledger.
+func asPG(d *postgres.DB, err error) (ledger.Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// dataDir is the directory of the files kept beside the ledger (the
+// notification outbox, tokens.json): the ledger file's directory, or, for
+// a PostgreSQL ledger, the default data directory.
+func (l *settings) dataDir() string {
+	return dataDirOf(l.db)
+}
+
+func dataDirOf(db string) string {
+	if postgres.IsURL(db) {
+		return filepath.Dir(defaultDB())
+	}
+	return filepath.Dir(db)
 }
 
 func (l *settings) ledgerOptions() ledger.Options {

@@ -45,7 +45,7 @@ func (t *tokenFlags) identity(lf *settings, fs *flag.FlagSet, flags server.Ident
 	}
 	path := t.tokens
 	if path == "" {
-		path = filepath.Join(filepath.Dir(lf.db), "tokens.json")
+		path = filepath.Join(lf.dataDir(), "tokens.json")
 	}
 	toks, err := server.LoadTokens(path)
 	if err != nil {

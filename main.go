@@ -37,6 +37,7 @@ Usage:
   idemgate audit verify|tail|export
                                   check the audit hash chain, print recent entries, or export it as JSON lines
   idemgate init [--db PATH]       create a new, empty ledger file (never overwrites one)
+  idemgate migrate --db URL       create or upgrade a PostgreSQL ledger's schema (serve does it at start)
   idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
   idemgate backup FILE [--db PATH]
                                   write a consistent copy of the ledger, while servers run
@@ -46,8 +47,8 @@ Usage:
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
-Every command that opens the ledger takes --db PATH (env IDEMGATE_DB) and
---config FILE. Run "idemgate COMMAND -h" for a command's flags.
+Every command that opens the ledger takes --db PATH, or a postgres:// URL
+(env IDEMGATE_DB), and --config FILE. Run "idemgate COMMAND -h" for a command's flags.
 `
 
 func main() {
@@ -81,6 +82,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = tokensCmd(args[1:], stdout, stderr)
 	case "init":
 		err = initCmd(args[1:], stdout, stderr)
+	case "migrate":
+		err = migrateCmd(args[1:], stdout, stderr)
 	case "check":
 		err = checkCmd(args[1:], stdout, stderr)
 	case "backup":

@@ -49,7 +49,7 @@ func startApprover(t *testing.T, f flavor, db, tenant, principal string) *sessio
 // boss's approver server (flavor b) on a new ledger file.
 func newPair(t *testing.T, a, b flavor, extra ...string) aprPair {
 	t.Helper()
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	return aprPair{db: db, agent: startAgent(t, a, db, extra...), approver: startApprover(t, b, db, aprTenant, "boss")}
 }
 
@@ -346,7 +346,7 @@ func TestApprovalCancelFlow(t *testing.T) {
 // another tenant does not see the approval and cannot decide it. After all
 // that, the approval is still pending and the order untouched.
 func TestApprovalAuthority(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	agentMC := startAgent(t, mcpGoModern, db)
 	agentSDK := startAgent(t, goSDKLegacy, db)
 	o := placeOrder(t, agentMC, "cust-authority")
@@ -430,7 +430,7 @@ func TestApprovalAuthority(t *testing.T) {
 // answer says replayed:false, and the other carries the recorded outcome.
 func TestApprovalRaceTwoApprovers(t *testing.T) {
 	const rounds = 5
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	agent := startAgent(t, mcpGoModern, db)
 	boss1 := startApprover(t, mcpGoLegacy, db, aprTenant, "boss1")
 	boss2 := startApprover(t, goSDKModern, db, aprTenant, "boss2")
@@ -718,7 +718,7 @@ func TestApprovalThreshold(t *testing.T) {
 // `approvals approve` by the requester is refused (forbidden), by boss it
 // runs the operation and prints the outcome; the agent's retry replays it.
 func TestApprovalCommandLine(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	agent := startAgent(t, mcpGoModern, db)
 	o := placeOrder(t, agent, "cust-cli")
 	key := newKey()

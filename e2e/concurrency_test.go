@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -83,7 +82,7 @@ func TestConcurrentSameKeyOneClient(t *testing.T) {
 // file (what two MCP clients spawning their own server look like), 16
 // simultaneous calls each with the same key, make exactly one order.
 func TestConcurrentSameKeyTwoProcesses(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	a := startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-a"})
 	b := startServer(t, goSDKModern, serverConfig{DB: db, Principal: "agent-b"})
 	customer := "cust-race-two"
@@ -123,7 +122,7 @@ func TestMixedLoadTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the mixed load takes several seconds")
 	}
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	procs := []*session{
 		startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-a"}),
 		startServer(t, mcpGoLegacy, serverConfig{DB: db, Principal: "agent-b"}),

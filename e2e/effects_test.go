@@ -240,7 +240,7 @@ func TestNewOperationKey(t *testing.T) {
 // hand out is refused as invalid_arguments and leaves no record; an issued
 // key works (and replays); a key issued in another tenant is not issued here.
 func TestRequireIssuedKeys(t *testing.T) {
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	s := startServer(t, mcpGoModern, serverConfig{DB: db, Args: []string{"--require-issued-keys"}})
 	random := newKey()
 	e := s.mustFail(t, "create_order", orderArgs(random, "cust-issued", coffee, nil), "invalid_arguments")

@@ -310,7 +310,7 @@ func TestFaultConcurrentDuplicate(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	a := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db})
 	b := startAPIServer(t, goSDKLegacy, api, serverConfig{DB: db})
 	key := run.track("", newKey(), "create_order")
@@ -490,7 +490,10 @@ func TestFaultTimeoutAfterCommit(t *testing.T) {
 				// and waits for its outcome.
 				waiter = make(chan envelope, 1)
 				go func() {
-					time.Sleep(100 * time.Millisecond)
+					// Once the first call is at the API (not a fixed
+					// sleep: a slow claim would let the duplicate own it).
+					eventually(5*time.Second, func() bool { return api.WritesFor(idemKey("", key)) > 0 })
+					time.Sleep(50 * time.Millisecond)
 					w, err := s.call(testContext(t), "create_order", args)
 					if err != nil {
 						t.Errorf("PRODUCT BUG: the waiting duplicate got a malformed answer: %v", err)
@@ -585,7 +588,7 @@ func TestFault500(t *testing.T) {
 	t.Run("before commit, approval", func(t *testing.T) {
 		api := newFakeAPI(t)
 		run := newFaultRun(t, api, nil)
-		db := filepath.Join(t.TempDir(), "ledger.db")
+		db := newLedger(t)
 		s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Principal: "alice"})
 		key := run.track("", newKey(), "create_order")
 		args := faOrder(key, "cust-fault-500c")
@@ -707,7 +710,7 @@ func TestFaultStaleVersion(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Tenant: "acme", Principal: "alice"})
 	boss := startAPIApprover(t, api, db, "acme")
 	ck := run.track("acme", newKey(), "create_order")
@@ -773,7 +776,7 @@ func TestFaultCrash(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			api := newFakeAPI(t)
 			run := newFaultRun(t, api, nil)
-			db := filepath.Join(t.TempDir(), "ledger.db")
+			db := newLedger(t)
 			s := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: db}, "--orders-api-safe-retry")
 			key := run.track("", newKey(), "create_order")
 			args := faOrder(key, "cust-fault-crash")
@@ -830,7 +833,7 @@ func TestFaultStaleInProgress(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	// The first server's claims hold a 3s lease: long enough to observe.
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--lease", "3s")
 	key := run.track("", newKey(), "create_order")
@@ -889,7 +892,7 @@ func TestFaultReplayAfterRetention(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db})
 	key := run.track("", newKey(), "create_order")
 	args := faOrder(key, "cust-fault-retention")
@@ -939,7 +942,7 @@ func TestFaultRedelivery(t *testing.T) {
 	t.Run("queue", func(t *testing.T) {
 		api := newFakeAPI(t)
 		run := newFaultRun(t, api, nil)
-		db := filepath.Join(t.TempDir(), "ledger.db")
+		db := newLedger(t)
 		a := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db})
 		b := startAPIServer(t, goSDKLegacy, api, serverConfig{DB: db})
 		key := run.track("", newKey(), "create_order")
@@ -989,7 +992,7 @@ func TestFaultRedelivery(t *testing.T) {
 		api := newFakeAPI(t)
 		gw := newFakeGateway(t)
 		run := newFaultRun(t, api, gw)
-		db := filepath.Join(t.TempDir(), "ledger.db")
+		db := newLedger(t)
 		s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--notify-webhook", gw.URL())
 		h := gw.InjectHold()
 		key := run.track("", newKey(), "send_notification")
@@ -1036,7 +1039,7 @@ func TestFaultStackedRetries(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	procs := []*session{
 		startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}),
 		startAPIServer(t, goSDKModern, api, serverConfig{DB: db}),
@@ -1098,7 +1101,7 @@ func TestFaultCrossTenantKey(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	east := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Tenant: "east"})
 	west := startAPIServer(t, goSDKLegacy, api, serverConfig{DB: db, Tenant: "west"})
 	key := newKey()
@@ -1126,7 +1129,7 @@ func TestFaultLookupUnavailable(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
 	run := newFaultRun(t, api, nil)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Principal: "alice"})
 	key := run.track("", newKey(), "create_order")
 	args := faOrder(key, "cust-fault-lookup")

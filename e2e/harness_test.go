@@ -30,6 +30,8 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"idemgate/ledger/postgres/pgtest"
 )
 
 // Paths set by TestMain.
@@ -75,7 +77,7 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	return pgtest.Main(m) // m.Run, then stop the PostgreSQL cluster if a test started one
 }
 
 // findModuleRoot asks the go command for idemgate's go.mod, falling back
@@ -229,6 +231,15 @@ func startServer(t testing.TB, f flavor, cfg serverConfig) *session {
 	t.Helper()
 	if cfg.DB == "" {
 		cfg.DB = filepath.Join(t.TempDir(), "ledger.db")
+		if onPostgres() { // a new database in the test binary's PostgreSQL cluster
+			cfg.DB = pgtest.NewDatabase(t)
+			if cfg.OutboxDir == "" {
+				cfg.OutboxDir = filepath.Join(t.TempDir(), "outbox")
+			}
+		}
+	}
+	if dir, ok := pgOutboxes.Load(cfg.DB); ok && cfg.OutboxDir == "" {
+		cfg.OutboxDir = dir.(string)
 	}
 	s, err := connect(t, f, idemgate, cfg.args())
 	if err != nil {
@@ -237,6 +248,11 @@ func startServer(t testing.TB, f flavor, cfg serverConfig) *session {
 	s.cfg = cfg
 	return s
 }
+
+// onPostgres reports whether IDEMGATE_E2E_DB=postgres asks the servers
+// that startServer starts with no --db of their own to run on PostgreSQL
+// (a new database each) instead of a new ledger file.
+func onPostgres() bool { return os.Getenv("IDEMGATE_E2E_DB") == "postgres" }
 
 // connect starts bin with args and connects a client of flavor f.
 func connect(t testing.TB, f flavor, bin string, args []string) (*session, error) {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +15,7 @@ import (
 func TestSettleCommandLine(t *testing.T) {
 	t.Parallel()
 	api := newFakeAPI(t)
-	db := filepath.Join(t.TempDir(), "ledger.db")
+	db := newLedger(t)
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db, Principal: "alice"})
 	key := newKey()
 	args := faOrder(key, "cust-settle-cli")

@@ -1,6 +1,9 @@
 package ledger
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Backend is the storage a ledger runs on: named, ordered key-value
 // collections read and written in transactions. The ledger's rules
@@ -30,6 +33,17 @@ type Backend interface {
 	// Close releases the backend. The ledger calls it once, last; after
 	// it, Update and View return ErrClosed.
 	Close() error
+}
+
+// Clock is a Backend that supplies the ledger's clock. When a backend
+// implements it and Options.Now is not set, the ledger reads every time it
+// uses (claims, leases, expiries, approval TTLs, retention, audit
+// timestamps) from Now instead of the process's wall clock: a backend
+// shared by several machines (PostgreSQL) gives them the database's clock,
+// so their own clocks' drift does not move a lease or a TTL. Options.Now,
+// when set (tests), wins. The bbolt backend does not implement it.
+type Clock interface {
+	Now() time.Time
 }
 
 // BTx is one backend transaction. Its values are valid only until the

@@ -36,6 +36,9 @@ var _ Store = (*Ledger)(nil)
 // New returns the ledger kept in b, with opts. It starts the background
 // flush of buffered audit entries; Close stops it and closes b.
 func New(b Backend, opts Options) *Ledger {
+	if c, ok := b.(Clock); ok && opts.Now == nil {
+		opts.Now = c.Now
+	}
 	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.flushLoop()
 	return s

@@ -1,0 +1,810 @@
+// Package postgres is the ledger's PostgreSQL backend: one database shared
+// by every replica (`idemgate serve --http` on several machines) and every
+// command, through a pgx connection pool. The rules are in package ledger;
+// this package stores bytes.
+//
+// # Storage
+//
+// Every collection is a range of one table, idemgate_kv (collection, key,
+// value) with primary key (collection, key): bytea keys are ordered
+// bytewise, so Get is an index lookup and a cursor walk is an ordered
+// index scan, fetched a page at a time. The downstreams' collections
+// (BTx.Data) live in the same table under "data:"+name, and
+// idemgate_collections records which exist.
+//
+// # Transactions and the atomic claim
+//
+// Update begins a READ COMMITTED transaction and first takes one
+// transaction-scoped advisory lock (pg_advisory_xact_lock) shared by every
+// process on the database: writers are serialised, globally. Each statement
+// after the lock sees every Update committed before (the lock is released
+// only after the commit is visible), and no other writer commits until this
+// one ends — so a read-check-write (the claim: read the key's record, write
+// in_progress) is never interleaved with another, which is what makes a
+// claim exactly-once across replicas. The lock is taken rather than
+// relying on SERIALIZABLE because every ledger write appends to the one
+// hash-chained audit log (its last sequence number is read and the next
+// written), so any two write transactions conflict anyway: under
+// SERIALIZABLE they would abort and retry; under the lock they queue. The
+// cost: write transactions do not run in parallel, so write throughput is
+// one transaction per (round trips × latency to the database); the
+// backend keeps a transaction's writes in memory and sends them in one
+// batch before COMMIT to keep the round trips few. Partitioning the
+// audit chain by tenant would let tenants' writers run in parallel (not
+// built yet). View is a REPEATABLE READ READ ONLY transaction: one snapshot
+// for its whole duration, no lock, never blocked by writers.
+//
+// A transient failure before COMMIT was sent (the connection lost, the
+// server restarting) is a rollback, and the transaction is run again for
+// up to 15 s, so replicas ride out a database restart; the lock makes
+// serialization failures and deadlocks between Updates impossible (they
+// are retried all the same). A connection lost during COMMIT leaves the
+// outcome unknown to the client, so every write transaction also writes a
+// row of its own (idemgate_commits, a random id, batched with its writes:
+// no extra round trip); when COMMIT fails, the backend takes the writer
+// lock on a new connection — granted only once the old transaction has
+// ended, one way or the other — and reads that row back: present, the
+// transaction committed and Update succeeds; absent, it did not and is
+// run again. Only when the database cannot be reached for 15 s is the
+// outcome reported as unknown (an error). Rows older than ten minutes are
+// deleted.
+//
+// # Clock
+//
+// The backend implements ledger.Clock: the ledger's time is the database
+// server's clock (clock_timestamp()), not the replica's, sampled at open
+// and every ClockResync, corrected by half the round trip, and carried
+// between samples by this process's monotonic clock. Replicas on machines
+// whose clocks drift therefore agree on leases, approval TTLs and
+// retention to within a round trip.
+//
+// # Schema
+//
+// The schema is versioned (idemgate_schema_version) and migrated by Open
+// (and `idemgate migrate`) under an advisory lock; a database migrated by a
+// newer build is refused with ledger.ErrSchemaVersion.
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	neturl "net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"idemgate/ledger"
+)
+
+// DB is a ledger kept in a PostgreSQL database: the ledger's rules
+// (ledger.Ledger, which implements ledger.Store) over this package's
+// backend.
+type DB struct {
+	*ledger.Ledger
+	be *backend
+}
+
+// IsURL reports whether db names a PostgreSQL database (a postgres:// or
+// postgresql:// URL) rather than a ledger file.
+func IsURL(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// Redacted is db with a URL's password replaced by "xxxxx", for logs; a
+// ledger file's path is returned as it is.
+func Redacted(db string) string {
+	if !IsURL(db) {
+		return db
+	}
+	u, err := neturl.Parse(db)
+	if err != nil {
+		return "postgres://…"
+	}
+	return u.Redacted()
+}
+
+// ErrReadOnly is returned by every write of a ledger opened with
+// OpenReadOnly.
+var ErrReadOnly = errors.New("postgres: the ledger was opened read-only")
+
+// writerLockKey is the advisory lock every Update takes (see the package
+// documentation).
+const writerLockKey int64 = 0x6964656d77726974 // "idemwrit"
+
+// ClockResync is how often the backend samples the database's clock.
+const ClockResync = 10 * time.Second
+
+// openTimeout bounds connecting and migrating at open.
+const openTimeout = 30 * time.Second
+
+// Open opens the ledger in the database at url for reading and writing,
+// first applying the schema migrations it lacks (under an advisory lock;
+// a new database gets the whole schema). A schema newer than this build
+// is refused with ledger.ErrSchemaVersion.
+func Open(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, true, false)
+}
+
+// OpenExisting is Open for a database that already holds a ledger: one
+// with no idemgate schema is refused with ErrNotMigrated, and nothing is
+// created (the commands that change a ledger but should never start one).
+func OpenExisting(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, false, false)
+}
+
+// OpenReadOnly opens an existing ledger for reading only: nothing is
+// migrated or written; every write returns ErrReadOnly and the audit
+// entries of reads are dropped.
+func OpenReadOnly(url string, opts ledger.Options) (*DB, error) {
+	return open(url, opts, false, true)
+}
+
+func open(url string, opts ledger.Options, mayMigrate, readOnly bool) (*DB, error) {
+	be, err := openBackend(url, mayMigrate, readOnly)
+	if err != nil {
+		return nil, err
+	}
+	return &DB{Ledger: ledger.New(be, opts), be: be}, nil
+}
+
+// OpenBackend opens the database at url as a bare ledger.Backend,
+// migrated like Open (ledger.New puts the ledger's rules on it; Open does
+// both). For tests of the backend alone.
+func OpenBackend(url string) (ledger.Backend, error) {
+	return openBackend(url, true, false)
+}
+
+func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	pool, err := newPool(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{})}
+	if err := be.init(ctx, mayMigrate); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	go be.clockLoop()
+	return be, nil
+}
+
+// newPool connects to url and checks the connection.
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: the --db URL is not a valid PostgreSQL connection string: %v", redact(err))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 { // unless the URL sets connect_timeout
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, connError(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, connError(err)
+	}
+	return pool, nil
+}
+
+// redact drops the URL from a parse error (pgx quotes it, password and
+// all) and keeps the reason.
+func redact(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "://"); i >= 0 {
+		reason := ""
+		if j := strings.LastIndex(s, "`: "); j > i {
+			reason = ": " + s[j+3:]
+			if k := strings.Index(reason, "://"); k >= 0 { // the reason quotes it again
+				reason = ""
+			}
+		}
+		return "cannot parse it (the URL is not repeated here: it may hold a password)" + reason
+	}
+	return s
+}
+
+func connError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("postgres: %w", err)
+}
+
+// backend implements ledger.Backend and ledger.Clock on a pool.
+type backend struct {
+	pool     *pgxpool.Pool
+	readOnly bool
+
+	mu     sync.Mutex
+	closed bool
+	known  map[string]bool // data collections known to exist (committed)
+	offset time.Duration   // the database's clock minus this process's
+	synced time.Time       // local time of the last clock sample
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+var (
+	_ ledger.Backend = (*backend)(nil)
+	_ ledger.Clock   = (*backend)(nil)
+)
+
+func (b *backend) init(ctx context.Context, mayMigrate bool) error {
+	if mayMigrate {
+		if _, _, err := migrate(ctx, b.pool); err != nil {
+			return err
+		}
+	} else {
+		v, err := currentVersion(ctx, b.pool)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			return fmt.Errorf("%w: run `idemgate migrate --db URL` (or `idemgate serve`) first", ErrNotMigrated)
+		}
+		if v > SchemaVersion() {
+			return newerSchema(v)
+		}
+		if v < SchemaVersion() && !b.readOnly {
+			if _, _, err := migrate(ctx, b.pool); err != nil {
+				return err
+			}
+		} else if v < SchemaVersion() {
+			return fmt.Errorf("%w: the database's idemgate schema is version %d, this build needs %d: run `idemgate migrate --db URL`", ledger.ErrSchemaVersion, v, SchemaVersion())
+		}
+	}
+	if err := b.syncClock(ctx); err != nil {
+		return err
+	}
+	if b.readOnly {
+		return nil
+	}
+	return b.Update(ctx, func(tx ledger.BTx) error { return ledger.Upgrade(tx) })
+}
+
+// syncClock samples the database's clock.
+func (b *backend) syncClock(ctx context.Context) error {
+	t0 := time.Now()
+	var db time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&db); err != nil {
+		return connError(err)
+	}
+	t1 := time.Now()
+	mid := t0.Add(t1.Sub(t0) / 2)
+	b.mu.Lock()
+	b.offset, b.synced = db.Sub(mid), t1
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *backend) clockLoop() {
+	t := time.NewTicker(ClockResync)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			b.syncClock(ctx) // on failure the last offset stays: the process's clock carries it
+			if !b.readOnly {
+				b.pool.Exec(ctx, "DELETE FROM idemgate_commits WHERE at < now() - make_interval(secs => $1)", commitsKept.Seconds())
+			}
+			cancel()
+		}
+	}
+}
+
+// Now implements ledger.Clock: the database's clock, as last sampled,
+// carried forward by this process's monotonic clock.
+func (b *backend) Now() time.Time {
+	b.mu.Lock()
+	off := b.offset
+	b.mu.Unlock()
+	return time.Now().Add(off)
+}
+
+func (b *backend) ReadOnly() bool { return b.readOnly }
+
+func (b *backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.pool.Close()
+	return nil
+}
+
+func (b *backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Update implements ledger.Backend (see the package documentation). A
+// transaction that failed before COMMIT was sent for a transient reason
+// (the connection lost, the server restarting, a serialization failure
+// or deadlock) did not commit, and is run again (fn with it, as the
+// interface allows) for up to retryFor; a failure of COMMIT itself is
+// never retried.
+func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	if b.readOnly {
+		return ErrReadOnly
+	}
+	return b.retry(ctx, func() (bool, error) { return b.update(ctx, fn) })
+}
+
+// retryFor bounds how long a transaction is retried after transient
+// failures (a database restart takes a few seconds).
+const retryFor = 15 * time.Second
+
+// retry runs attempt until it succeeds, fails for good, or retryFor has
+// passed; attempt reports whether its failure is safe to retry.
+func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error {
+	deadline := time.Now().Add(retryFor)
+	wait := 20 * time.Millisecond
+	for {
+		again, err := attempt()
+		if err == nil || !again || b.isClosed() || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// update runs fn in one transaction; retry reports whether it failed
+// before COMMIT for a transient reason.
+func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry bool, err error) {
+	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return transient(err), b.txError(err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			pt.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+		return transient(err), b.txError(err)
+	}
+	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
+	ferr := fn(tx)
+	if tx.err != nil { // a failed read may have misled fn: its error is not the cause
+		return transient(tx.err), b.txError(tx.err)
+	}
+	if ferr != nil {
+		return false, ferr
+	}
+	tx.marker = uuid.NewString()
+	if err := tx.flush(); err != nil {
+		return transient(err), b.txError(err)
+	}
+	if err := pt.Commit(ctx); err != nil {
+		// The outcome is unknown: read it back rather than guess.
+		did, known := b.readBack(ctx, tx.marker)
+		switch {
+		case !known:
+			return false, fmt.Errorf("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown: %w", err)
+		case !did:
+			return true, b.txError(err) // certainly not committed: run it again
+		}
+	}
+	committed = true
+	if len(tx.created) > 0 {
+		b.mu.Lock()
+		for _, n := range tx.created {
+			b.known[n] = true
+		}
+		b.mu.Unlock()
+	}
+	return false, nil
+}
+
+// readBack learns whether the transaction that wrote marker committed,
+// after its COMMIT failed: it takes the writer lock (granted only once that
+// transaction has ended, committed or rolled back) and looks for the
+// marker. known is false when the database could not be asked within
+// retryFor.
+func (b *backend) readBack(ctx context.Context, marker string) (committed, known bool) {
+	ctx = context.WithoutCancel(ctx)
+	deadline := time.Now().Add(retryFor)
+	for wait := 20 * time.Millisecond; time.Now().Before(deadline) && !b.isClosed(); wait = min(2*wait, time.Second) {
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
+		})
+		if err == nil {
+			return committed, true
+		}
+		time.Sleep(wait)
+	}
+	return false, false
+}
+
+// commitsKept is how long the idemgate_commits rows are kept (a read-back
+// happens within retryFor of its COMMIT).
+const commitsKept = 10 * time.Minute
+
+// transient reports whether err is a failure after which the transaction
+// certainly did not commit and may succeed when run again: the
+// connection failed (the server rolls back a transaction whose
+// connection is gone), the server is shutting down or starting, or a
+// serialization failure or deadlock.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+			return true
+		}
+		return false
+	}
+	return true // not an answer of the server: the connection failed
+}
+
+// View implements ledger.Backend: one snapshot, read only. It is run
+// again after a transient failure (a read changes nothing).
+func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	return b.retry(ctx, func() (bool, error) { return b.view(ctx, fn) })
+}
+
+func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
+	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return transient(err), b.txError(err)
+	}
+	defer pt.Rollback(context.WithoutCancel(ctx))
+	tx := &btx{b: b, ctx: ctx, pt: pt}
+	ferr := fn(tx)
+	if tx.err != nil {
+		return transient(tx.err), b.txError(tx.err)
+	}
+	return false, ferr
+}
+
+func (b *backend) txError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	return connError(err)
+}
+
+var errViewWrite = errors.New("postgres: write in a read-only transaction")
+
+// btx is one transaction. Writes are kept in pending and sent in one batch
+// before a cursor query on their collection and before COMMIT; Get reads
+// pending first. The first query error sticks: the transaction then fails.
+type btx struct {
+	b        *backend
+	ctx      context.Context
+	pt       pgx.Tx
+	writable bool
+	err      error
+	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
+	created  []string                      // data collections created here
+	marker   string                        // the idemgate_commits row the final flush writes
+}
+
+func (t *btx) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+func (t *btx) Bucket(name []byte) ledger.Bucket {
+	return &bucket{tx: t, coll: string(name)}
+}
+
+func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
+	coll := "data:" + name
+	t.b.mu.Lock()
+	known := t.b.known[coll]
+	t.b.mu.Unlock()
+	if !known && !containsStr(t.created, coll) {
+		var exists bool
+		if err := t.pt.QueryRow(t.ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists); err != nil {
+			t.fail(err)
+			return nil, connError(err)
+		}
+		switch {
+		case exists:
+			t.b.mu.Lock()
+			t.b.known[coll] = true
+			t.b.mu.Unlock()
+		case !create:
+			return nil, nil
+		case !t.writable:
+			return nil, errViewWrite
+		default:
+			if _, err := t.pt.Exec(t.ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll); err != nil {
+				t.fail(err)
+				return nil, connError(err)
+			}
+			t.created = append(t.created, coll)
+		}
+	}
+	return &bucket{tx: t, coll: coll}, nil
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// flush sends the pending writes (of coll, or of every collection when
+// coll is "") in one batch.
+func (t *btx) flush(colls ...string) error {
+	if t.err != nil {
+		return t.err
+	}
+	if len(t.pending) == 0 && t.marker == "" {
+		return nil
+	}
+	if len(colls) == 0 {
+		for c := range t.pending {
+			colls = append(colls, c)
+		}
+	}
+	batch := &pgx.Batch{}
+	for _, c := range colls {
+		for k, v := range t.pending[c] {
+			if v == nil {
+				batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = $2", c, []byte(k))
+			} else {
+				batch.Queue("INSERT INTO idemgate_kv (collection, key, value) VALUES ($1, $2, $3) ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value", c, []byte(k), *v)
+			}
+		}
+		delete(t.pending, c)
+	}
+	if t.marker != "" && len(t.pending) == 0 { // the final flush
+		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
+	}
+	if batch.Len() == 0 {
+		return nil
+	}
+	if err := t.pt.SendBatch(t.ctx, batch).Close(); err != nil {
+		t.fail(err)
+		return err
+	}
+	return nil
+}
+
+// bucket is one collection seen from a transaction.
+type bucket struct {
+	tx   *btx
+	coll string
+}
+
+func (bk *bucket) Get(key []byte) []byte {
+	t := bk.tx
+	if v, ok := t.pending[bk.coll][string(key)]; ok {
+		if v == nil {
+			return nil
+		}
+		return *v
+	}
+	if t.err != nil {
+		return nil
+	}
+	var v []byte
+	err := t.pt.QueryRow(t.ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		t.fail(err)
+		return nil
+	}
+	if v == nil {
+		v = []byte{}
+	}
+	return v
+}
+
+func (bk *bucket) Put(key, value []byte) error {
+	t := bk.tx
+	if !t.writable {
+		return errViewWrite
+	}
+	if len(key) == 0 {
+		return errors.New("postgres: empty key")
+	}
+	if t.err != nil {
+		return connError(t.err)
+	}
+	v := bytes.Clone(value)
+	if v == nil {
+		v = []byte{}
+	}
+	t.set(bk.coll, string(key), &v)
+	return nil
+}
+
+func (bk *bucket) Delete(key []byte) error {
+	t := bk.tx
+	if !t.writable {
+		return errViewWrite
+	}
+	if t.err != nil {
+		return connError(t.err)
+	}
+	t.set(bk.coll, string(key), nil)
+	return nil
+}
+
+func (t *btx) set(coll, key string, v *[]byte) {
+	if t.pending == nil {
+		t.pending = map[string]map[string]*[]byte{}
+	}
+	m := t.pending[coll]
+	if m == nil {
+		m = map[string]*[]byte{}
+		t.pending[coll] = m
+	}
+	m[key] = v
+}
+
+func (bk *bucket) Cursor() ledger.Cursor { return &cursor{bk: bk} }
+
+// cursorPage is how many rows a cursor fetches at once.
+const cursorPage = 64
+
+type kv struct{ k, v []byte }
+
+// cursor walks a collection a page at a time; rows is the current page in
+// ascending order and i the position in it (-1: not positioned).
+type cursor struct {
+	bk   *bucket
+	rows []kv
+	i    int
+}
+
+// fetch loads the page after (op ">" / ">=") or before ("<") key, and
+// returns whether it found a row.
+func (c *cursor) fetch(op string, key []byte, last bool) bool {
+	t := c.bk.tx
+	c.rows, c.i = nil, -1
+	if t.err != nil {
+		return false
+	}
+	if err := t.flush(c.bk.coll); err != nil {
+		return false
+	}
+	q := "SELECT key, value FROM idemgate_kv WHERE collection = $1"
+	args := []any{c.bk.coll}
+	if key != nil {
+		q += " AND key " + op + " $2"
+		args = append(args, key)
+	}
+	desc := op == "<" || last
+	if desc {
+		q += " ORDER BY key DESC"
+	} else {
+		q += " ORDER BY key"
+	}
+	q += fmt.Sprintf(" LIMIT %d", cursorPage)
+	rows, err := t.pt.Query(t.ctx, q, args...)
+	if err != nil {
+		t.fail(err)
+		return false
+	}
+	for rows.Next() {
+		var r kv
+		if err := rows.Scan(&r.k, &r.v); err != nil {
+			rows.Close()
+			t.fail(err)
+			return false
+		}
+		if r.v == nil {
+			r.v = []byte{}
+		}
+		c.rows = append(c.rows, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.fail(err)
+		c.rows = nil
+		return false
+	}
+	if len(c.rows) == 0 {
+		return false
+	}
+	if desc {
+		for i, j := 0, len(c.rows)-1; i < j; i, j = i+1, j-1 {
+			c.rows[i], c.rows[j] = c.rows[j], c.rows[i]
+		}
+		c.i = len(c.rows) - 1
+	} else {
+		c.i = 0
+	}
+	return true
+}
+
+func (c *cursor) at() ([]byte, []byte) {
+	if c.i < 0 || c.i >= len(c.rows) {
+		c.i = -1
+		return nil, nil
+	}
+	r := c.rows[c.i]
+	return r.k, r.v
+}
+
+func (c *cursor) First() ([]byte, []byte) {
+	c.fetch(">=", nil, false)
+	return c.at()
+}
+
+func (c *cursor) Last() ([]byte, []byte) {
+	c.fetch("", nil, true)
+	return c.at()
+}
+
+func (c *cursor) Seek(seek []byte) ([]byte, []byte) {
+	c.fetch(">=", seek, false)
+	return c.at()
+}
+
+func (c *cursor) Next() ([]byte, []byte) {
+	if c.i < 0 {
+		return nil, nil
+	}
+	if c.i+1 < len(c.rows) {
+		c.i++
+		return c.at()
+	}
+	cur := c.rows[c.i].k
+	c.fetch(">", cur, false)
+	return c.at()
+}
+
+func (c *cursor) Prev() ([]byte, []byte) {
+	if c.i < 0 {
+		return nil, nil
+	}
+	if c.i > 0 {
+		c.i--
+		return c.at()
+	}
+	cur := c.rows[c.i].k
+	c.fetch("<", cur, false)
+	return c.at()
+}

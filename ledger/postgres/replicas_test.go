@@ -1,0 +1,79 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"idemgate/ledger"
+	"idemgate/ledger/postgres"
+	"idemgate/ledger/postgres/pgtest"
+)
+
+// TestReplicasExecuteOnce: four ledgers on one database (four replicas'
+// worth of connection pools) send the same claims at once, many
+// goroutines each. Each key's effect is committed exactly once, and every
+// caller gets the one execution's result.
+func TestReplicasExecuteOnce(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	var reps []*postgres.DB
+	for range 4 {
+		s, err := postgres.Open(url, ledger.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		reps = append(reps, s)
+	}
+	ctx := context.Background()
+	const keys, callers = 8, 16
+	for k := range keys {
+		c := ledger.Claim{Actor: ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}, Key: uuid.NewString(),
+			Tool: "create_order", Fingerprint: "fp", OnLeaseExpiry: ledger.StateRetryable}
+		var wg sync.WaitGroup
+		results := make([]string, callers)
+		errs := make([]error, callers)
+		for i := range callers {
+			s := reps[i%len(reps)]
+			wg.Go(func() {
+				d, err := s.Execute(ctx, c, func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+					if err := tx.Put("effects", rec.Key+"/"+fmt.Sprint(i), []byte("x")); err != nil {
+						return ledger.Outcome{}, err
+					}
+					return ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(fmt.Sprintf(`{"by":%d}`, i)), Summary: "effect"}, nil
+				})
+				errs[i] = err
+				if err == nil && d.Record != nil {
+					results[i] = string(d.Record.Result)
+				}
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("key %d caller %d: %v", k, i, err)
+			}
+			if results[i] != results[0] || results[i] == "" {
+				t.Fatalf("key %d: callers got results %q, want one", k, results)
+			}
+		}
+		effects := 0
+		if err := reps[0].View(ctx, func(tx ledger.Tx) error {
+			return tx.Scan("effects", c.Key+"/", false, func(string, []byte) (bool, error) { effects++; return true, nil })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if effects != 1 {
+			t.Errorf("key %d: %d effects committed, want exactly 1", k, effects)
+		}
+	}
+	for i, s := range reps {
+		if _, err := s.VerifyAudit(ctx); err != nil {
+			t.Errorf("replica %d: audit chain: %v", i, err)
+		}
+	}
+}
