@@ -205,6 +205,10 @@ func (s *Ledger) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
 	a := Approval{Reason: "policy"}
 	if c.Proposal != nil {
 		a = *c.Proposal
+	} else if c.BuildProposal != nil {
+		if p := c.BuildProposal(); p != nil {
+			a = *p
+		}
 	}
 	if earlierKey != "" {
 		a.Reason, a.Rule, a.EarlierKey = "suspected_duplicate", "suspected_duplicate", earlierKey
