@@ -4,17 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
 )
 
-func mustOpen(t *testing.T) *bolt.File {
+func mustOpen(t testing.TB) *bolt.File {
 	t.Helper()
 	s, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {
@@ -232,5 +234,56 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 	next := &Message{Tenant: "t1", OperationKey: "k1", Incarnation: "0011223344556677", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
 	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
 		t.Errorf("a message of another incarnation: id %s (first %s), err %v; want a new id", next.MessageID, m.MessageID, err)
+	}
+}
+
+// A backlog larger than one pass drains without waiting for the interval
+// between full passes: after one kick, Run delivers everything well
+// before Interval (an hour here) could have started a second pass.
+func TestFullPassStartsNextAtOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	sink, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 2*passLimit + 7
+	if err := s.Update(ctx, func(tx ledger.Tx) error {
+		for i := range total {
+			m := &Message{Tenant: "t1", OperationKey: fmt.Sprintf("k%05d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello"}
+			if err := Enqueue(tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDeliverer(s, sink, nil)
+	d.Interval = time.Hour
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	pending := func() int {
+		n := 0
+		if err := s.View(context.Background(), func(tx ledger.Tx) error {
+			return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for pending() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := pending(); n != 0 {
+		t.Fatalf("%d of %d messages still pending: a full pass did not start the next", n, total)
+	}
+	if got := len(files(t, dir)); got != total {
+		t.Fatalf("%d message files, want %d", got, total)
 	}
 }

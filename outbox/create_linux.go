@@ -1,0 +1,63 @@
+package outbox
+
+import (
+	"errors"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// createUnnamed writes data to a file with no name in dir (O_TMPFILE) and
+// links it under final: the name appears with the whole content or not at
+// all, and no temporary name is created and removed. It returns an error
+// wrapping errors.ErrUnsupported when the file system (or /proc, needed
+// for the link) does not allow it, and one wrapping os.ErrExist when
+// final exists.
+func createUnnamed(dir, final string, data []byte) error {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL) {
+			return errors.ErrUnsupported
+		}
+		return &os.PathError{Op: "open O_TMPFILE", Path: dir, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, final, unix.AT_SYMLINK_FOLLOW)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EEXIST):
+		return &os.LinkError{Op: "link", Old: "O_TMPFILE", New: final, Err: os.ErrExist}
+	case errors.Is(err, unix.ENOENT) && !procMounted():
+		return errors.ErrUnsupported
+	}
+	return &os.LinkError{Op: "link", Old: "O_TMPFILE", New: final, Err: err}
+}
+
+func procMounted() bool {
+	_, err := os.Stat("/proc/self/fd")
+	return err == nil
+}
+
+// syncFileSystem makes everything written to the file system holding dir
+// durable with one syncfs(2) (which reports write-back errors since Linux
+// 5.8): the files of a whole pass and the directory entries naming them.
+func syncFileSystem(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return errors.ErrUnsupported
+		}
+		return &os.PathError{Op: "syncfs", Path: dir, Err: err}
+	}
+	return nil
+}

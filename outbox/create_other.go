@@ -1,0 +1,11 @@
+//go:build !linux
+
+package outbox
+
+import "errors"
+
+// createUnnamed is not available here: the portable temporary file is used.
+func createUnnamed(dir, final string, data []byte) error { return errors.ErrUnsupported }
+
+// syncFileSystem is not available here: Flush fsyncs each file.
+func syncFileSystem(dir string) error { return errors.ErrUnsupported }
