@@ -72,6 +72,12 @@ func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 		e.Downstream = d.Record.Downstream
 		e.noteApproval(d.Record)
 	}
+	if d.Kind == DecisionReplay {
+		// A replay changes nothing and matched the operation's request:
+		// its fingerprint, its state before (= after) and its downstream
+		// are the operation's own, which its transition entries hold.
+		e.Fingerprint, e.StateBefore, e.Downstream = "", "", ""
+	}
 	if d.Kind == DecisionMismatch {
 		e.ErrorCode = "key_reused_with_different_request"
 	}
