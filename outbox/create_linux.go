@@ -61,3 +61,10 @@ func syncFileSystem(dir string) error {
 	}
 	return nil
 }
+
+// startWriteback starts writing f's data to disk without waiting, so
+// that a pass's files are written back together and the fsyncs that
+// follow find their data (mostly) on disk already.
+func startWriteback(f *os.File) {
+	_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+}

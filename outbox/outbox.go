@@ -211,12 +211,15 @@ type Sink interface {
 // permanently (the message is dead-lettered, for an operator to look at)
 // instead of being recorded as delivered.
 //
-// Deliver does not sync: Flush fsyncs the files delivered since the last
-// Flush, then the directory once, so a pass of many messages pays one
-// directory sync and one file sync each (on ext4 every file sync after the
-// first finds its data already committed by the same journal commit, so
-// they are cheap); the deliverer calls Flush before it records any of
-// them as delivered.
+// Deliver does not sync. Flush makes every file delivered since the last
+// Flush durable, with the directory entries naming them, before the
+// deliverer records any of them as delivered: on Linux with one syncfs(2)
+// of the file system holding the directory — one sync per pass, whatever
+// its size, though it also writes back whatever else is dirty on that file
+// system — and elsewhere by starting every file's write-back, then
+// fsyncing each file and the directory (syncs that find their data
+// mostly written already). BENCHMARKS.md compares the two with an fsync
+// per message.
 type DirSink struct {
 	dir     string
 	mu      sync.Mutex
@@ -224,9 +227,8 @@ type DirSink struct {
 	// noTmpfile is set once O_TMPFILE failed here; from then on the
 	// portable temporary file is used.
 	noTmpfile atomic.Bool
-	// perFile is set when Flush fsyncs each file and the directory instead
-	// of syncing the file system once (set once syncfs is unsupported).
-	perFile atomic.Bool
+	// syncMode is how Flush syncs (syncFS, syncEach, syncStaged).
+	syncMode atomic.Int32
 	// syncs counts the syncs Flush issued (benchmarks).
 	syncs atomic.Int64
 }
@@ -334,8 +336,15 @@ func (d *DirSink) remember(path string) {
 	d.mu.Unlock()
 }
 
-// Flush implements Sink: it fsyncs the files delivered since the last
-// Flush and the directory that names them.
+// How Flush makes a pass durable.
+const (
+	syncFS     = iota // one syncfs(2) of the file system holding the directory
+	syncEach          // fsync each file, then the directory
+	syncStaged        // start write-back of every file, then fsync each and the directory
+)
+
+// Flush implements Sink: it makes the files delivered since the last
+// Flush, and the directory entries naming them, durable.
 func (d *DirSink) Flush() error {
 	d.mu.Lock()
 	files := d.written
@@ -344,35 +353,47 @@ func (d *DirSink) Flush() error {
 	if len(files) == 0 {
 		return nil
 	}
-	if !d.perFile.Load() {
-		d.syncs.Add(1)
-		err := syncFileSystem(d.dir)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, errors.ErrUnsupported) {
-			d.mu.Lock()
-			d.written = append(d.written, files...) // try again next time
-			d.mu.Unlock()
-			return err
-		}
-		d.perFile.Store(true)
-	}
-	var errs []error
-	for _, name := range append(files, d.dir) {
-		f, err := os.Open(name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		d.syncs.Add(1)
-		errs = append(errs, f.Sync(), f.Close())
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := d.flush(files); err != nil {
 		d.mu.Lock()
 		d.written = append(d.written, files...) // try again next time
 		d.mu.Unlock()
 		return err
+	}
+	return nil
+}
+
+func (d *DirSink) flush(files []string) error {
+	mode := d.syncMode.Load()
+	if mode == syncFS {
+		d.syncs.Add(1)
+		err := syncFileSystem(d.dir)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return err
+		}
+		d.syncMode.Store(syncStaged)
+		mode = syncStaged
+	}
+	opened := make([]*os.File, 0, len(files)+1)
+	defer func() {
+		for _, f := range opened {
+			f.Close()
+		}
+	}()
+	for _, name := range append(files, d.dir) {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		opened = append(opened, f)
+		if mode == syncStaged {
+			startWriteback(f)
+		}
+	}
+	for _, f := range opened {
+		d.syncs.Add(1)
+		if err := f.Sync(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

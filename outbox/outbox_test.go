@@ -287,3 +287,62 @@ func TestFullPassStartsNextAtOnce(t *testing.T) {
 		t.Fatalf("%d message files, want %d", got, total)
 	}
 }
+
+// A pass is made durable with one sync on Linux (syncfs), not one per
+// message; both ways of creating a file and all three ways of syncing
+// deliver every message exactly once, as a whole file.
+func TestPassSyncsAndCreateModes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		portable bool
+		mode     int32
+	}{
+		{"tmpfile,syncfs", false, syncFS},
+		{"tmpfile,staged", false, syncStaged},
+		{"createtemp,each", true, syncEach},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := mustOpen(t)
+			dir := t.TempDir()
+			sink, err := NewDirSink(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink.noTmpfile.Store(tc.portable)
+			sink.syncMode.Store(tc.mode)
+			const n = 40
+			var msgs []*Message
+			for i := range n {
+				msgs = append(msgs, queue(t, s, fmt.Sprintf("k%02d", i)))
+			}
+			d := NewDeliverer(s, sink, nil)
+			if got, err := d.DeliverPending(ctx); err != nil || got != n {
+				t.Fatalf("delivered %d, %v; want %d", got, err, n)
+			}
+			if got := len(files(t, dir)); got != n {
+				t.Fatalf("%d files, want %d", got, n)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, ".tmp-*")); len(left) != 0 {
+				t.Fatalf("temporary files left: %v", left)
+			}
+			for _, m := range msgs {
+				b, err := os.ReadFile(filepath.Join(dir, m.MessageID+".json"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got deliveryPayload
+				if err := json.Unmarshal(b, &got); err != nil || !samePayload(got, payloadOf(m)) {
+					t.Fatalf("file of %s holds %s (%v)", m.MessageID, b, err)
+				}
+			}
+			syncs := sink.syncs.Load()
+			switch {
+			case tc.mode == syncFS && sink.syncMode.Load() == syncFS && syncs != 1:
+				t.Fatalf("a pass of %d messages took %d syncs, want 1", n, syncs)
+			case tc.mode != syncFS && syncs != n+1:
+				t.Fatalf("a pass of %d messages took %d fsyncs, want %d (each file and the directory)", n, syncs, n+1)
+			}
+		})
+	}
+}
