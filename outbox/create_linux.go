@@ -33,7 +33,10 @@ func createUnnamed(dir, final string, data []byte) error {
 		return nil
 	case errors.Is(err, unix.EEXIST):
 		return &os.LinkError{Op: "link", Old: "O_TMPFILE", New: final, Err: os.ErrExist}
-	case errors.Is(err, unix.ENOENT) && !procMounted():
+	case errors.Is(err, unix.ENOENT) && !procMounted(),
+		errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES), errors.Is(err, unix.EOPNOTSUPP):
+		// No usable /proc, or linking an unnamed file is not allowed
+		// here: the named temporary file works everywhere.
 		return errors.ErrUnsupported
 	}
 	return &os.LinkError{Op: "link", Old: "O_TMPFILE", New: final, Err: err}
