@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,6 +53,9 @@ func procMounted() bool {
 // durable with one syncfs(2) (which reports write-back errors since Linux
 // 5.8): the files of a whole pass and the directory entries naming them.
 func syncFileSystem(dir string) error {
+	if !syncfsOK() {
+		return errors.ErrUnsupported
+	}
 	f, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -70,4 +75,22 @@ func syncFileSystem(dir string) error {
 // follow find their data (mostly) on disk already.
 func startWriteback(f *os.File) {
 	_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+}
+
+// syncfsOK is syncfsReportsErrors, asked once.
+var syncfsOK = sync.OnceValue(syncfsReportsErrors)
+
+// syncfsReportsErrors reports whether the kernel is Linux 5.8 or later,
+// whose syncfs(2) returns write-back errors; an older one's may not, and
+// a message must never be recorded as delivered on a failed write.
+func syncfsReportsErrors() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 5 || major == 5 && minor >= 8
 }

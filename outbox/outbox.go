@@ -373,25 +373,26 @@ func (d *DirSink) flush(files []string) error {
 		d.syncMode.Store(syncStaged)
 		mode = syncStaged
 	}
-	opened := make([]*os.File, 0, len(files)+1)
-	defer func() {
-		for _, f := range opened {
-			f.Close()
+	names := append(files, d.dir)
+	if mode == syncStaged {
+		// Start every file's write-back first, so the fsyncs below find
+		// the pass's data on its way to disk together.
+		for _, name := range files {
+			if f, err := os.Open(name); err == nil {
+				startWriteback(f)
+				f.Close()
+			}
 		}
-	}()
-	for _, name := range append(files, d.dir) {
+	}
+	for _, name := range names {
 		f, err := os.Open(name)
 		if err != nil {
 			return err
 		}
-		opened = append(opened, f)
-		if mode == syncStaged {
-			startWriteback(f)
-		}
-	}
-	for _, f := range opened {
 		d.syncs.Add(1)
-		if err := f.Sync(); err != nil {
+		err = f.Sync()
+		f.Close()
+		if err != nil {
 			return err
 		}
 	}
