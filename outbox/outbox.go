@@ -213,7 +213,7 @@ type Sink interface {
 //
 // Deliver does not sync. Flush makes every file delivered since the last
 // Flush durable, with the directory entries naming them, before the
-// deliverer records any of them as delivered: on Linux with one syncfs(2)
+// deliverer records any of them as delivered: on Linux 5.8+ with one syncfs(2)
 // of the file system holding the directory — one sync per pass, whatever
 // its size, though it also writes back whatever else is dirty on that file
 // system — and elsewhere by starting every file's write-back, then
