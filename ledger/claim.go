@@ -72,6 +72,12 @@ func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 		e.Downstream = d.Record.Downstream
 		e.noteApproval(d.Record)
 	}
+	if d.Kind == DecisionReplay {
+		// A replay changes nothing and matched the operation's request:
+		// its fingerprint, its state before (= after) and its downstream
+		// are the operation's own, which its transition entries hold.
+		e.Fingerprint, e.StateBefore, e.Downstream = "", "", ""
+	}
 	if d.Kind == DecisionMismatch {
 		e.ErrorCode = "key_reused_with_different_request"
 	}
@@ -205,6 +211,10 @@ func (s *Ledger) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
 	a := Approval{Reason: "policy"}
 	if c.Proposal != nil {
 		a = *c.Proposal
+	} else if c.BuildProposal != nil {
+		if p := c.BuildProposal(); p != nil {
+			a = *p
+		}
 	}
 	if earlierKey != "" {
 		a.Reason, a.Rule, a.EarlierKey = "suspected_duplicate", "suspected_duplicate", earlierKey

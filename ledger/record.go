@@ -166,6 +166,10 @@ type Claim struct {
 	// its diff, text, rule and resource version. The ledger sets ID,
 	// status, requester and times.
 	Proposal *Approval
+	// BuildProposal, when Proposal is nil, builds it: it is called only
+	// when the claim creates an awaiting_approval record, so a call the
+	// ledger answers from an existing record (a replay) never builds one.
+	BuildProposal func() *Approval
 	// Args is the validated request, saved with the record so that a later
 	// run — an approver's decision, a re-run after an unknown outcome — can
 	// perform exactly it. Dropped with the rest of the result at retention.

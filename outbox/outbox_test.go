@@ -4,17 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
 )
 
-func mustOpen(t *testing.T) *bolt.File {
+func mustOpen(t testing.TB) *bolt.File {
 	t.Helper()
 	s, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {
@@ -232,5 +234,115 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 	next := &Message{Tenant: "t1", OperationKey: "k1", Incarnation: "0011223344556677", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
 	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
 		t.Errorf("a message of another incarnation: id %s (first %s), err %v; want a new id", next.MessageID, m.MessageID, err)
+	}
+}
+
+// A backlog larger than one pass drains without waiting for the interval
+// between full passes: after one kick, Run delivers everything well
+// before Interval (an hour here) could have started a second pass.
+func TestFullPassStartsNextAtOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	sink, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 2*passLimit + 7
+	if err := s.Update(ctx, func(tx ledger.Tx) error {
+		for i := range total {
+			m := &Message{Tenant: "t1", OperationKey: fmt.Sprintf("k%05d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello"}
+			if err := Enqueue(tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := NewDeliverer(s, sink, nil)
+	d.Interval = time.Hour
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	pending := func() int {
+		n := 0
+		if err := s.View(context.Background(), func(tx ledger.Tx) error {
+			return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for pending() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := pending(); n != 0 {
+		t.Fatalf("%d of %d messages still pending: a full pass did not start the next", n, total)
+	}
+	if got := len(files(t, dir)); got != total {
+		t.Fatalf("%d message files, want %d", got, total)
+	}
+}
+
+// A pass is made durable with one sync on Linux (syncfs), not one per
+// message; both ways of creating a file and all three ways of syncing
+// deliver every message exactly once, as a whole file.
+func TestPassSyncsAndCreateModes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		portable bool
+		mode     int32
+	}{
+		{"tmpfile,syncfs", false, syncFS},
+		{"tmpfile,staged", false, syncStaged},
+		{"createtemp,each", true, syncEach},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := mustOpen(t)
+			dir := t.TempDir()
+			sink, err := NewDirSink(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink.noTmpfile.Store(tc.portable)
+			sink.syncMode.Store(tc.mode)
+			const n = 40
+			var msgs []*Message
+			for i := range n {
+				msgs = append(msgs, queue(t, s, fmt.Sprintf("k%02d", i)))
+			}
+			d := NewDeliverer(s, sink, nil)
+			if got, err := d.DeliverPending(ctx); err != nil || got != n {
+				t.Fatalf("delivered %d, %v; want %d", got, err, n)
+			}
+			if got := len(files(t, dir)); got != n {
+				t.Fatalf("%d files, want %d", got, n)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, ".tmp-*")); len(left) != 0 {
+				t.Fatalf("temporary files left: %v", left)
+			}
+			for _, m := range msgs {
+				b, err := os.ReadFile(filepath.Join(dir, m.MessageID+".json"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got deliveryPayload
+				if err := json.Unmarshal(b, &got); err != nil || !samePayload(got, payloadOf(m)) {
+					t.Fatalf("file of %s holds %s (%v)", m.MessageID, b, err)
+				}
+			}
+			syncs := sink.syncs.Load()
+			switch {
+			case tc.mode == syncFS && sink.syncMode.Load() == syncFS && syncs != 1:
+				t.Fatalf("a pass of %d messages took %d syncs, want 1", n, syncs)
+			case tc.mode != syncFS && syncs != n+1:
+				t.Fatalf("a pass of %d messages took %d fsyncs, want %d (each file and the directory)", n, syncs, n+1)
+			}
+		})
 	}
 }

@@ -174,7 +174,7 @@ func clip(s string) string {
 // toResult renders a response as structuredContent plus the same JSON as
 // text, for clients that only read text.
 func toResult(resp *tools.Response) *mcp.CallToolResult {
-	b, err := json.Marshal(resp)
+	b, err := resp.Encoded() // the bytes the audit digested
 	if err != nil {
 		b = []byte(`{"status":"unknown","replayed":false,"next_action":"wait_and_poll_status","error":{"code":"internal","message":"idemgate could not encode its answer"}}`)
 		return &mcp.CallToolResult{Content: []mcp.Content{mcp.NewTextContent(string(b))}, StructuredContent: json.RawMessage(b), IsError: true}

@@ -52,7 +52,7 @@ func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
 	if ap := resp.Approval; ap != nil {
 		e.ApprovalID, e.ApprovalStatus, e.Approver = ap.ID, ap.Status, ap.DecidedBy
 	}
-	if b, err := json.Marshal(resp); err == nil {
+	if b, err := resp.Encoded(); err == nil {
 		sum := sha256.Sum256(b) // the bytes the server sends as the result's text
 		e.ResponseSHA256 = hex.EncodeToString(sum[:])
 	}

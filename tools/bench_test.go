@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -65,5 +66,38 @@ func BenchmarkCallCreate(b *testing.B) {
 		if r := svc.Call(ctx, benchActor, "create_order", benchOrder(uuid.NewString(), "c"+uuid.NewString()[:8]), nil); r.IsError {
 			b.Fatal(r.Error)
 		}
+	}
+}
+
+// BenchmarkCallCreateDelivered is BenchmarkCallCreate with the outbox
+// deliverer running, as in a server: every create queues a confirmation,
+// and the benchmark ends when all are delivered (written and synced to
+// the directory sink). Run it under strace -c -f to count the syncs per
+// create.
+func BenchmarkCallCreateDelivered(b *testing.B) {
+	svc := benchService(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { svc.Deliverer().Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	n := 0
+	for b.Loop() {
+		n++
+		if r := svc.Call(ctx, benchActor, "create_order", benchOrder(uuid.NewString(), "c"+uuid.NewString()[:8]), nil); r.IsError {
+			b.Fatal(r.Error)
+		}
+		svc.Deliverer().Kick()
+	}
+	for {
+		pending := 0
+		if err := svc.ledger.View(ctx, func(tx ledger.Tx) error {
+			return tx.Scan("outbox_pending", "", false, func(string, []byte) (bool, error) { pending++; return true, nil })
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if pending == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

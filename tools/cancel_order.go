@@ -40,10 +40,12 @@ func (s *Service) cancelOrder(ctx context.Context, c *call, a cancelOrderArgs) *
 		return resp
 	}
 	if cur == nil {
-		return s.execute(ctx, c, proposal{})
+		return s.execute(ctx, c, nil)
 	}
-	diff := approvals.CancelDiff("order", cur.OrderID, cur.Version, approvals.ToMap(cur), a.Reason)
-	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
+	return s.execute(ctx, c, func() proposal {
+		diff := approvals.CancelDiff("order", cur.OrderID, cur.Version, approvals.ToMap(cur), a.Reason)
+		return proposal{diff: diff, resourceVersion: cur.Version}
+	})
 }
 
 // request is the cancellation the arguments ask for.

@@ -55,9 +55,11 @@ func (s *Service) createOrder(ctx context.Context, c *call, a createOrderArgs) *
 		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments,
 			"The order total does not fit in 64-bit minor units; split the order. Nothing was recorded.", NextFixRetry)
 	}
-	preview := approvals.ToMap(a)
-	preview["total_minor"] = sum
-	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("order", preview)})
+	return s.execute(ctx, c, func() proposal {
+		preview := approvals.ToMap(a)
+		preview["total_minor"] = sum
+		return proposal{diff: approvals.CreateDiff("order", preview)}
+	})
 }
 
 // request is the order the arguments ask for.

@@ -24,6 +24,23 @@ type Response struct {
 	FirstSeenAt  *time.Time       `json:"first_seen_at,omitempty"`
 	CompletedAt  *time.Time       `json:"completed_at,omitempty"`
 	IsError      bool             `json:"-"`
+	// encoded caches the JSON of the finished response (Encoded).
+	encoded []byte
+}
+
+// Encoded is the response's JSON — the text the server sends and the
+// bytes the audit's response_sha256 digests — encoded once per response
+// and kept. It is for a finished response: Service.Call's answer, not to
+// be changed afterwards.
+func (r *Response) Encoded() ([]byte, error) {
+	if r.encoded == nil {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, err
+		}
+		r.encoded = b
+	}
+	return r.encoded, nil
 }
 
 // errorCodes are the documented error codes as strings (Codes); a test

@@ -37,7 +37,9 @@ type sendNotificationArgs struct {
 }
 
 func (s *Service) sendNotification(ctx context.Context, c *call, a sendNotificationArgs) *Response {
-	return s.execute(ctx, c, proposal{diff: approvals.CreateDiff("notification", approvals.ToMap(a))})
+	return s.execute(ctx, c, func() proposal {
+		return proposal{diff: approvals.CreateDiff("notification", approvals.ToMap(a))}
+	})
 }
 
 // applySendNotification queues the message in the outbox inside the

@@ -118,6 +118,8 @@ type call struct {
 	policy approvals.Verdict
 	// refused is set when the call was refused before the ledger was asked.
 	refused *refusal
+	// args is c.req.Args as JSON, kept from decoding them (nil: not yet).
+	args json.RawMessage
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -282,16 +284,25 @@ type proposal struct {
 // no record) or hold it for approval; otherwise the ledger claims it and
 // runs its applier at most once (embedded downstreams: claim, effect and
 // outcome in one transaction). Duplicates get the recorded answer.
-func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
+//
+// propose (nil: an empty proposal) builds what an approver is shown; it
+// and the effect's applier are built only when the ledger needs them — a
+// new claim held for approval, a claim that runs — so a replay, which
+// needs neither, pays for neither.
+func (s *Service) execute(ctx context.Context, c *call, propose func() proposal) *Response {
 	key := c.req.OperationKey
 	eff := s.effectOf(c.req.Tool)
 	if eff == nil {
 		s.log.Error("no effect for a side-effecting call", "tool", c.req.Tool)
 		return internalError(key)
 	}
-	args, err := json.Marshal(c.req.Args)
-	if err != nil {
-		return s.ledgerError(c, err)
+	args := c.args
+	if args == nil {
+		b, err := json.Marshal(c.req.Args)
+		if err != nil {
+			return s.ledgerError(c, err)
+		}
+		args = b
 	}
 	facts, err := eff.policyFacts(args)
 	if err != nil {
@@ -304,22 +315,31 @@ func (s *Service) execute(ctx context.Context, c *call, p proposal) *Response {
 		return errorResponse(key, ledger.StateRejected, CodeForbidden,
 			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", NextDoNotRetry)
 	}
-	apply, err := eff.applier(s, c.actor.Tenant, args)
-	if err != nil {
-		return s.ledgerError(c, err)
-	}
-	apply = audited(s.downstream(c.req.Tool), apply)
-	diff, _ := json.Marshal(p.diff.Changes)
+	tenant := c.actor.Tenant
+	apply := audited(s.downstream(c.req.Tool), func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+		run, err := eff.applier(s, tenant, args)
+		if err != nil {
+			return ledger.Outcome{}, err // rolls the claim back: nothing is recorded
+		}
+		return run(tx, rec)
+	})
 	claim := ledger.Claim{
 		Actor: c.actor, Key: key, Tool: c.req.Tool, Fingerprint: c.req.Fingerprint,
 		OnLeaseExpiry:     ledger.StateRetryable,
 		SuspectDuplicates: s.policy.SuspectedDuplicates,
 		RequireApproval:   v.Action == approvals.Approve,
-		Proposal:          &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion},
-		Args:              args,
-		PolicyRule:        v.Rule,
-		PolicyAction:      v.Action,
-		Downstream:        s.downstream(c.req.Tool),
+		BuildProposal: func() *ledger.Approval {
+			var p proposal
+			if propose != nil {
+				p = propose()
+			}
+			diff, _ := json.Marshal(p.diff.Changes)
+			return &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion}
+		},
+		Args:         args,
+		PolicyRule:   v.Rule,
+		PolicyAction: v.Action,
+		Downstream:   s.downstream(c.req.Tool),
 	}
 	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {
 		if err != nil {

@@ -28,10 +28,17 @@ type descriptor struct {
 // schema). eff, when not nil, is the tool's side effect over the same A.
 func define[A any](spec Spec, run func(s *Service, ctx context.Context, c *call, a A) *Response, eff *sideEffect[A]) descriptor {
 	d := descriptor{Spec: spec, run: func(s *Service, ctx context.Context, c *call) *Response {
-		var a A
-		if err := c.req.Decode(&a); err != nil {
+		// The JSON of the arguments is kept for the ledger (execute), so
+		// they are encoded once per call.
+		b, err := json.Marshal(c.req.Args)
+		if err != nil {
 			return s.ledgerError(c, err)
 		}
+		var a A
+		if err := json.Unmarshal(b, &a); err != nil {
+			return s.ledgerError(c, err)
+		}
+		c.args = b
 		return run(s, ctx, c, a)
 	}}
 	if eff != nil {

@@ -58,14 +58,16 @@ func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *
 		return resp
 	}
 	if cur == nil { // the ledger already knows this key: it answers
-		return s.execute(ctx, c, proposal{})
+		return s.execute(ctx, c, nil)
 	}
 	next, err := a.Changes.Apply(cur)
 	if err != nil {
 		return errorResponse(c.req.OperationKey, ledger.StateRejected, CodeInvalidArguments, "The new order total does not fit in 64-bit minor units. Nothing was recorded.", NextFixRetry)
 	}
-	diff := approvals.UpdateDiff("order", cur.OrderID, cur.Version, diffFields(cur), diffFields(next))
-	return s.execute(ctx, c, proposal{diff: diff, resourceVersion: cur.Version})
+	return s.execute(ctx, c, func() proposal {
+		diff := approvals.UpdateDiff("order", cur.OrderID, cur.Version, diffFields(cur), diffFields(next))
+		return proposal{diff: diff, resourceVersion: cur.Version}
+	})
 }
 
 // currentOrder checks a change's preconditions before anything is

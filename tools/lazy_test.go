@@ -1,0 +1,159 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"idemgate/ledger"
+)
+
+// countingEffect counts how often a tool's applier is built.
+type countingEffect struct {
+	effect
+	built *atomic.Int64
+}
+
+func (e countingEffect) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
+	e.built.Add(1)
+	return e.effect.applier(s, tenant, args)
+}
+
+func countApplier(svc *Service, tool string) *atomic.Int64 {
+	n := new(atomic.Int64)
+	d := svc.tools[tool]
+	d.effect = countingEffect{effect: d.effect, built: n}
+	svc.tools[tool] = d
+	return n
+}
+
+// A replay builds no applier: it is built when the ledger runs the claim,
+// not before the ledger is asked (issue 12, cheaper calls).
+func TestReplayBuildsNoApplier(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	built := countApplier(svc, "create_order")
+	args := orderArgs(uuid.NewString(), 2)
+	first := svc.Call(ctx, agent, "create_order", args, nil)
+	if first.IsError || first.Replayed {
+		t.Fatalf("first call = %+v", first)
+	}
+	if n := built.Load(); n != 1 {
+		t.Fatalf("the first call built the applier %d times, want 1", n)
+	}
+	for range 3 {
+		if r := svc.Call(ctx, agent, "create_order", args, nil); !r.Replayed || r.Status != first.Status || string(r.Result) != string(first.Result) {
+			t.Fatalf("replay = %+v, want the first answer replayed", r)
+		}
+	}
+	if n := built.Load(); n != 1 {
+		t.Fatalf("3 replays built the applier: %d builds in all, want 1 (the first call's)", n)
+	}
+}
+
+// proposalSpy counts how often the ledger has a claim's proposal built.
+type proposalSpy struct {
+	ledger.Store
+	built atomic.Int64
+}
+
+func (p *proposalSpy) wrap(c ledger.Claim) ledger.Claim {
+	if build := c.BuildProposal; build != nil {
+		c.BuildProposal = func() *ledger.Approval { p.built.Add(1); return build() }
+	}
+	return c
+}
+
+func (p *proposalSpy) Execute(ctx context.Context, c ledger.Claim, apply ledger.ApplyFunc) (ledger.Decision, error) {
+	return p.Store.Execute(ctx, p.wrap(c), apply)
+}
+
+func (p *proposalSpy) Claim(ctx context.Context, c ledger.Claim) (ledger.Decision, error) {
+	return p.Store.Claim(ctx, p.wrap(c))
+}
+
+// The approval diff is built only when a claim is held for approval — and
+// then it is what it always was; a replay, and a call that runs, build
+// none.
+func TestProposalBuiltOnlyWhenHeld(t *testing.T) {
+	ctx := context.Background()
+	base := newService(t, nil, nil)
+	spy := &proposalSpy{Store: base.ledger}
+	svc, err := New(spy, base.schemas, Options{OutboxDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := orderArgs(uuid.NewString(), 2)
+	if r := svc.Call(ctx, agent, "create_order", small, nil); r.IsError {
+		t.Fatalf("small order = %+v", r)
+	}
+	svc.Call(ctx, agent, "create_order", small, nil)
+	if n := spy.built.Load(); n != 0 {
+		t.Fatalf("an order that ran, and its replay, built %d proposals, want 0", n)
+	}
+	key := uuid.NewString()
+	big := orderArgs(key, 1000) // 1000 × 500 = 500 000: held for approval
+	held := svc.Call(ctx, agent, "create_order", big, nil)
+	if held.Status != ledger.StateAwaitingApproval {
+		t.Fatalf("large order = %+v, want awaiting_approval", held)
+	}
+	again := svc.Call(ctx, agent, "create_order", big, nil)
+	if again.Status != ledger.StateAwaitingApproval {
+		t.Fatalf("retry of the held order = %+v", again)
+	}
+	if n := spy.built.Load(); n != 1 {
+		t.Fatalf("a held order and its retry built %d proposals, want 1", n)
+	}
+	rec, err := spy.Get(ctx, agent.Tenant, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := rec.Approval
+	const wantDiff = `[{"path":"currency","before":null,"after":"EUR"},{"path":"customer_id","before":null,"after":"c1"},{"path":"items","before":null,"after":[{"quantity":1000,"sku":"s1","unit_price_minor":500}]},{"path":"notify_customer","before":null,"after":true},{"path":"total_minor","before":null,"after":500000}]`
+	const wantText = "create order:\n  + currency: \"EUR\"\n  + customer_id: \"c1\"\n  + items: [{\"quantity\":1000,\"sku\":\"s1\",\"unit_price_minor\":500}]\n  + notify_customer: true\n  + total_minor: 500000\n"
+	if string(a.Diff) != wantDiff || a.DiffText != wantText || a.Rule == "" || a.Reason == "" {
+		t.Fatalf("held approval: rule %q reason %q\ndiff %s\ntext %q\nwant diff %s\ntext %q", a.Rule, a.Reason, a.Diff, a.DiffText, wantDiff, wantText)
+	}
+}
+
+// A replay's "call" audit entry leaves out what the operation's transition
+// entries already hold — its fingerprint, its state before (= after) and
+// its downstream — and keeps the rest.
+func TestReplayCallEntryIsLean(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	key := uuid.NewString()
+	args := orderArgs(key, 2)
+	svc.Call(ctx, agent, "create_order", args, nil)
+	if r := svc.Call(ctx, agent, "create_order", args, nil); !r.Replayed {
+		t.Fatalf("second call = %+v, want a replay", r)
+	}
+	var call *ledger.AuditEntry
+	deadline := time.Now().Add(5 * time.Second)
+	for call == nil && time.Now().Before(deadline) {
+		entries, err := svc.ledger.AuditTail(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range entries {
+			if entries[i].Event == "call" && entries[i].Decision == string(ledger.DecisionReplay) {
+				call = &entries[i]
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if call == nil {
+		t.Fatal("no replay call entry was written")
+	}
+	if call.Fingerprint != "" || call.StateBefore != "" || call.Downstream != "" {
+		t.Errorf("replay entry repeats the operation's fingerprint %q, state_before %q, downstream %q", call.Fingerprint, call.StateBefore, call.Downstream)
+	}
+	if call.Key != key || call.Tool != "create_order" || call.StateAfter != ledger.StateSucceeded || call.Attempt != 1 ||
+		call.PolicyRule == "" || call.PolicyAction == "" || call.Actor.Principal != agent.Principal {
+		t.Errorf("replay entry lost a field: %+v", call)
+	}
+}
