@@ -134,6 +134,9 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 			if err := tx.Bucket(bucketFPIndex).Put(fpKey(c.Actor.Tenant, c.Fingerprint), fp); err != nil {
 				return Decision{}, err
 			}
+			if err := c.held(tx, now, rec); err != nil {
+				return Decision{}, err
+			}
 			return Decision{Kind: DecisionApprovalRequested, Record: rec}, nil
 		}
 		rec = &Record{
@@ -202,7 +205,19 @@ func (s *Ledger) holdSuspect(tx *ltx, c Claim, now time.Time) (Decision, bool, e
 	if err := s.saveNew(tx, c.Actor, rec, AuditSuspectedDuplicate+AuditDecision(fe.Key), now, c.policyOf); err != nil {
 		return Decision{}, false, err
 	}
+	if err := c.held(tx, now, rec); err != nil {
+		return Decision{}, false, err
+	}
 	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
+}
+
+// held runs c.OnHeld, if set, for the held record rec; the caller holds
+// the write tx.
+func (c Claim) held(tx *ltx, now time.Time, rec *Record) error {
+	if c.OnHeld == nil {
+		return nil
+	}
+	return c.OnHeld(&dataTx{tx: tx, now: now}, rec)
 }
 
 // heldRecord builds the awaiting_approval record of c. A non-empty

@@ -183,7 +183,17 @@ type Claim struct {
 	// existing record again from a process configured for another
 	// downstream is refused with ErrDownstreamMismatch.
 	Downstream string
+	// OnHeld, when set, runs inside the transaction that creates the
+	// record's pending approval (RequireApproval, or a suspected
+	// duplicate), after the record is written: its writes (the approvers'
+	// notice in the outbox) commit with the approval request or not at
+	// all. An error rolls the whole claim back.
+	OnHeld HeldFunc
 }
+
+// HeldFunc runs inside the transaction that creates rec's pending
+// approval (rec.Approval); see Claim.OnHeld and SettleRequest.OnHeld.
+type HeldFunc func(tx Tx, rec *Record) error
 
 // SettleRequest moves a record that no caller owns (unknown, or in_progress
 // with an expired lease, or retryable) to the outcome that reconciliation
@@ -207,6 +217,10 @@ type SettleRequest struct {
 	// entry (AuditEntry.Settled) when the record leaves unknown; empty is
 	// SettledOther.
 	How Settlement
+	// OnHeld, when set and Outcome.State is StateAwaitingApproval, runs
+	// inside the transaction that creates the new pending approval (see
+	// Claim.OnHeld).
+	OnHeld HeldFunc
 }
 
 // DecideRequest is an approver's decision on a pending approval.

@@ -75,7 +75,13 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 				}
 			}
 		}
-		return s.saveTransition(tx, r.Actor, rec, before, AuditDecision(r.Why), now, withCall(r.Outcome.Call), settled)
+		if err := s.saveTransition(tx, r.Actor, rec, before, AuditDecision(r.Why), now, withCall(r.Outcome.Call), settled); err != nil {
+			return err
+		}
+		if r.OnHeld != nil && rec.State == StateAwaitingApproval {
+			return r.OnHeld(&dataTx{tx: tx, now: now}, rec)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
