@@ -134,12 +134,21 @@ func (w *WebhookSink) Deliver(ctx context.Context, m *Message) error {
 	if err != nil {
 		return &PermanentError{Err: fmt.Errorf("encode message: %w", err)}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(b))
+	return w.post(ctx, m.MessageID, b, nil)
+}
+
+// post POSTs the JSON body with idempotencyKey, and the further headers
+// (nil: none), classifying the answer as Deliver documents.
+func (w *WebhookSink) post(ctx context.Context, idempotencyKey string, body []byte, header http.Header) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
 		return &PermanentError{Err: fmt.Errorf("webhook request: %w", err)}
 	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", m.MessageID)
+	req.Header.Set("Idempotency-Key", idempotencyKey)
 	req.Header.Set("User-Agent", "idemgate-webhook/1")
 	resp, err := w.client.Do(req)
 	if err != nil {
@@ -151,11 +160,11 @@ func (w *WebhookSink) Deliver(ctx context.Context, m *Message) error {
 		return fmt.Errorf("webhook: %w", err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, webhookMaxResponse))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, webhookMaxResponse))
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		return nil
 	}
-	serr := &WebhookStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Body: webhookSnippet(body, 200)}
+	serr := &WebhookStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Body: webhookSnippet(answer, 200)}
 	if serr.Status == "" {
 		serr.Status = fmt.Sprint(resp.StatusCode)
 	}
