@@ -49,6 +49,18 @@ type fileConfig struct {
 	Notifications struct {
 		WebhookURL string `toml:"webhook_url"`
 	} `toml:"notifications"`
+	// Approvals reaches approvers (README "Reaching approvers"): each new
+	// approval request POSTs a notice to NotifyWebhook through the outbox,
+	// signed with NotifySecret when set.
+	Approvals struct {
+		NotifyWebhook string `toml:"notify_webhook"`
+		NotifySecret  string `toml:"notify_secret"`
+	} `toml:"approvals"`
+	// Console.PublicURL is where people reach the console (the base of
+	// the links in approvers' notices).
+	Console struct {
+		PublicURL string `toml:"public_url"`
+	} `toml:"console"`
 }
 
 // settings are what the commands that open the ledger share: the ledger's
@@ -68,6 +80,8 @@ type settings struct {
 	ordersSafeRetry    bool
 	ordersTimeout      time.Duration
 	notifyWebhook      string
+	approvalWebhook    string
+	publicURL          string
 
 	fs      *flag.FlagSet
 	file    fileConfig              // after load: the file with the set flags applied
@@ -98,7 +112,7 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.lease, "lease", 30*time.Second, "how long an executor owns a running operation without renewing; then it becomes unknown (order API) or retryable (embedded)")
 	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
 	def := approvals.Default()
-	fs.StringVar(&l.configFile, "config", env("IDEMGATE_CONFIG", ""), "configuration file (TOML: policy, [orders_api], [notifications]; see README); flags override it (env IDEMGATE_CONFIG)")
+	fs.StringVar(&l.configFile, "config", env("IDEMGATE_CONFIG", ""), "configuration file (TOML: policy, [orders_api], [notifications], [approvals], [console]; see README); flags override it (env IDEMGATE_CONFIG)")
 	fs.Int64Var(&l.approvalThreshold, "approval-threshold", def.CreateOrderThresholdMinor, "create_order totals at or above this (minor units) need approval; 0 disables")
 	fs.IntVar(&l.maxRecipients, "max-recipients", def.MaxRecipients, "notifications to more recipients need approval; 0 disables")
 	fs.DurationVar(&l.approvalTTL, "approval-ttl", def.ApprovalTTL.Duration, "pending approvals expire (operation rejected, approval_expired) after this")
@@ -106,6 +120,8 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.BoolVar(&l.ordersSafeRetry, "orders-api-safe-retry", false, "the order API guarantees a same-key retry returns the first outcome (lets a proven-absent operation be re-sent without approval)")
 	fs.DurationVar(&l.ordersTimeout, "orders-api-timeout", 10*time.Second, "bound on one call to the order API")
 	fs.StringVar(&l.notifyWebhook, "notify-webhook", env("IDEMGATE_NOTIFY_WEBHOOK", ""), "POST notifications to this gateway URL (Idempotency-Key = message id) instead of writing files (env IDEMGATE_NOTIFY_WEBHOOK)")
+	fs.StringVar(&l.approvalWebhook, "approval-notify-webhook", env("IDEMGATE_APPROVAL_NOTIFY_WEBHOOK", ""), "POST a notice to this URL when an approval is requested, through the outbox (config [approvals] notify_webhook; needs --public-url; env IDEMGATE_APPROVAL_NOTIFY_WEBHOOK; the signing secret: notify_secret or env IDEMGATE_APPROVAL_NOTIFY_SECRET)")
+	fs.StringVar(&l.publicURL, "public-url", env("IDEMGATE_PUBLIC_URL", ""), "the console's URL as people open it, e.g. https://gate.example.com: the base of the links in approvers' notices (config [console] public_url; env IDEMGATE_PUBLIC_URL)")
 	l.fs = fs
 }
 
@@ -153,7 +169,26 @@ func (l *settings) load() error {
 	if l.notifyWebhook != "" {
 		c.Notifications.WebhookURL = l.notifyWebhook
 	}
+	if l.approvalWebhook != "" {
+		c.Approvals.NotifyWebhook = l.approvalWebhook
+	}
+	if v := os.Getenv("IDEMGATE_APPROVAL_NOTIFY_SECRET"); v != "" {
+		c.Approvals.NotifySecret = v
+	}
+	if l.publicURL != "" {
+		c.Console.PublicURL = l.publicURL
+	}
 	var errs []error
+	if c.Console.PublicURL != "" {
+		u, err := approvals.CheckPublicURL(c.Console.PublicURL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("[console] public_url / --public-url: %w", err))
+		}
+		c.Console.PublicURL = u
+	}
+	if c.Approvals.NotifyWebhook != "" && c.Console.PublicURL == "" {
+		errs = append(errs, errors.New("[approvals] notify_webhook needs [console] public_url (or --public-url): each notice links to the approval's console page"))
+	}
 	if err := c.Policy.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("policy: %w", err))
 	}
@@ -239,8 +274,16 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		}
 		opts.Sink = sink
 	}
+	if u := l.file.Approvals.NotifyWebhook; u != "" {
+		sink, err := outbox.NewNoticeSink(u, 10*time.Second, l.file.Approvals.NotifySecret)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("[approvals] notify_webhook: %w", err)}
+		}
+		opts.NoticeSink, opts.ConsoleURL = sink, l.file.Console.PublicURL
+	}
 	if l.readOnlySink {
 		opts.Sink = readOnlySink{}
+		opts.NoticeSink = nil
 	}
 	return tools.New(store, v, opts)
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 	"idemgate/orders"
 )
@@ -59,6 +60,9 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		d, err := s.ledger.Claim(ctx, claim)
 		if err != nil {
 			return s.ledgerError(c, err)
+		}
+		if d.Kind == ledger.DecisionApprovalRequested || d.Kind == ledger.DecisionSuspectedDuplicate {
+			s.outbox.Kick() // the approvers' notice is queued
 		}
 		if d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown {
 			if d, err = s.reconcile(ctx, c.actor, d.Record); err != nil {
@@ -281,6 +285,7 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
 			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; the order system shows no trace of it)"}
 		req.How, req.Why = ledger.SettledReconciledAbsentNeedsApproval, "reconciled: absent at the order system; re-run needs approval"
+		req.OnHeld = s.heldNotice(func() *approvals.Total { return s.totalOf(rec) })
 	default:
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
@@ -288,6 +293,9 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 	noteOrder(req.Outcome.Call, req.Outcome.Result)
 	auditedAlso(&req.Outcome)
 	settled, err := s.ledger.Settle(ctx, req)
+	if err == nil && req.OnHeld != nil {
+		s.outbox.Kick() // the approvers' notice is queued
+	}
 	if errors.Is(err, ledger.ErrWrongState) {
 		cur, gerr := s.ledger.Get(ctx, rec.Tenant, rec.Key)
 		if gerr != nil {

@@ -41,8 +41,17 @@ type Options struct {
 	// OutboxDir is where the directory sink writes one file per message.
 	OutboxDir string
 	// Sink, when set, replaces the directory sink (the webhook sink).
-	Sink   outbox.Sink
-	Logger *slog.Logger
+	Sink outbox.Sink
+	// NoticeSink, when set, reaches approvers: every new approval request
+	// queues a notice (outbox channel approval_notice) in the transaction
+	// that records it, delivered here. Unset, no notice is queued, and a
+	// notice another process queued fails here (outbox.UnconfiguredSink)
+	// rather than reach Sink.
+	NoticeSink outbox.Sink
+	// ConsoleURL is the console's public URL, the base of the notices'
+	// links (approvals.CheckPublicURL); required with NoticeSink.
+	ConsoleURL string
+	Logger     *slog.Logger
 }
 
 // Service runs the tools against one ledger.
@@ -151,6 +160,10 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		}
 		sink = dir
 	}
+	if opts.NoticeSink != nil && opts.ConsoleURL == "" {
+		return nil, errors.New("tools: NoticeSink needs ConsoleURL, the base of the notices' links")
+	}
+	sink = routeNotices(sink, opts.NoticeSink)
 	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
 	if opts.OrdersAPI != nil {
 		s.orders, s.remote = opts.OrdersAPI, opts.OrdersAPI
@@ -278,6 +291,9 @@ func keyRefused(ve *schemas.ValidationError) bool {
 type proposal struct {
 	diff            approvals.Diff
 	resourceVersion int
+	// total is the order total the approvers' notice shows, when the
+	// policy's facts have none (a change or a cancel).
+	total *approvals.Total
 }
 
 // execute runs a side-effecting call: the policy may deny it (forbidden,
@@ -316,6 +332,10 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 			"Refused by policy ("+v.Rule+"): "+v.Reason+". Nothing was recorded or executed; do not retry this request under any key.", NextDoNotRetry)
 	}
 	tenant := c.actor.Tenant
+	var total *approvals.Total
+	if facts.HasAmount {
+		total = &approvals.Total{AmountMinor: facts.Amount, Currency: facts.Currency}
+	}
 	apply := audited(s.downstream(c.req.Tool), func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
 		run, err := eff.applier(s, tenant, args)
 		if err != nil {
@@ -333,6 +353,9 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 			if propose != nil {
 				p = propose()
 			}
+			if p.total != nil {
+				total = p.total
+			}
 			diff, _ := json.Marshal(p.diff.Changes)
 			return &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion}
 		},
@@ -340,6 +363,7 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		PolicyRule:   v.Rule,
 		PolicyAction: v.Action,
 		Downstream:   s.downstream(c.req.Tool),
+		OnHeld:       s.heldNotice(func() *approvals.Total { return total }),
 	}
 	if run, ok, err := s.external(c.req.Tool, c.actor.Tenant, args); ok {
 		if err != nil {
@@ -352,8 +376,8 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		return s.ledgerError(c, err)
 	}
 	switch d.Kind {
-	case ledger.DecisionExecuted:
-		s.outbox.Kick()
+	case ledger.DecisionExecuted, ledger.DecisionApprovalRequested, ledger.DecisionSuspectedDuplicate:
+		s.outbox.Kick() // a confirmation, or an approvers' notice, is queued
 	case ledger.DecisionBusy:
 		rec, err := s.waitForOutcome(ctx, c, d.Record)
 		if err != nil {
