@@ -168,6 +168,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"InjectedClock", contractInjectedClock},
 		{"SettleHowAudited", contractSettleHowAudited},
 		{"AuditBufferSurvivesPanic", contractAuditBufferSurvivesPanic},
+		{"OnHeld", contractOnHeld},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })
