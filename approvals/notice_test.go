@@ -19,7 +19,7 @@ func TestNoticeShape(t *testing.T) {
 		Tenant: "acme", Key: "0b9f7a52-3c1e-4d57-9a53-2f1c6a8e4d10", Tool: "create_order",
 		State: ledger.StateAwaitingApproval, Principal: "alice",
 		Approval: &ledger.Approval{
-			ID: "apr_1", Status: ledger.ApprovalPending, Reason: "order total 1500.00 EUR is at or above the approval threshold 1000.00",
+			ID: "apr_1", Status: ledger.ApprovalPending, Reason: "the order total 150000 (minor units) is at or above the approval threshold 100000",
 			Rule: "amount_threshold", RequestedBy: "alice", DiffText: "create order:\n  + total_minor: 150000\n",
 			CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour),
 		},
@@ -32,7 +32,7 @@ func TestNoticeShape(t *testing.T) {
 	want := `{"type":"approval_requested","version":1,"notice_id":"msg_42","approval_id":"apr_1","tenant":"acme",` +
 		`"requested_by":"alice","requested_at":"2026-12-01T08:30:00Z","expires_at":"2026-12-02T08:30:00Z",` +
 		`"tool":"create_order","operation_key":"0b9f7a52-3c1e-4d57-9a53-2f1c6a8e4d10",` +
-		`"rule":"amount_threshold","reason":"order total 1500.00 EUR is at or above the approval threshold 1000.00",` +
+		`"rule":"amount_threshold","reason":"the order total 150000 (minor units) is at or above the approval threshold 100000",` +
 		`"summary":"create order:\n  + total_minor: 150000","total":{"amount_minor":150000,"currency":"EUR"},` +
 		`"console_url":"https://gate.example.com/base/ui/approvals/apr_1"}`
 	if string(got) != want {
