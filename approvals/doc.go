@@ -30,6 +30,15 @@
 // between request and approval fails the operation with
 // precondition_failed, and nothing is applied.
 //
+// # Reaching approvers
+//
+// [Notice] is what a new approval request tells the tenant's approvers
+// (type approval_requested, version 1): what waits, who asked, why, until
+// when, and the console link ([ConsolePath] under the configured public
+// URL). The tools queue it in the outbox in the transaction that records
+// the request (ledger.Claim.OnHeld), so it exists exactly when the request
+// does; it is delivered even if the approval is decided first.
+//
 // # What an approval proves
 //
 // That a principal holding the approver role, other than the requester,
