@@ -749,4 +749,8 @@ func TestConsoleRequeueDeadLetter(t *testing.T) {
 	if got := textOf(t, ctx, "table.messages"); !strings.Contains(got, "delivered") {
 		t.Errorf("the operation page does not show the message delivered:\n%s", got)
 	}
+	// The requeue is in the audit log, naming who requeued which message.
+	if got := textOf(t, ctx, "#audit"); !regexp.MustCompile(`(?s)boss.*operator.*requeued.*message msg_`).MatchString(got) {
+		t.Errorf("the operation's history does not show boss's requeue of the message:\n%s", got)
+	}
 }
