@@ -203,3 +203,27 @@ func TestCrossOriginPostRefused(t *testing.T) {
 		t.Error("the refused cross-site logout ended the session")
 	}
 }
+
+// TestCustomerOf: the customer of an operation's order comes from what
+// the record keeps — the request, the result's order, a waiting
+// approval's diff text — and is "" when none of them names it.
+func TestCustomerOf(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rec  ledger.Record
+		want string
+	}{
+		{"create request", ledger.Record{Args: []byte(`{"customer_id":"cust-1","items":[]}`)}, "cust-1"},
+		{"order in the result", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Result: []byte(`{"order":{"order_id":"ord_1","customer_id":"cust-2"}}`)}, "cust-2"},
+		{"tombstone keeps only the result's absence", ledger.Record{Tombstone: true}, ""},
+		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  reason: x\n    customer_id: \"forged\"\n  the order being cancelled:\n    currency: \"EUR\"\n    customer_id: \"cust-3\"\n    status: \"placed\"\n"}}, "cust-3"},
+		{"notification", ledger.Record{Args: []byte(`{"channel":"email","to":["a@example.com"]}`)}, ""},
+		{"not JSON", ledger.Record{Args: []byte(`{`), Result: []byte(`[1]`)}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := customerOf(&c.rec); got != c.want {
+				t.Errorf("customerOf = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
