@@ -103,6 +103,8 @@ type Console struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by sha256 of the cookie value
 	once     map[string]onceLink // by sha256 of the code
+
+	overview overviewState
 }
 
 type session struct {
@@ -153,6 +155,8 @@ func New(cfg Config) *Console {
 	c.mux.Handle("POST "+Prefix+"/operations/{key}/settle", c.approver(c.settle))
 	c.mux.Handle("GET "+Prefix+"/attention", c.approver(c.attentionPage))
 	c.mux.Handle("POST "+Prefix+"/messages/{id}/requeue", c.approver(c.requeue))
+	c.mux.Handle("GET "+Prefix+"/overview", c.approver(c.overviewPage))
+	c.mux.Handle("POST "+Prefix+"/overview/verify", c.approver(c.verify))
 	c.mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, nil, http.StatusNotFound, "There is no such page in the console.")
 	})

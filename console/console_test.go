@@ -1,6 +1,8 @@
 package console
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -225,5 +227,100 @@ func TestCustomerOf(t *testing.T) {
 				t.Errorf("customerOf = %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// TestOverview: the Overview shows the tenant's numbers as `idemgate
+// stats` computes them (ComputeStats over the same ledger) — one replay,
+// one mismatch, no duplicate side effect — not another tenant's, draws
+// them in the current hour's bar, and verifies the audit chain on
+// request, at most once a minute.
+func TestOverview(t *testing.T) {
+	tc := newTestConsole(t)
+	ctx := t.Context()
+	svc := tc.cfg.Service
+	acme := ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}
+	order := func(key, customer string) map[string]any {
+		return map[string]any{"operation_key": key, "customer_id": customer, "currency": "EUR", "notify_customer": false,
+			"items": []any{map[string]any{"sku": "COFFEE", "quantity": 1, "unit_price_minor": 3700}}}
+	}
+	const key = "7d1f1c52-4b7e-4c8e-9a55-3e0c1a2b3c4d"
+	for i, c := range []struct {
+		actor    ledger.Actor
+		args     map[string]any
+		replayed bool
+		isError  bool
+	}{
+		{acme, order(key, "cust-1"), false, false},
+		{acme, order(key, "cust-1"), true, false},  // a replay
+		{acme, order(key, "cust-2"), false, true},  // a mismatch
+		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), false, false},
+		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), true, false}, // globex's replay
+	} {
+		resp := svc.Call(ctx, c.actor, "create_order", c.args, nil)
+		if resp.Replayed != c.replayed || resp.IsError != c.isError {
+			t.Fatalf("call %d: replayed=%v isError=%v (%+v), want %v %v", i, resp.Replayed, resp.IsError, resp.Error, c.replayed, c.isError)
+		}
+	}
+	tc.mu.Lock()
+	tc.now = time.Now()
+	tc.mu.Unlock()
+	cookie := tc.login(t, "boss-token")
+	page := func(path string) string {
+		t.Helper()
+		r := tc.do("GET", path, nil, cookie)
+		b, _ := io.ReadAll(r.Body)
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d\n%s", path, r.StatusCode, b)
+		}
+		return string(b)
+	}
+	body := page("/ui/overview")
+	want, err := ledger.ComputeStats(ctx, tc.cfg.Store, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.ReplaysServed != 1 || want.MismatchesRefused != 1 || want.DuplicateSideEffects != 0 {
+		t.Fatalf("ComputeStats = %+v, want 1 replay, 1 mismatch, no duplicate", want)
+	}
+	for id, n := range map[string]int{"n-replays": want.ReplaysServed, "n-mismatches": want.MismatchesRefused,
+		"n-duplicates": want.DuplicateSideEffects, "n-executions": want.Executions, "n-unknown": want.Unknown, "n-late": want.LateReplays} {
+		if s := fmt.Sprintf(`id="%s">%d<`, id, n); !strings.Contains(body, s) {
+			t.Errorf("the overview does not show %s", s)
+		}
+	}
+	if s := fmt.Sprintf(`id="n-amplification">%.2f<`, want.RetryAmplification); !strings.Contains(body, s) {
+		t.Errorf("the overview does not show %s", s)
+	}
+	hour := time.Now().UTC().Truncate(time.Hour).Format("Jan 2 15:00")
+	if !strings.Contains(body, "<title>"+hour+": 1 replays</title>") {
+		t.Errorf("the replays chart has no bar of 1 in %s", hour)
+	}
+	if !strings.Contains(body, `role="img" aria-label="Replays served, `) {
+		t.Errorf("the replays chart has no accessible label")
+	}
+	if !strings.Contains(body, "Not verified since this console started") {
+		t.Errorf("the chain's status before any check is not shown")
+	}
+	if b := page("/ui/overview?window=30d"); !strings.Contains(b, "the last 30 days, by day") || !strings.Contains(b, time.Now().UTC().Format("Jan 2")+": 1 replays") {
+		t.Errorf("the 30-day window does not show today's replay")
+	}
+	if b := page("/ui/overview?window=%3Cscript%3E"); !strings.Contains(b, "the last 48 hours") {
+		t.Errorf("an unknown window is not the default one")
+	}
+
+	r := tc.do("POST", "/ui/overview/verify", url.Values{"window": {"30d"}}, cookie)
+	if loc := r.Header.Get("Location"); r.StatusCode != http.StatusSeeOther || loc != "/ui/overview?verified=1&window=30d" {
+		t.Fatalf("verify: %d to %q", r.StatusCode, loc)
+	}
+	if b := page("/ui/overview?verified=1"); !strings.Contains(b, "Intact") || !strings.Contains(b, tc.cfg.Now().UTC().Format("2006-01-02 15:04:05")) {
+		t.Errorf("the verified chain's status and time are not shown")
+	}
+	r = tc.do("POST", "/ui/overview/verify", url.Values{}, cookie)
+	if loc := r.Header.Get("Location"); loc != "/ui/overview?verified=recent&window=48h" {
+		t.Errorf("a second verify within a minute: to %q, want the recent check shown", loc)
+	}
+	if r := tc.do("GET", "/ui/overview", nil, nil); r.StatusCode != http.StatusSeeOther {
+		t.Errorf("the overview without a session: status %d, want 303 to login", r.StatusCode)
 	}
 }
