@@ -252,8 +252,8 @@ func TestOverview(t *testing.T) {
 		isError  bool
 	}{
 		{acme, order(key, "cust-1"), false, false},
-		{acme, order(key, "cust-1"), true, false},  // a replay
-		{acme, order(key, "cust-2"), false, true},  // a mismatch
+		{acme, order(key, "cust-1"), true, false}, // a replay
+		{acme, order(key, "cust-2"), false, true}, // a mismatch
 		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), false, false},
 		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), true, false}, // globex's replay
 	} {

@@ -94,7 +94,7 @@ func TestStatsCounterIncremental(t *testing.T) {
 
 	hours := c.Series(h0.Add(2*time.Hour+30*time.Minute), time.Hour, 4)
 	type row struct {
-		start                                         time.Time
+		start                                          time.Time
 		ops, calls, dups, replays, mismatches, unknown int
 		settled, suspects, falseDedupes, late          int
 	}
