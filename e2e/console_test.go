@@ -16,6 +16,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -753,4 +754,110 @@ func TestConsoleRequeueDeadLetter(t *testing.T) {
 	if got := textOf(t, ctx, "#audit"); !regexp.MustCompile(`(?s)boss.*operator.*requeued.*message msg_`).MatchString(got) {
 		t.Errorf("the operation's history does not show boss's requeue of the message:\n%s", got)
 	}
+}
+
+// TestConsoleOverview: after an order, its replay, a mismatch under its
+// key, a second customer's order and a suspected duplicate approved from
+// the console, the Overview shows exactly the numbers `idemgate stats`
+// prints for the tenant (read by that command from the same ledger file
+// while the server runs), draws the replay in the current hour's bar,
+// verifies the audit chain on request, and reads at phone width without
+// sideways scrolling. Operations filtered by customer list that
+// customer's orders only.
+func TestConsoleOverview(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, db, tokens)
+	agent := httpSession(t, base, toks["alice"])
+
+	key := newKey()
+	args := orderArgs(key, "cust-ov-a", coffee, map[string]any{"notify_customer": false})
+	agent.mustSucceed(t, "create_order", args)
+	if e := agent.mustSucceed(t, "create_order", args); !e.Replayed {
+		t.Fatalf("the retry was not a replay: %s", e)
+	}
+	agent.mustFail(t, "create_order", orderArgs(key, "cust-ov-b", coffee, map[string]any{"notify_customer": false}), "key_reused_with_different_request")
+	agent.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-ov-b", []item{{"tea-250g", 1, 900}}, map[string]any{"notify_customer": false}))
+	dupKey := newKey()
+	id := agent.mustHold(t, "create_order", orderArgs(dupKey, "cust-ov-a", coffee, map[string]any{"notify_customer": false})).Approval.ApprovalID
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	do(t, ctx, "approve the suspected duplicate as a new order",
+		chromedp.Navigate(base+"/ui/approvals/"+id),
+		chromedp.WaitVisible(chromedp.CSS("#apr-"+id+" button.approve")),
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "the customer wants two"),
+		chromedp.Click(chromedp.CSS("#apr-"+id+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("approving the duplicate: %q, want succeeded", got)
+	}
+
+	r := runCLI(t, 30*time.Second, "stats", "--db", db, "--tenant", aprTenant, "--json")
+	if r.Code != 0 {
+		t.Fatalf("idemgate stats: exit %d\n%s", r.Code, r.Stderr)
+	}
+	var want map[string]any
+	if err := json.Unmarshal([]byte(r.Stdout), &want); err != nil {
+		t.Fatalf("idemgate stats --json: %v\n%s", err, r.Stdout)
+	}
+	if want["replays_served"] != 1.0 || want["fingerprint_mismatches_refused"] != 1.0 || want["false_dedupes"] != 1.0 || want["duplicate_side_effects"] != 0.0 {
+		t.Fatalf("idemgate stats = %v, want 1 replay, 1 mismatch, 1 approved duplicate, no duplicate side effect", want)
+	}
+
+	do(t, ctx, "open the overview", chromedp.Navigate(base+"/ui/overview"), chromedp.WaitVisible(chromedp.CSS("#chart-replays")))
+	for css, field := range map[string]string{
+		"#n-duplicates": "duplicate_side_effects", "#n-replays": "replays_served", "#n-mismatches": "fingerprint_mismatches_refused",
+		"#n-suspected": "suspected_duplicates_held", "#n-false-dedupes": "false_dedupes", "#n-unknown": "unknown_outcomes",
+		"#n-unsettled": "unknown_unsettled", "#n-late": "late_replays_after_retention", "#n-executions": "executions",
+	} {
+		if got, w := textOf(t, ctx, css), fmt.Sprint(want[field]); got != w {
+			t.Errorf("%s = %s, want %s (idemgate stats %s)", css, got, w, field)
+		}
+	}
+	if got, w := textOf(t, ctx, "#n-amplification"), fmt.Sprintf("%.2f", want["retry_amplification"]); got != w {
+		t.Errorf("retry amplification = %s, want %s", got, w)
+	}
+	hour := time.Now().UTC().Truncate(time.Hour).Format("Jan 2 15:00")
+	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#chart-replays svg rect title")).map(e => e.textContent)`))
+	if err != nil || len(bars) != 1 || bars[0] != hour+": 1 replays" {
+		t.Errorf("the replays chart's bars = %q (%v), want one of 1 in %s", bars, err, hour)
+	}
+	label, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#chart-duplicates svg").getAttribute("aria-label")`))
+	if err != nil || !strings.Contains(label, "Duplicate side effects") || !strings.Contains(label, "none in this window") {
+		t.Errorf("the duplicates chart's label = %q (%v)", label, err)
+	}
+	do(t, ctx, "verify the audit chain",
+		chromedp.Click(chromedp.CSS("#verify")),
+		chromedp.WaitVisible(chromedp.CSS("p.notice[role=status]")),
+	)
+	if got := textOf(t, ctx, "#verify-status"); !strings.HasPrefix(got, "Intact") {
+		t.Errorf("the audit chain's status = %q, want Intact", got)
+	}
+	screenshot(t, ctx, "overview")
+
+	do(t, ctx, "phone width", chromedp.EmulateViewport(390, 844), chromedp.Navigate(base+"/ui/overview"), chromedp.WaitVisible(chromedp.CSS("#chart-late")))
+	if w, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); err != nil || w > 390 {
+		t.Errorf("at phone width the overview is %d px wide (%v), want no sideways scrolling", w, err)
+	}
+	screenshot(t, ctx, "overview-phone")
+	do(t, ctx, "desktop width", chromedp.EmulateViewport(1100, 900))
+
+	do(t, ctx, "operations of one customer",
+		chromedp.Navigate(base+"/ui/operations"),
+		chromedp.WaitVisible(chromedp.CSS("#customer")),
+		chromedp.SendKeys(chromedp.CSS("#customer"), "cust-ov-a"),
+		chromedp.Submit(chromedp.CSS("#customer")),
+		chromedp.WaitVisible(chromedp.CSS("#ops")),
+	)
+	customers, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#ops td.customer")).map(e => e.textContent)`))
+	if err != nil || len(customers) != 2 || customers[0] != "cust-ov-a" || customers[1] != "cust-ov-a" {
+		t.Errorf("operations of cust-ov-a: customers %q (%v), want its two orders", customers, err)
+	}
+	if body := bodyText(t, ctx); strings.Contains(body, "cust-ov-b") {
+		t.Errorf("the customer filter lists another customer's operation:\n%s", body)
+	}
+	screenshot(t, ctx, "operations-customer")
 }
