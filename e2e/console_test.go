@@ -861,3 +861,33 @@ func TestConsoleOverview(t *testing.T) {
 	}
 	screenshot(t, ctx, "operations-customer")
 }
+
+// TestConsoleNewApprovalAppears: an approver with the approvals list open
+// and nothing pending sees a new request appear by itself — the page is
+// not reloaded (a value the test leaves on the window survives), the count
+// goes to 1 and a status line says a request arrived.
+func TestConsoleNewApprovalAppears(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	o := placeOrder(t, agent, "cust-live")
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	do(t, ctx, "nothing pending", chromedp.WaitVisible(chromedp.CSS("#none-pending")))
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.stillThisPage = 42`)); err != nil {
+		t.Fatal(err)
+	}
+	id := agent.mustHold(t, "cancel_order", cancelArgs(newKey(), o.OrderID, 1)).Approval.ApprovalID
+	do(t, ctx, "the new request appears", chromedp.WaitVisible(chromedp.CSS("#apr-"+id+" button.approve")))
+	if v, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.stillThisPage || 0`)); err != nil || v != 42 {
+		t.Errorf("the page was reloaded to show the new request (marker %d, %v)", v, err)
+	}
+	if got := textOf(t, ctx, "#pending-count"); got != "1" {
+		t.Errorf("pending count = %q, want 1", got)
+	}
+	if got := textOf(t, ctx, "#live"); got != "1 new request arrived." {
+		t.Errorf("status line = %q", got)
+	}
+}
