@@ -935,3 +935,87 @@ func TestConsoleNewApprovalAppears(t *testing.T) {
 		t.Errorf("status line = %q", got)
 	}
 }
+
+// TestOutboxRequeueCLIAudited: `idemgate outbox requeue` writes who
+// requeued which message, and when, to the audit log — from the command
+// line, beside a running server on the same ledger file — and a requeue
+// refused (the message is no longer dead-lettered) writes nothing.
+func TestOutboxRequeueCLIAudited(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "ledger.db")
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, `{"error":"recipient blocked"}`, http.StatusBadRequest)
+	}))
+	defer gw.Close()
+	agent := startServer(t, mcpGoModern, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice", Args: []string{"--notify-webhook", gw.URL}})
+	key := newKey()
+	agent.mustSucceed(t, "send_notification", map[string]any{
+		"operation_key": key, "channel": "email", "to": []string{"ops@example.com"}, "subject": "hello", "body": "your order shipped",
+	})
+	var msgID string
+	if !eventually(20*time.Second, func() bool {
+		var st struct {
+			Deliveries []struct {
+				MessageID string `json:"message_id"`
+				State     string `json:"state"`
+			} `json:"deliveries"`
+		}
+		e := agent.mustSucceed(t, "get_operation_status", map[string]any{"operation_key": key})
+		if json.Unmarshal(e.Result, &st) != nil || len(st.Deliveries) != 1 || st.Deliveries[0].State != "dead" {
+			return false
+		}
+		msgID = st.Deliveries[0].MessageID
+		return true
+	}) {
+		t.Fatalf("the refused message was not dead-lettered within 20 s")
+	}
+
+	r := runCLI(t, 30*time.Second, "outbox", "requeue", msgID, "--db", db, "--principal", "ops-anna")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "requeued "+msgID) {
+		t.Fatalf("outbox requeue: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	operatorEntries := func() []map[string]any {
+		t.Helper()
+		out := runCLI(t, 30*time.Second, "audit", "export", "--db", db)
+		if out.Code != 0 {
+			t.Fatalf("audit export: exit %d\n%s", out.Code, out.Stderr)
+		}
+		var found []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(out.Stdout), "\n") {
+			var e map[string]any
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				t.Fatalf("audit export line %q: %v", line, err)
+			}
+			if e["event"] == "operator" {
+				found = append(found, e)
+			}
+		}
+		return found
+	}
+	entries := operatorEntries()
+	if len(entries) != 1 {
+		t.Fatalf("%d operator entries after one requeue, want 1: %v", len(entries), entries)
+	}
+	e := entries[0]
+	actor, _ := e["actor"].(map[string]any)
+	call, _ := e["downstream_call"].(map[string]any)
+	ids, _ := call["message_ids"].([]any)
+	if e["decision"] != "requeued" || e["key"] != key || actor["principal"] != "ops-anna" || actor["tenant"] != aprTenant ||
+		len(ids) != 1 || ids[0] != msgID || e["at"] == "" {
+		t.Errorf("the requeue's audit entry = %v, want requeued of %s (key %s) by ops-anna in %s", e, msgID, key, aprTenant)
+	}
+	if v := runCLI(t, 30*time.Second, "audit", "verify", "--db", db); v.Code != 0 {
+		t.Errorf("audit verify after the requeue: exit %d\n%s%s", v.Code, v.Stdout, v.Stderr)
+	}
+
+	// A refused requeue (no such message; no --principal) writes nothing.
+	if r := runCLI(t, 30*time.Second, "outbox", "requeue", "msg_doesnotexist", "--db", db); r.Code != 2 {
+		t.Errorf("requeue of an unknown message: exit %d, want 2\n%s", r.Code, r.Stderr)
+	}
+	if r := runCLI(t, 30*time.Second, "outbox", "requeue", msgID, "--db", db, "--principal", " "); r.Code != 2 || !strings.Contains(r.Stderr, "--principal") {
+		t.Errorf("requeue with a blank --principal: exit %d, want 2 naming --principal\n%s", r.Code, r.Stderr)
+	}
+	if n := len(operatorEntries()); n != 1 {
+		t.Errorf("%d operator entries after refused requeues, want still 1", n)
+	}
+}
