@@ -1,7 +1,9 @@
 // Package console is the web console for the people around the agents
 // (DESIGN §10): approvers log in with their bearer token, see their
 // tenant's pending approvals with the exact change, and approve or reject
-// them with a comment. It is server-rendered (html/template, embed), loads
+// them with a comment; they list and settle operations, requeue dead
+// letters (audited), and read the Overview — the numbers of `idemgate
+// stats` over time and the audit chain's status. It is server-rendered (html/template, embed), loads
 // nothing from elsewhere, and decides only through the service's typed
 // approvals API (tools.Service.Decide), the same path as decide_approval
 // over MCP and `idemgate approvals approve`.
