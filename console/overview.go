@@ -63,8 +63,6 @@ type overviewPage struct {
 	Label   string
 	Charts  []chart
 	Verify  verifyResult
-	// Read is the sequence number of the newest audit entry counted.
-	Read uint64
 }
 
 type settledRow struct {
@@ -74,7 +72,7 @@ type settledRow struct {
 
 // tenantStats brings the tenant's counter up to date and returns its
 // numbers and series.
-func (c *Console) tenantStats(r *http.Request, tenant string, until time.Time, width time.Duration, n int) (ledger.Stats, []ledger.StatsBucket, uint64, error) {
+func (c *Console) tenantStats(r *http.Request, tenant string, until time.Time, width time.Duration, n int) (ledger.Stats, []ledger.StatsBucket, error) {
 	o := &c.overview
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -87,7 +85,7 @@ func (c *Console) tenantStats(r *http.Request, tenant string, until time.Time, w
 		o.counters[tenant] = sc
 	}
 	err := sc.Update(r.Context(), c.cfg.Store)
-	return sc.Stats(), sc.Series(until, width, n), sc.Read(), err
+	return sc.Stats(), sc.Series(until, width, n), err
 }
 
 // overviewPage shows the tenant's numbers, charts and the chain's status.
@@ -98,12 +96,12 @@ func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request, id Identi
 		window, win = "48h", overviewWindows["48h"]
 	}
 	now := c.cfg.Now()
-	st, series, read, err := c.tenantStats(r, id.Tenant, now, win.width, win.n)
+	st, series, err := c.tenantStats(r, id.Tenant, now, win.width, win.n)
 	if err != nil {
 		c.apiError(w, r, id, err)
 		return
 	}
-	p := overviewPage{page: page{Title: "Overview", Who: &id, Nav: "overview"}, Stats: st, Window: window, Label: win.label, Read: read}
+	p := overviewPage{page: page{Title: "Overview", Who: &id, Nav: "overview"}, Stats: st, Window: window, Label: win.label}
 	for how, n := range st.Settled {
 		p.Settled = append(p.Settled, settledRow{how, n})
 	}
