@@ -894,6 +894,9 @@ func TestConsoleOverview(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#customer")),
 		chromedp.SendKeys(chromedp.CSS("#customer"), "cust-ov-a"),
 		chromedp.Submit(chromedp.CSS("#customer")),
+		// The unfiltered page has #ops too: wait for the filtered one, whose
+		// field the server filled in (typing sets no attribute).
+		chromedp.WaitVisible(chromedp.CSS(`#customer[value="cust-ov-a"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#ops")),
 	)
 	customers, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#ops td.customer")).map(e => e.textContent)`))
