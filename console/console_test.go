@@ -324,3 +324,28 @@ func TestOverview(t *testing.T) {
 		t.Errorf("the overview without a session: status %d, want 303 to login", r.StatusCode)
 	}
 }
+
+// TestOverviewChartScale: a chart's scale tops at 1, 2 or 5 times a power
+// of ten; the tallest bar fills it, and a small non-zero value still shows.
+func TestOverviewChartScale(t *testing.T) {
+	for _, c := range []struct{ v, want float64 }{{0, 1}, {1, 1}, {1.4, 2}, {3, 5}, {7, 10}, {10, 10}, {11, 20}, {499, 500}, {501, 1000}} {
+		if got := niceCeil(c.v); got != c.want {
+			t.Errorf("niceCeil(%v) = %v, want %v", c.v, got, c.want)
+		}
+	}
+	h0 := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
+	b := []ledger.StatsBucket{{Start: h0}, {Start: h0.Add(time.Hour)}}
+	b[0].ReplaysServed, b[1].ReplaysServed = 1, 100
+	var replays chart
+	for _, ch := range overviewCharts(b, time.Hour) {
+		if ch.ID == "replays" {
+			replays = ch
+		}
+	}
+	if len(replays.Bars) != 2 || replays.Max != "100" || replays.Bars[1].H != chartH-2 || replays.Bars[0].H < 2 {
+		t.Fatalf("replays chart = %+v, want the 100 bar full height and the 1 bar visible", replays)
+	}
+	if !strings.Contains(replays.Label, "101 replays") || !strings.Contains(replays.Label, "the most, 100, in Mar 4 11:00") {
+		t.Errorf("label = %q", replays.Label)
+	}
+}
