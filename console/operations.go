@@ -46,10 +46,11 @@ type opRow struct {
 // already keeps — no field was added for it, so files of every build show
 // it: the request's customer_id (create_order), the result's
 // order.customer_id (an order written, updated or cancelled), or the
-// customer_id line of an approval's diff text (a cancel or update still
-// waiting, whose request names only the order). "" when none of them
-// says: a notification, a failed call without a result, or a tombstone
-// (retention removed its request and result).
+// customer_id line of the cancelled order in an approval's diff text (a
+// cancel still waiting, whose request names only the order). "" when none
+// of them says: a notification, an update still waiting or a failed one
+// (its request names only the order, its diff only the changes), or a
+// tombstone (retention removed its request and result).
 func customerOf(rec *ledger.Record) string {
 	var v struct {
 		CustomerID string `json:"customer_id"`
