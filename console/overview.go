@@ -43,7 +43,16 @@ type overviewState struct {
 	counters map[string]*ledger.StatsCounter
 
 	verifyMu sync.Mutex // held while the chain is verified: one check at a time
+
+	resultMu sync.Mutex // guards checked (a page never waits for a check)
 	checked  verifyResult
+}
+
+// lastCheck is the last verification's result.
+func (o *overviewState) lastCheck() verifyResult {
+	o.resultMu.Lock()
+	defer o.resultMu.Unlock()
+	return o.checked
 }
 
 // verifyResult is the outcome of one verification of the audit chain.
@@ -107,9 +116,7 @@ func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request, id Identi
 	}
 	slices.SortFunc(p.Settled, func(a, b settledRow) int { return b.N - a.N })
 	p.Charts = overviewCharts(series, win.width)
-	c.overview.verifyMu.Lock()
-	p.Verify = c.overview.checked
-	c.overview.verifyMu.Unlock()
+	p.Verify = c.overview.lastCheck()
 	switch r.URL.Query().Get("verified") {
 	case "1":
 		p.Notice = "The audit chain was verified."
@@ -127,17 +134,21 @@ func (c *Console) verify(w http.ResponseWriter, r *http.Request, id Identity) {
 	window := validWindow(r.PostFormValue("window"))
 	o := &c.overview
 	o.verifyMu.Lock()
-	recent := !o.checked.At.IsZero() && c.cfg.Now().Sub(o.checked.At) < verifyEvery
+	last := o.lastCheck()
+	recent := !last.At.IsZero() && c.cfg.Now().Sub(last.At) < verifyEvery
 	if !recent {
 		start := time.Now()
 		n, err := c.cfg.Store.VerifyAudit(r.Context())
-		o.checked = verifyResult{At: c.cfg.Now(), Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
+		res := verifyResult{At: c.cfg.Now(), Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
 		if err != nil {
-			o.checked.Err = err.Error()
+			res.Err = err.Error()
 			c.cfg.Logger.Error("console: the audit chain does not verify", "err", err, "principal", id.Principal, "tenant", id.Tenant)
 		} else {
-			c.cfg.Logger.Info("console: audit chain verified", "entries", n, "took", o.checked.Took, "principal", id.Principal, "tenant", id.Tenant)
+			c.cfg.Logger.Info("console: audit chain verified", "entries", n, "took", res.Took, "principal", id.Principal, "tenant", id.Tenant)
 		}
+		o.resultMu.Lock()
+		o.checked = res
+		o.resultMu.Unlock()
 	}
 	o.verifyMu.Unlock()
 	q := "1"
