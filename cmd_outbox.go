@@ -5,15 +5,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"idemgate/ledger"
 	"idemgate/outbox"
 	"io"
+	"os/user"
 	"strings"
+	"unicode/utf8"
 )
 
 // outboxCmd lets an operator put a dead-lettered message back in the queue
 // once the gateway is fixed; a running server delivers it.
 func outboxCmd(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate outbox requeue MESSAGE_ID [--db PATH]"
+	const use = "usage: idemgate outbox requeue MESSAGE_ID [--principal P] [--db PATH]"
 	if len(args) < 2 || args[0] != "requeue" || strings.HasPrefix(args[1], "-") {
 		return usageError{errors.New(use)}
 	}
@@ -22,20 +25,43 @@ func outboxCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var lf settings
 	lf.register(fs)
+	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", osUser()), "who requeues, for the audit log (env IDEMGATE_PRINCIPAL; default: the operating system's user name)")
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
+	}
+	if p := strings.TrimSpace(*principal); p == "" || len(p) > 200 || !utf8.ValidString(p) {
+		return usageError{fmt.Errorf("--principal must be 1-200 bytes of text, got %q", clipArg(*principal))}
 	}
 	store, svc, err := lf.openService("", 0, quietLogger(stderr))
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	if err := svc.Deliverer().Requeue(context.Background(), id); err != nil {
+	if err := svc.Deliverer().Requeue(context.Background(), id, ledger.Actor{Principal: strings.TrimSpace(*principal), Role: "operator", ClientName: "idemgate-cli"}); err != nil {
 		if errors.Is(err, outbox.ErrMessageNotFound) || errors.Is(err, outbox.ErrMessageNotDead) {
 			return usageError{err}
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "requeued %s; a running server delivers it within a second\n", id)
+	fmt.Fprintf(stdout, "requeued %s (written to the audit log); a running server delivers it within a second\n", id)
 	return nil
+}
+
+// osUser is the operating system's user name, "operator" when unknown.
+func osUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "operator"
+}
+
+// clipArg shortens an argument for an error message.
+func clipArg(s string) string {
+	if len(s) > 60 {
+		return strings.ToValidUTF8(s[:60], "") + "…"
+	}
+	return s
 }

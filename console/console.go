@@ -1,7 +1,9 @@
 // Package console is the web console for the people around the agents
 // (DESIGN §10): approvers log in with their bearer token, see their
 // tenant's pending approvals with the exact change, and approve or reject
-// them with a comment. It is server-rendered (html/template, embed), loads
+// them with a comment; they list and settle operations, requeue dead
+// letters (audited), and read the Overview — the numbers of `idemgate
+// stats` over time and the audit chain's status. It is server-rendered (html/template, embed), loads
 // nothing from elsewhere, and decides only through the service's typed
 // approvals API (tools.Service.Decide), the same path as decide_approval
 // over MCP and `idemgate approvals approve`.
@@ -103,6 +105,8 @@ type Console struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by sha256 of the cookie value
 	once     map[string]onceLink // by sha256 of the code
+
+	overview overviewState
 }
 
 type session struct {
@@ -153,6 +157,8 @@ func New(cfg Config) *Console {
 	c.mux.Handle("POST "+Prefix+"/operations/{key}/settle", c.approver(c.settle))
 	c.mux.Handle("GET "+Prefix+"/attention", c.approver(c.attentionPage))
 	c.mux.Handle("POST "+Prefix+"/messages/{id}/requeue", c.approver(c.requeue))
+	c.mux.Handle("GET "+Prefix+"/overview", c.approver(c.overviewPage))
+	c.mux.Handle("POST "+Prefix+"/overview/verify", c.approver(c.verify))
 	c.mux.HandleFunc(Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, nil, http.StatusNotFound, "There is no such page in the console.")
 	})

@@ -1,6 +1,8 @@
 package console
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -201,5 +203,149 @@ func TestCrossOriginPostRefused(t *testing.T) {
 	}
 	if tc.do("GET", "/ui/approvals", nil, c).StatusCode != http.StatusOK {
 		t.Error("the refused cross-site logout ended the session")
+	}
+}
+
+// TestCustomerOf: the customer of an operation's order comes from what
+// the record keeps — the request, the result's order, a waiting
+// approval's diff text — and is "" when none of them names it.
+func TestCustomerOf(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rec  ledger.Record
+		want string
+	}{
+		{"create request", ledger.Record{Args: []byte(`{"customer_id":"cust-1","items":[]}`)}, "cust-1"},
+		{"order in the result", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Result: []byte(`{"order":{"order_id":"ord_1","customer_id":"cust-2"}}`)}, "cust-2"},
+		{"tombstone keeps only the result's absence", ledger.Record{Tombstone: true}, ""},
+		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  reason: x\n    customer_id: \"forged\"\n  the order being cancelled:\n    currency: \"EUR\"\n    customer_id: \"cust-3\"\n    status: \"placed\"\n"}}, "cust-3"},
+		{"notification", ledger.Record{Args: []byte(`{"channel":"email","to":["a@example.com"]}`)}, ""},
+		{"not JSON", ledger.Record{Args: []byte(`{`), Result: []byte(`[1]`)}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := customerOf(&c.rec); got != c.want {
+				t.Errorf("customerOf = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// TestOverview: the Overview shows the tenant's numbers as `idemgate
+// stats` computes them (ComputeStats over the same ledger) — one replay,
+// one mismatch, no duplicate side effect — not another tenant's, draws
+// them in the current hour's bar, and verifies the audit chain on
+// request, at most once a minute.
+func TestOverview(t *testing.T) {
+	tc := newTestConsole(t)
+	ctx := t.Context()
+	svc := tc.cfg.Service
+	acme := ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}
+	order := func(key, customer string) map[string]any {
+		return map[string]any{"operation_key": key, "customer_id": customer, "currency": "EUR", "notify_customer": false,
+			"items": []any{map[string]any{"sku": "COFFEE", "quantity": 1, "unit_price_minor": 3700}}}
+	}
+	const key = "7d1f1c52-4b7e-4c8e-9a55-3e0c1a2b3c4d"
+	for i, c := range []struct {
+		actor    ledger.Actor
+		args     map[string]any
+		replayed bool
+		isError  bool
+	}{
+		{acme, order(key, "cust-1"), false, false},
+		{acme, order(key, "cust-1"), true, false}, // a replay
+		{acme, order(key, "cust-2"), false, true}, // a mismatch
+		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), false, false},
+		{ledger.Actor{Tenant: "globex", Principal: "gus", Role: "agent"}, order(key, "cust-9"), true, false}, // globex's replay
+	} {
+		resp := svc.Call(ctx, c.actor, "create_order", c.args, nil)
+		if resp.Replayed != c.replayed || resp.IsError != c.isError {
+			t.Fatalf("call %d: replayed=%v isError=%v (%+v), want %v %v", i, resp.Replayed, resp.IsError, resp.Error, c.replayed, c.isError)
+		}
+	}
+	tc.mu.Lock()
+	tc.now = time.Now()
+	tc.mu.Unlock()
+	cookie := tc.login(t, "boss-token")
+	page := func(path string) string {
+		t.Helper()
+		r := tc.do("GET", path, nil, cookie)
+		b, _ := io.ReadAll(r.Body)
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d\n%s", path, r.StatusCode, b)
+		}
+		return string(b)
+	}
+	body := page("/ui/overview")
+	want, err := ledger.ComputeStats(ctx, tc.cfg.Store, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.ReplaysServed != 1 || want.MismatchesRefused != 1 || want.DuplicateSideEffects != 0 {
+		t.Fatalf("ComputeStats = %+v, want 1 replay, 1 mismatch, no duplicate", want)
+	}
+	for id, n := range map[string]int{"n-replays": want.ReplaysServed, "n-mismatches": want.MismatchesRefused,
+		"n-duplicates": want.DuplicateSideEffects, "n-executions": want.Executions, "n-unknown": want.Unknown, "n-late": want.LateReplays} {
+		if s := fmt.Sprintf(`id="%s">%d<`, id, n); !strings.Contains(body, s) {
+			t.Errorf("the overview does not show %s", s)
+		}
+	}
+	if s := fmt.Sprintf(`id="n-amplification">%.2f<`, want.RetryAmplification); !strings.Contains(body, s) {
+		t.Errorf("the overview does not show %s", s)
+	}
+	hour := time.Now().UTC().Truncate(time.Hour).Format("Jan 2 15:00")
+	if !strings.Contains(body, "<title>"+hour+": 1 replays</title>") {
+		t.Errorf("the replays chart has no bar of 1 in %s", hour)
+	}
+	if !strings.Contains(body, `role="img" aria-label="Replays served, `) {
+		t.Errorf("the replays chart has no accessible label")
+	}
+	if !strings.Contains(body, "Not verified since this console started") {
+		t.Errorf("the chain's status before any check is not shown")
+	}
+	if b := page("/ui/overview?window=30d"); !strings.Contains(b, "the last 30 days, by day") || !strings.Contains(b, time.Now().UTC().Format("Jan 2")+": 1 replays") {
+		t.Errorf("the 30-day window does not show today's replay")
+	}
+	if b := page("/ui/overview?window=%3Cscript%3E"); !strings.Contains(b, "the last 48 hours") {
+		t.Errorf("an unknown window is not the default one")
+	}
+
+	r := tc.do("POST", "/ui/overview/verify", url.Values{"window": {"30d"}}, cookie)
+	if loc := r.Header.Get("Location"); r.StatusCode != http.StatusSeeOther || loc != "/ui/overview?verified=1&window=30d" {
+		t.Fatalf("verify: %d to %q", r.StatusCode, loc)
+	}
+	if b := page("/ui/overview?verified=1"); !strings.Contains(b, "Intact") || !strings.Contains(b, tc.cfg.Now().UTC().Format("2006-01-02 15:04:05")) {
+		t.Errorf("the verified chain's status and time are not shown")
+	}
+	r = tc.do("POST", "/ui/overview/verify", url.Values{}, cookie)
+	if loc := r.Header.Get("Location"); loc != "/ui/overview?verified=recent&window=48h" {
+		t.Errorf("a second verify within a minute: to %q, want the recent check shown", loc)
+	}
+	if r := tc.do("GET", "/ui/overview", nil, nil); r.StatusCode != http.StatusSeeOther {
+		t.Errorf("the overview without a session: status %d, want 303 to login", r.StatusCode)
+	}
+}
+
+// TestOverviewChartScale: a chart's scale tops at 1, 2 or 5 times a power
+// of ten; the tallest bar fills it, and a small non-zero value still shows.
+func TestOverviewChartScale(t *testing.T) {
+	for _, c := range []struct{ v, want float64 }{{0, 1}, {1, 1}, {1.4, 2}, {3, 5}, {7, 10}, {10, 10}, {11, 20}, {499, 500}, {501, 1000}} {
+		if got := niceCeil(c.v); got != c.want {
+			t.Errorf("niceCeil(%v) = %v, want %v", c.v, got, c.want)
+		}
+	}
+	h0 := time.Date(2026, 3, 4, 10, 0, 0, 0, time.UTC)
+	b := []ledger.StatsBucket{{Start: h0}, {Start: h0.Add(time.Hour)}}
+	b[0].ReplaysServed, b[1].ReplaysServed = 1, 100
+	var replays chart
+	for _, ch := range overviewCharts(b, time.Hour) {
+		if ch.ID == "replays" {
+			replays = ch
+		}
+	}
+	if len(replays.Bars) != 2 || replays.Max != "100" || replays.Bars[1].H != chartH-2 || replays.Bars[0].H < 2 {
+		t.Fatalf("replays chart = %+v, want the 100 bar full height and the 1 bar visible", replays)
+	}
+	if !strings.Contains(replays.Label, "101 replays") || !strings.Contains(replays.Label, "the most, 100, in Mar 4 11:00") {
+		t.Errorf("label = %q", replays.Label)
 	}
 }

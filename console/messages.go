@@ -31,7 +31,8 @@ func (c *Console) deadLetters(r *http.Request, tenant string) ([]*outbox.Message
 }
 
 // requeue puts one dead-lettered message of the session's tenant back in
-// the queue (outbox.Deliverer.Requeue, as `idemgate outbox requeue`).
+// the queue (outbox.Deliverer.Requeue, as `idemgate outbox requeue`); the
+// audit log names the approver, the message and the time.
 func (c *Console) requeue(w http.ResponseWriter, r *http.Request, id Identity) {
 	msgID := r.PathValue("id")
 	var m *outbox.Message
@@ -51,7 +52,7 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request, id Identity) {
 		c.errorPage(w, r, &id, http.StatusNotFound, "No message with this id in your tenant.")
 		return
 	}
-	err = c.cfg.Service.Deliverer().Requeue(r.Context(), msgID)
+	err = c.cfg.Service.Deliverer().Requeue(r.Context(), msgID, actor(id)) // audited with the requeue
 	if errors.Is(err, outbox.ErrMessageNotDead) {
 		c.errorPage(w, r, &id, http.StatusConflict, "This message is not dead-lettered (any more): nothing to requeue.")
 		return

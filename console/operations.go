@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strings"
@@ -16,11 +17,12 @@ type opsPage struct {
 	page
 	Filter  opsFilter
 	States  []string
-	Ops     []*ledger.Record
+	Ops     []opRow
 	Scanned int
 	More    bool
 
 	Op       *ledger.Record
+	Customer string // of Op's order (customerOf)
 	Result   string
 	Args     string
 	Messages []*outbox.Message
@@ -31,7 +33,56 @@ type opsPage struct {
 }
 
 type opsFilter struct {
-	State, Tool, Principal, Since string
+	State, Tool, Principal, Customer, Since string
+}
+
+// opRow is one operation of a list, with the customer of its order.
+type opRow struct {
+	*ledger.Record
+	Customer string
+}
+
+// customerOf is the customer of rec's order, derived from what the record
+// already keeps — no field was added for it, so files of every build show
+// it: the request's customer_id (create_order), the result's
+// order.customer_id (an order written, updated or cancelled), or the
+// customer_id line of the cancelled order in an approval's diff text (a
+// cancel still waiting, whose request names only the order). "" when none
+// of them says: a notification, an update still waiting or a failed one
+// (its request names only the order, its diff only the changes), or a
+// tombstone (retention removed its request and result).
+func customerOf(rec *ledger.Record) string {
+	var v struct {
+		CustomerID string `json:"customer_id"`
+		Order      struct {
+			CustomerID string `json:"customer_id"`
+		} `json:"order"`
+	}
+	for _, raw := range []json.RawMessage{rec.Args, rec.Result} {
+		v.CustomerID, v.Order.CustomerID = "", ""
+		if len(raw) > 0 && json.Unmarshal(raw, &v) == nil {
+			if v.CustomerID != "" {
+				return v.CustomerID
+			}
+			if v.Order.CustomerID != "" {
+				return v.Order.CustomerID
+			}
+		}
+	}
+	if a := rec.Approval; a != nil {
+		// The order's fields follow the last marker, each value as JSON;
+		// the reason before it is the agent's free text and is not read.
+		const marker = "the order being cancelled:\n"
+		if i := strings.LastIndex(a.DiffText, marker); i >= 0 {
+			for _, line := range strings.Split(a.DiffText[i+len(marker):], "\n") {
+				var c string
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "customer_id: "); ok && json.Unmarshal([]byte(v), &c) == nil {
+					return c
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // opsScan bounds how many records one operations list reads.
@@ -47,7 +98,14 @@ func (c *Console) operationsPage(w http.ResponseWriter, r *http.Request, id Iden
 		http.Redirect(w, r, Prefix+"/operations/"+url.PathEscape(key), http.StatusSeeOther)
 		return
 	}
-	f := opsFilter{State: q.Get("state"), Tool: strings.TrimSpace(q.Get("tool")), Principal: strings.TrimSpace(q.Get("principal")), Since: q.Get("since")}
+	f := opsFilter{State: q.Get("state"), Tool: strings.TrimSpace(q.Get("tool")), Principal: strings.TrimSpace(q.Get("principal")),
+		Customer: strings.TrimSpace(q.Get("customer")), Since: q.Get("since")}
+	for _, v := range []string{f.State, f.Tool, f.Principal, f.Customer, f.Since} {
+		if len(v) > 200 {
+			c.errorPage(w, r, &id, http.StatusBadRequest, "A filter is at most 200 characters.")
+			return
+		}
+	}
 	p := opsPage{page: page{Title: "Operations", Who: &id, Nav: "operations"}, Filter: f, States: stateNames}
 	c.listOps(w, r, id, &p, ledger.State(f.State), "operations")
 }
@@ -90,9 +148,14 @@ func (c *Console) listOps(w http.ResponseWriter, r *http.Request, id Identity, p
 			if !since.IsZero() && rec.FirstSeenAt.Before(since) {
 				continue
 			}
-			if (p.Filter.Tool == "" || rec.Tool == p.Filter.Tool) && (p.Filter.Principal == "" || ledger.SamePrincipal(rec.Principal, p.Filter.Principal)) {
-				p.Ops = append(p.Ops, rec)
+			if (p.Filter.Tool != "" && rec.Tool != p.Filter.Tool) || (p.Filter.Principal != "" && !ledger.SamePrincipal(rec.Principal, p.Filter.Principal)) {
+				continue
 			}
+			row := opRow{Record: rec, Customer: customerOf(rec)}
+			if p.Filter.Customer != "" && row.Customer != p.Filter.Customer {
+				continue
+			}
+			p.Ops = append(p.Ops, row)
 		}
 		p.Scanned += len(recs)
 		if stop {
@@ -117,7 +180,7 @@ func (c *Console) showOperation(w http.ResponseWriter, r *http.Request, id Ident
 		return
 	}
 	p := opsPage{page: page{Title: "Operation " + key, Who: &id, Nav: "operations"}, Op: rec, Answer: answer,
-		Result: pretty(rec.Result), Args: pretty(rec.Args)}
+		Customer: customerOf(rec), Result: pretty(rec.Result), Args: pretty(rec.Args)}
 	_ = c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
 		p.Messages, _ = outbox.OfOperation(tx, id.Tenant, key, rec.Incarnation)
 		return nil

@@ -83,7 +83,7 @@ func parsePages() map[string]*template.Template {
 		},
 	}
 	out := map[string]*template.Template{}
-	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation"} {
+	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation", "overview"} {
 		out[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/approval_card.html", "templates/"+name+".html"))
 	}
 	return out

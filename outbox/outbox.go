@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -487,8 +488,12 @@ func putMessage(tx ledger.Tx, m *Message) error {
 // Requeue puts a dead-lettered message back in the queue for delivery as
 // soon as possible, with a fresh retry budget; its attempts so far are
 // kept. It is for an operator who fixed what made the deliveries fail.
+// The requeue is written to the audit log in the same transaction (event
+// operator, decision requeued): by (its Principal, Role, ClientName), the
+// message's tenant and operation key, and the message id; the entry and
+// the requeue commit together or not at all.
 // Errors: ErrMessageNotFound, ErrMessageNotDead, ledger errors.
-func (d *Deliverer) Requeue(ctx context.Context, messageID string) error {
+func (d *Deliverer) Requeue(ctx context.Context, messageID string, by ledger.Actor) error {
 	err := d.store.Update(ctx, func(tx ledger.Tx) error {
 		cur, err := getMessage(tx, messageID)
 		if err != nil {
@@ -500,11 +505,28 @@ func (d *Deliverer) Requeue(ctx context.Context, messageID string) error {
 		if cur.State != MessageDead {
 			return fmt.Errorf("%w: %s is %s", ErrMessageNotDead, messageID, cur.State)
 		}
+		attempts, lastErr := cur.Attempts, cur.LastError
 		cur.State, cur.NextAttemptAt, cur.BudgetFrom = MessageQueued, time.Time{}, cur.Attempts
 		if err := putMessage(tx, cur); err != nil {
 			return err
 		}
-		return tx.Put(collPending, messageID, nil)
+		if err := tx.Put(collPending, messageID, nil); err != nil {
+			return err
+		}
+		a := by
+		a.Tenant = cur.Tenant // the message's tenant sees it in its log, whoever requeued it
+		detail := fmt.Sprintf("message %s (%s, step %s) requeued after %d attempts", cur.MessageID, cur.Channel, cur.Step, attempts)
+		if lastErr != "" {
+			detail += "; last error: " + lastErr
+		}
+		if len(detail) > 500 {
+			detail = strings.ToValidUTF8(detail[:500], "") + "…" // no rune cut in half
+		}
+		return ledger.AppendAudit(tx, ledger.AuditEntry{
+			Event: ledger.EventOperator, Actor: a, Key: cur.OperationKey,
+			Decision: string(ledger.AuditRequeued), Detail: detail,
+			Call: &ledger.DownstreamCall{System: "outbox", MessageIDs: []string{cur.MessageID}},
+		})
 	})
 	if err == nil {
 		d.Kick()

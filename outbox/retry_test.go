@@ -306,6 +306,9 @@ func TestDeliveredMessageIsNotRedelivered(t *testing.T) {
 	}
 }
 
+// operator is who requeues in these tests.
+var operator = ledger.Actor{Principal: "ops-anna", Role: "approver", ClientName: "idemgate-cli"}
+
 func TestRequeue(t *testing.T) {
 	ctx := context.Background()
 	t.Run("dead message is delivered after requeue", func(t *testing.T) {
@@ -318,13 +321,27 @@ func TestRequeue(t *testing.T) {
 		if got := stored(t, s, m.MessageID); got.State != MessageDead {
 			t.Fatalf("state after 403 = %s, want dead", got.State)
 		}
-		if err := d.Requeue(ctx, m.MessageID); err != nil {
+		if err := d.Requeue(ctx, m.MessageID, operator); err != nil {
 			t.Fatalf("Requeue: %v", err)
 		}
 		got := stored(t, s, m.MessageID)
 		if got.State != MessageQueued || got.Attempts != 1 || !got.NextAttemptAt.IsZero() || !isPending(t, s, m.MessageID) {
 			t.Fatalf("after Requeue: state=%s attempts=%d next=%v pending=%v; want queued 1 zero true",
 				got.State, got.Attempts, got.NextAttemptAt, isPending(t, s, m.MessageID))
+		}
+		// The requeue is in the audit log: who, which message, when.
+		tail, err := s.AuditTail(ctx, 1)
+		if err != nil || len(tail) != 1 {
+			t.Fatalf("AuditTail: %v %v", tail, err)
+		}
+		e := tail[0]
+		if e.Event != ledger.EventOperator || !e.Is(ledger.AuditRequeued) || e.Actor.Principal != operator.Principal ||
+			e.Actor.Tenant != m.Tenant || e.Key != m.OperationKey || e.Call == nil || len(e.Call.MessageIDs) != 1 ||
+			e.Call.MessageIDs[0] != m.MessageID || !e.At.Equal(clock.Now()) || !strings.Contains(e.Detail, m.MessageID) {
+			t.Errorf("requeue audit entry = %+v (call %+v), want operator/requeued by %s of %s at %v", e, e.Call, operator.Principal, m.MessageID, clock.Now())
+		}
+		if _, err := s.VerifyAudit(ctx); err != nil {
+			t.Errorf("VerifyAudit after the requeue: %v", err)
 		}
 		if n, err := d.DeliverPending(ctx); n != 1 || err != nil {
 			t.Fatalf("pass after Requeue: n=%d err=%v, want 1 <nil>", n, err)
@@ -352,7 +369,7 @@ func TestRequeue(t *testing.T) {
 		if got := stored(t, s, m.MessageID); got.State != MessageDead || got.Attempts != 2 {
 			t.Fatalf("state=%s attempts=%d, want dead 2", got.State, got.Attempts)
 		}
-		if err := d.Requeue(ctx, m.MessageID); err != nil {
+		if err := d.Requeue(ctx, m.MessageID, operator); err != nil {
 			t.Fatal(err)
 		}
 		pass()
@@ -381,13 +398,22 @@ func TestRequeue(t *testing.T) {
 			{"queued", queued.MessageID, ErrMessageNotDead},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				if err := d.Requeue(ctx, tc.id); !errors.Is(err, tc.want) {
+				if err := d.Requeue(ctx, tc.id, operator); !errors.Is(err, tc.want) {
 					t.Errorf("Requeue(%s) = %v, want %v", tc.id, err, tc.want)
 				}
 			})
 		}
 		if got := stored(t, s, delivered.MessageID); got.State != MessageDelivered {
 			t.Errorf("refused Requeue changed a delivered message to %s", got.State)
+		}
+		log, err := s.AuditLog(ctx, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range log {
+			if e.Event == ledger.EventOperator {
+				t.Errorf("a refused Requeue left an audit entry: %+v", e)
+			}
 		}
 	})
 }

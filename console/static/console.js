@@ -1,5 +1,6 @@
-// Expiry countdowns, and a quiet refresh of the approvals list so a new
-// request shows up without a reload (not while the approver is typing).
+// Expiry countdowns, and on the approvals list a quiet check every 5
+// seconds that brings in new (and drops decided) requests without a
+// reload — never while the approver is typing a comment.
 (function () {
   function fmt(ms) {
     if (ms <= 0) return "expired";
@@ -17,13 +18,43 @@
   }
   tick();
   setInterval(tick, 1000);
-  if (location.pathname === "/ui/approvals") {
-    setInterval(function () {
-      var a = document.activeElement;
-      if (a && (a.tagName === "TEXTAREA" || a.tagName === "INPUT") && a.value) return;
-      var typed = document.querySelectorAll("textarea");
-      for (var i = 0; i < typed.length; i++) if (typed[i].value) return;
-      location.reload();
-    }, 15000);
+
+  function ids(root) {
+    var out = [], cards = root.querySelectorAll("[data-approval]");
+    for (var i = 0; i < cards.length; i++) out.push(cards[i].getAttribute("data-approval"));
+    return out;
   }
+  function typing() {
+    var a = document.activeElement;
+    if (a && (a.tagName === "TEXTAREA" || a.tagName === "INPUT") && a.value) return true;
+    var typed = document.querySelectorAll("textarea");
+    for (var i = 0; i < typed.length; i++) if (typed[i].value) return true;
+    return false;
+  }
+  var list = document.getElementById("pending-list");
+  if (location.pathname !== "/ui/approvals" || !list || !window.fetch || !window.DOMParser) return;
+  var busy = false;
+  setInterval(function () {
+    if (busy || typing()) return;
+    busy = true;
+    fetch("/ui/approvals", { credentials: "same-origin", headers: { "Accept": "text/html" } }).then(function (r) {
+      if (r.redirected || r.status !== 200) { location.reload(); return null; } // the session ended: show the login
+      return r.text();
+    }).then(function (html) {
+      if (!html || typing()) return;
+      var doc = new DOMParser().parseFromString(html, "text/html");
+      var fresh = doc.getElementById("pending-list"), count = doc.getElementById("pending-count");
+      if (!fresh) return;
+      var before = ids(list), after = ids(fresh);
+      if (before.join(" ") === after.join(" ")) return;
+      var added = after.filter(function (id) { return before.indexOf(id) < 0; }).length;
+      list.replaceWith(document.importNode(fresh, true));
+      list = document.getElementById("pending-list");
+      var own = document.getElementById("pending-count");
+      if (own && count) own.textContent = count.textContent;
+      var live = document.getElementById("live");
+      if (live) live.textContent = added === 1 ? "1 new request arrived." : added > 1 ? added + " new requests arrived." : "The list changed.";
+      tick();
+    }).catch(function () {}).then(function () { busy = false; });
+  }, 5000);
 })();
