@@ -234,6 +234,7 @@ type backend struct {
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	listen   listener // the LISTEN connection (notify.go)
 }
 
 var (
@@ -327,6 +328,7 @@ func (b *backend) Close() error {
 	b.closed = true
 	b.mu.Unlock()
 	b.stopOnce.Do(func() { close(b.stop) })
+	b.stopListening()
 	b.pool.Close()
 	return nil
 }
@@ -519,6 +521,7 @@ type btx struct {
 	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
 	created  []string                      // data collections created here
 	marker   string                        // the idemgate_commits row the final flush writes
+	notices  []string                      // NOTIFY payloads the final flush sends (notify.go)
 }
 
 func (t *btx) fail(err error) {
@@ -598,6 +601,7 @@ func (t *btx) flush(colls ...string) error {
 	}
 	if t.marker != "" && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
+		t.queueNotices(batch)
 	}
 	if batch.Len() == 0 {
 		return nil
