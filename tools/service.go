@@ -400,6 +400,7 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 		}
 	}
 	var wakes, polls int // how each re-read came about, for the debug log
+	last := "first read"
 	nextPoll := time.Now().Add(poll)
 	lastReport := time.Time{}
 	for rec.State == ledger.StateInProgress && time.Now().Before(deadline) {
@@ -415,12 +416,12 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 			timer.Stop()
 			return rec, nil
 		case <-changed:
-			wakes++
+			wakes, last = wakes+1, "woken"
 		case <-timer.C:
 			if time.Now().Before(nextPoll) {
 				continue // time to report progress, or the deadline: not to read
 			}
-			polls++
+			polls, last = polls+1, "polled"
 		}
 		timer.Stop()
 		nextPoll = time.Now().Add(poll)
@@ -428,7 +429,7 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 			return nil, err
 		}
 	}
-	s.log.Debug("waited for a running operation", "key", c.req.OperationKey, "state", rec.State, "woken", wakes, "polled", polls)
+	s.log.Debug("waited for a running operation", "key", c.req.OperationKey, "state", rec.State, "last_read", last, "woken", wakes, "polled", polls)
 	return rec, nil
 }
 
