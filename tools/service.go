@@ -162,6 +162,9 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		s.policy = *opts.Policy
 	}
 	s.outbox = outbox.NewDeliverer(store, sink, opts.Logger)
+	// A message is claimed by one deliverer for the ledger's lease (at
+	// least 5 s), as an operation is owned by one executor.
+	s.outbox.ClaimLease = max(opts.Lease, 5*time.Second)
 	s.tools = map[string]descriptor{}
 	for _, t := range registry() {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
