@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -264,5 +265,41 @@ func TestPostgresKilledDelivererTakenOver(t *testing.T) {
 	}
 	if twice != 1 {
 		t.Errorf("%d messages reached the gateway twice, want exactly the one A was killed delivering", twice)
+	}
+}
+
+// TestPostgresReconcileRunsOnOneReplica: of two replicas on one
+// PostgreSQL ledger, one at a time runs the lease-expiry and
+// reconciliation pass; the other skips it. When the one running it is
+// SIGKILLed, the other takes the pass over once the dead one's hold has
+// expired (the lease, 1 s here).
+func TestPostgresReconcileRunsOnOneReplica(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	tokens := filepath.Join(t.TempDir(), "tokens.json")
+	addToken(t, tokens, "alice", "acme", "agent")
+	var reps []*httpProc
+	for range 2 {
+		reps = append(reps, startHTTP(t, db, tokens, 0, "--lease", "1s", "--log-level", "debug"))
+	}
+	holds := func(p *httpProc) bool {
+		return strings.Contains(p.stderr.String(), `msg="background task" task=reconcile held=true`)
+	}
+	if !eventually(10*time.Second, func() bool { return holds(reps[0]) || holds(reps[1]) }) {
+		t.Fatal("no replica took the reconciliation pass")
+	}
+	time.Sleep(2 * time.Second) // a few passes (every 333 ms)
+	if holds(reps[0]) == holds(reps[1]) {
+		t.Fatalf("replicas holding the reconciliation pass: A %v, B %v; want exactly one", holds(reps[0]), holds(reps[1]))
+	}
+	holder, other := reps[0], reps[1]
+	if holds(other) {
+		holder, other = other, holder
+	}
+	if err := holder.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-holder.exited
+	if !eventually(10*time.Second, func() bool { return holds(other) }) {
+		t.Fatal("the surviving replica did not take the reconciliation pass over")
 	}
 }
