@@ -59,17 +59,26 @@ func (d *Deliverer) claimLease() time.Duration {
 // by a deliverer other than d.
 func (d *Deliverer) claimedByOther(tx ledger.Tx, id string, now time.Time) (bool, error) {
 	v, err := tx.Get(collClaims, id)
-	if err != nil || len(v) < 8 {
+	if err != nil {
 		return false, err
 	}
+	return d.othersClaim(v, now), nil
+}
+
+// othersClaim reports whether the claim value v is another deliverer's,
+// unexpired at now.
+func (d *Deliverer) othersClaim(v []byte, now time.Time) bool {
+	if len(v) < 8 {
+		return false
+	}
 	until := time.Unix(0, int64(binary.BigEndian.Uint64(v[:8])))
-	return string(v[8:]) != d.owner && until.After(now), nil
+	return string(v[8:]) != d.owner && until.After(now)
 }
 
 // claim takes the messages of seen (read by the pass's scan) that are
 // still queued, due and not claimed by another deliverer, in one
 // transaction, and returns them as they now stand, with the local time
-// by which the last delivery must have started.
+// from which the claim lasts ClaimLease.
 func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, time.Time, error) {
 	lease := d.claimLease()
 	// Measured before the transaction: its clock reads later, so the
@@ -82,18 +91,26 @@ func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, tim
 		var val [8]byte
 		binary.BigEndian.PutUint64(val[:], uint64(now.Add(lease).UnixNano()))
 		mine := append(val[:], d.owner...)
+		// The live claims, in one read (a scan, not a lookup per
+		// message: on PostgreSQL every read is a round trip, and this
+		// transaction holds the writer lock).
+		others := map[string]bool{}
+		if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
+			if d.othersClaim(v, now) {
+				others[id] = true
+			}
+			return true, nil
+		}); err != nil {
+			return err
+		}
 		for _, m := range seen {
 			cur, err := getMessage(tx, m.MessageID)
 			if err != nil {
 				return err
 			}
-			if cur == nil || cur.State != MessageQueued || cur.NextAttemptAt.After(now) {
-				continue
-			}
-			if other, err := d.claimedByOther(tx, cur.MessageID, now); err != nil || other {
-				if err != nil {
-					return err
-				}
+			// Re-read: another deliverer may have claimed, delivered and
+			// released it since the pass's scan.
+			if cur == nil || cur.State != MessageQueued || cur.NextAttemptAt.After(now) || others[cur.MessageID] {
 				continue
 			}
 			if err := tx.Put(collClaims, cur.MessageID, mine); err != nil {
@@ -106,12 +123,16 @@ func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, tim
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	return claimed, start.Add(lease / 2), nil
+	return claimed, start, nil
 }
 
 // release drops d's claim of message id, if it still holds it (inside the
-// transaction recording the outcome).
-func (d *Deliverer) release(tx ledger.Tx, id string) error {
+// transaction recording the outcome). Within its claim (mine) the claim
+// is certainly d's and is deleted without being read first.
+func (d *Deliverer) release(tx ledger.Tx, id string, mine bool) error {
+	if mine {
+		return tx.Delete(collClaims, id)
+	}
 	v, err := tx.Get(collClaims, id)
 	if err != nil || len(v) < 8 || string(v[8:]) != d.owner {
 		return err

@@ -610,12 +610,13 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 	full := len(pending) >= passLimit
 	// Claim what this pass delivers, so no other deliverer sends it at the
 	// same time (claim.go).
-	startBy := time.Now()
+	claimedAt := time.Now()
 	if len(pending) > 0 {
-		if pending, startBy, err = d.claim(ctx, pending); err != nil {
+		if pending, claimedAt, err = d.claim(ctx, pending); err != nil {
 			return 0, false, err
 		}
 	}
+	startBy := claimedAt.Add(d.claimLease() / 2)
 	if len(pending) == 0 && len(stale) == 0 {
 		return 0, false, nil // every one is another deliverer's
 	}
@@ -643,6 +644,9 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 	err = d.store.Update(ctx, func(tx ledger.Tx) error {
 		n, dead = 0, nil
 		now := tx.Now()
+		// Until the claims may have expired (by this process's clock, a
+		// margin before) no other deliverer can hold them.
+		mine := time.Now().Before(claimedAt.Add(d.claimLease() * 9 / 10))
 		for _, id := range stale {
 			cur, err := getMessage(tx, id)
 			if err != nil {
@@ -655,7 +659,7 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 			}
 		}
 		for i, m := range pending {
-			if err := d.release(tx, m.MessageID); err != nil {
+			if err := d.release(tx, m.MessageID, mine); err != nil {
 				return err
 			}
 			if !attempted[i] {
