@@ -63,6 +63,20 @@
 // The schema is versioned (idemgate_schema_version) and migrated by Open
 // (and `idemgate migrate`) under an advisory lock; a database migrated by a
 // newer build is refused with ledger.ErrSchemaVersion.
+//
+// # Change notices
+//
+// The backend implements ledger.Notifier, so a duplicate waiting on a
+// record running in another replica is woken by that replica's commit:
+// a write transaction that changes records sends a NOTIFY per record
+// (one statement, in the batch before COMMIT; delivered at commit, and
+// only if it commits), and each process keeps one LISTEN connection that
+// fans notices out to its waiters, reconnecting — and waking every
+// waiter to re-read — when it is lost (notify.go). Background work
+// (delivery claims, sweeps) is shared between replicas by rows in the
+// ledger, the same on every backend (outbox claims, ledger.TakeTask),
+// not by row or advisory locks, which last no longer than a transaction
+// or a connection and would have to be held across network calls.
 package postgres
 
 import (
