@@ -162,3 +162,57 @@ func eventually(d time.Duration, cond func() bool) bool {
 	}
 	return cond()
 }
+
+// TestListenerSurvivesDatabaseRestart: PostgreSQL restarts (pg_ctl
+// restart, every connection cut). The waiters are woken to re-read, the
+// listener connects again once the server is back, and a commit after the
+// restart wakes the watcher of its record on the other replica.
+func TestListenerSurvivesDatabaseRestart(t *testing.T) {
+	pgtest.Require(t)
+	c, err := pgtest.Start() // a cluster of its own: the restart must not disturb other tests
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	url, err := c.CreateDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []*DB
+	for range 2 {
+		d, err := Open(url, ledger.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		reps = append(reps, d)
+	}
+	a, b := reps[0], reps[1]
+	listening(t, b)
+	changed, stop := b.Watch("acme", "before-restart")
+	defer stop()
+	if err := c.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiters were not woken when the listening connection was cut")
+	}
+	if !eventually(30*time.Second, func() bool { return b.be.listen.connects.Load() >= 2 }) {
+		t.Fatal("the listener did not connect again after the restart")
+	}
+	key := uuid.NewString()
+	changed, stop2 := b.Watch("acme", key)
+	defer stop2()
+	claimOn(t, a, key)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a commit after the restart did not wake the other replica's watcher")
+	}
+}
