@@ -83,10 +83,13 @@ func TestPostgresDuplicateWokenAcrossReplicas(t *testing.T) {
 		t.Errorf("the order API saw %d create requests for the key, want 1", n)
 	}
 	// The read that found the outcome was a wake-up's, not the poll's.
-	logs := b.stderr.String()
-	m := regexp.MustCompile(`waited for a running operation.*last_read=(\w+) woken=(\d+) polled=(\d+)`).FindStringSubmatch(logs)
+	// (The log line is written before the answer, but read through a
+	// pipe: it may reach this buffer a moment later.)
+	summary := regexp.MustCompile(`waited for a running operation.*last_read=(\w+) woken=(\d+) polled=(\d+)`)
+	var m []string
+	eventually(5*time.Second, func() bool { m = summary.FindStringSubmatch(b.stderr.String()); return m != nil })
 	if m == nil {
-		t.Fatalf("B logged no wait summary:\n%s", logs)
+		t.Fatalf("B logged no wait summary:\n%s", b.stderr.String())
 	}
 	if m[1] != "woken" || m[2] == "0" {
 		t.Errorf("B's duplicate found the outcome by %s (woken %s, polled %s), want by a wake-up", m[1], m[2], m[3])
