@@ -17,23 +17,31 @@ type sharedTask struct {
 	holder string        // this process
 	hold   time.Duration // how long a pass's hold lasts (longer than the loop's period)
 	log    *slog.Logger
-	held   bool // the last take succeeded (to log changes only)
+	held   bool      // the last take succeeded
+	until  time.Time // when the hold ends at the earliest, by this process's clock
 }
 
 // take reports whether this process holds the task for the coming pass,
 // taking or extending it. A ledger error skips the pass (it would fail
 // too).
 func (t *sharedTask) take(ctx context.Context) bool {
+	if t.held && time.Until(t.until) > t.hold/2 {
+		return true // more than half the hold left: no need to write yet
+	}
+	start := time.Now() // the ledger's clock reads later: the hold lasts at least until start+hold
 	ok, err := ledger.TakeTask(ctx, t.store, t.name, t.holder, t.hold)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.log.Warn("background task", "task", t.name, "err", err)
 		}
-		return false
+		return false // t.held stays: end still gives it up
 	}
 	if ok != t.held {
 		t.log.Debug("background task", "task", t.name, "held", ok)
 		t.held = ok
+	}
+	if ok {
+		t.until = start.Add(t.hold)
 	}
 	return ok
 }
@@ -44,6 +52,7 @@ func (t *sharedTask) end() {
 	if !t.held {
 		return
 	}
+	t.held = false
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := ledger.EndTask(ctx, t.store, t.name, t.holder); err != nil {
