@@ -91,6 +91,7 @@ func TestPostgresDuplicateWokenAcrossReplicas(t *testing.T) {
 	if m == nil {
 		t.Fatalf("B logged no wait summary:\n%s", b.stderr.String())
 	}
+	t.Logf("B: %s", m[0])
 	if m[1] != "woken" || m[2] == "0" {
 		t.Errorf("B's duplicate found the outcome by %s (woken %s, polled %s), want by a wake-up", m[1], m[2], m[3])
 	}
