@@ -307,3 +307,37 @@ func TestPostgresReconcileRunsOnOneReplica(t *testing.T) {
 		t.Fatal("the surviving replica did not take the reconciliation pass over")
 	}
 }
+
+// TestLedgerFileProcessesDeliverEachMessageOnce: the delivery claims are
+// written through the ledger, so they hold for processes sharing one
+// ledger file as for replicas on PostgreSQL: two stdio servers on one
+// file, placing orders at once, hand each confirmation to a slow webhook
+// gateway exactly once.
+func TestLedgerFileProcessesDeliverEachMessageOnce(t *testing.T) {
+	gw := newCountingGateway(t, 40*time.Millisecond, false)
+	db := filepath.Join(t.TempDir(), "ledger.db")
+	var procs []*session
+	for range 2 {
+		procs = append(procs, startServer(t, mcpGoModern, serverConfig{DB: db, Args: []string{"--notify-webhook", gw.srv.URL}}))
+	}
+	const perProcess = 10
+	var wg sync.WaitGroup
+	for i, s := range procs {
+		wg.Go(func() {
+			for j := range perProcess {
+				createWithNotification(t, s, fmt.Sprintf("cust-file-share-%d-%d", i, j))
+			}
+		})
+	}
+	wg.Wait()
+	want := perProcess * len(procs)
+	if !eventually(30*time.Second, func() bool { return len(gw.snapshot()) == want }) {
+		t.Fatalf("the gateway got %d distinct messages, want %d", len(gw.snapshot()), want)
+	}
+	time.Sleep(2500 * time.Millisecond) // room for a second delivery to show
+	for id, at := range gw.snapshot() {
+		if len(at) != 1 {
+			t.Errorf("message %s reached the gateway %d times, want once", id, len(at))
+		}
+	}
+}
