@@ -134,7 +134,12 @@ func (b *backend) listenOnce(ctx context.Context, fn func(topic string)) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Bounded: a server that is gone must not hold up Close.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		conn.Close(cctx)
+		cancel()
+	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
