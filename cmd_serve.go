@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
@@ -130,8 +131,15 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// result (or its recorded unknown outcome) back.
 	grace := shutdownGrace(lf.file.OrdersAPI.Timeout.Duration, *wait)
 	bg.Go(svc.Deliverer().Run)
-	bg.Go(func(ctx context.Context) { sweepLoop(ctx, store, logger) })
-	bg.Go(func(ctx context.Context) { reconcileLoop(ctx, svc, lf.lease, logger) })
+	// One replica (process) at a time runs each sweep; the others skip.
+	holder := uuid.NewString()
+	bg.Go(func(ctx context.Context) {
+		sweepLoop(ctx, store, &sharedTask{store: store, name: "retention-sweep", holder: holder, hold: 3 * sweepEvery, log: logger}, logger)
+	})
+	bg.Go(func(ctx context.Context) {
+		task := &sharedTask{store: store, name: "reconcile", holder: holder, hold: max(lf.lease, 3*reconcileEvery(lf.lease)), log: logger}
+		reconcileLoop(ctx, svc, lf.lease, task, logger)
+	})
 	if *httpAddr != "" {
 		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: *sessionIdle, MaxPerToken: *maxSessions}, logger, metrics)
 		bg.Go(sessions.Run)
@@ -165,13 +173,20 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	return err
 }
 
+// sweepEvery is the retention sweep's period.
+const sweepEvery = 10 * time.Minute
+
 // sweepLoop turns expired records into tombstones at once and then every
-// ten minutes; it returns when ctx is done (after the pass in progress).
-func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
-	t := time.NewTicker(10 * time.Minute)
+// ten minutes, when this process holds task; it returns when ctx is done
+// (after the pass in progress), giving task up.
+func sweepLoop(ctx context.Context, store ledger.Store, task *sharedTask, logger *slog.Logger) {
+	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
+	defer task.end()
 	for {
-		if c, d, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
+		if !task.take(ctx) {
+			// Another process sweeps.
+		} else if c, d, err := store.Sweep(ctx); err != nil && ctx.Err() == nil {
 			logger.Warn("retention sweep", "err", err)
 		} else if c+d > 0 {
 			logger.Info("retention sweep", "tombstoned", c, "deleted", d)
@@ -184,17 +199,28 @@ func sweepLoop(ctx context.Context, store ledger.Store, logger *slog.Logger) {
 	}
 }
 
+// reconcileEvery is the reconciliation loop's period: a third of a lease,
+// between 100 ms and 10 s.
+func reconcileEvery(lease time.Duration) time.Duration {
+	return min(max(lease/3, 100*time.Millisecond), 10*time.Second)
+}
+
 // reconcileLoop expires stale leases and reconciles unknown operations
-// with the order API every third of a lease; it returns when ctx is done
-// (after the pass in progress).
-func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration, logger *slog.Logger) {
-	t := time.NewTicker(min(max(lease/3, 100*time.Millisecond), 10*time.Second))
+// with the order API every third of a lease, when this process holds
+// task; it returns when ctx is done (after the pass in progress), giving
+// task up.
+func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration, task *sharedTask, logger *slog.Logger) {
+	t := time.NewTicker(reconcileEvery(lease))
 	defer t.Stop()
+	defer task.end()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !task.take(ctx) {
+			continue // another process reconciles
 		}
 		if e, r, err := svc.Sweep(ctx); err != nil && ctx.Err() == nil {
 			logger.Warn("reconciliation sweep", "err", err)

@@ -85,6 +85,11 @@
 //     read-only backend (ReadOnly) fails every Update; the ledger then
 //     drops the audit entries of reads instead of buffering them.
 //
+// A backend shared by processes may also implement [Notifier]: its
+// transactions then carry change notices to the other processes, and a
+// caller waiting on a record ([Ledger.Watch]) is woken by another
+// process's commit instead of finding it by polling (wait.go).
+//
 // The collections are fixed ([Collections]); a writable backend creates
 // them all, and keeps the downstreams' collections ([BTx.Data]) apart from
 // them. ledgertest.Run is the contract a new backend must pass (and

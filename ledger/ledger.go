@@ -26,6 +26,7 @@ type Ledger struct {
 	auditBuf []AuditEntry
 
 	clock clockState
+	watch watchers // see wait.go
 
 	stop chan struct{}
 	done chan struct{}
@@ -54,6 +55,8 @@ const auditFlushInterval = 200 * time.Millisecond
 type ltx struct {
 	BTx
 	observed []AuditEntry
+	topics   []string        // records written, to wake their watchers (wait.go)
+	topicSet map[string]bool // topics, as a set
 }
 
 // view runs fn in a read-only transaction.
@@ -73,8 +76,9 @@ func (s *Ledger) update(fn func(*ltx) error) error {
 		}
 	}()
 	var observed []AuditEntry
+	var topics []string
 	err := s.b.Update(context.Background(), func(bt BTx) error {
-		observed = nil
+		observed, topics = nil, nil
 		tx := &ltx{BTx: bt}
 		if err := appendAudit(tx, audits...); err != nil {
 			return err
@@ -82,13 +86,17 @@ func (s *Ledger) update(fn func(*ltx) error) error {
 		if err := fn(tx); err != nil {
 			return err
 		}
-		observed = tx.observed
+		observed, topics = tx.observed, tx.topics
+		if n, ok := bt.(NotifyTx); ok && len(topics) > 0 {
+			n.Notify(topics) // sent at commit, to the other processes' watchers
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
 	committed = true
+	s.wakeAll(topics)
 	if s.opts.Observe != nil {
 		for _, e := range observed {
 			s.opts.Observe(e)
@@ -210,6 +218,7 @@ func putRecord(tx *ltx, r *Record) error {
 	if err != nil {
 		return err
 	}
+	tx.changed(r.Tenant, r.Key)
 	return tx.Bucket(bucketRecords).Put(recordKey(r.Tenant, r.Key), v)
 }
 

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"idemgate/ledger"
 )
 
@@ -425,6 +427,11 @@ type Deliverer struct {
 	RetryBudget int // default DefaultRetryBudget (12)
 	// Rand returns a number in [0, 1) for the jitter; tests fix it.
 	Rand func() float64 // default math/rand/v2 Float64
+	// ClaimLease is how long this deliverer's claim of a message keeps
+	// other deliverers off it (see claim.go).
+	ClaimLease time.Duration // default DefaultClaimLease
+	// owner names this deliverer in its claims.
+	owner string
 }
 
 // Retry defaults of a Deliverer.
@@ -442,6 +449,7 @@ func NewDeliverer(store ledger.Store, sink Sink, log *slog.Logger) *Deliverer {
 	return &Deliverer{
 		store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second, Gather: 20 * time.Millisecond,
 		RetryBase: DefaultRetryBase, RetryCap: DefaultRetryCap, RetryBudget: DefaultRetryBudget, Rand: rand.Float64,
+		ClaimLease: DefaultClaimLease, owner: uuid.NewString(),
 	}
 }
 
@@ -607,6 +615,9 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 			case m.NextAttemptAt.After(now):
 				// Backing off: a later pass takes it.
 			default:
+				if other, err := d.claimedByOther(tx, id, now); err != nil || other {
+					return err == nil, err // another deliverer has it
+				}
 				pending = append(pending, m)
 			}
 			return len(pending) < passLimit, nil
@@ -619,13 +630,27 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 		return 0, false, nil
 	}
 	full := len(pending) >= passLimit
+	// Claim what this pass delivers, so no other deliverer sends it at the
+	// same time (claim.go).
+	claimedAt := time.Now()
+	if len(pending) > 0 {
+		if pending, claimedAt, err = d.claim(ctx, pending); err != nil {
+			return 0, false, err
+		}
+	}
+	startBy := claimedAt.Add(d.claimLease() / 2)
+	if len(pending) == 0 && len(stale) == 0 {
+		return 0, false, nil // every one is another deliverer's
+	}
 	// Deliver everything first (no transaction open), then record every
 	// outcome in one transaction: one commit per pass, not per message.
 	attempted := make([]bool, len(pending))
 	derrs := make([]error, len(pending))
 	for i, m := range pending {
-		if ctx.Err() != nil {
-			break // shutting down: what is left waits for the next pass
+		if ctx.Err() != nil || time.Now().After(startBy) {
+			// Shutting down, or too little of the claim is left to start
+			// another delivery: what is left waits for the next pass.
+			break
 		}
 		derrs[i] = d.sink.Deliver(ctx, m)
 		// A failure caused by our own cancellation is not the sink's: it
@@ -641,6 +666,9 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 	err = d.store.Update(ctx, func(tx ledger.Tx) error {
 		n, dead = 0, nil
 		now := tx.Now()
+		// Until the claims may have expired (by this process's clock, a
+		// margin before) no other deliverer can hold them.
+		mine := time.Now().Before(claimedAt.Add(d.claimLease() * 9 / 10))
 		for _, id := range stale {
 			cur, err := getMessage(tx, id)
 			if err != nil {
@@ -653,6 +681,9 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 			}
 		}
 		for i, m := range pending {
+			if err := d.release(tx, m.MessageID, mine); err != nil {
+				return err
+			}
 			if !attempted[i] {
 				continue
 			}

@@ -175,6 +175,9 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 		s.policy = *opts.Policy
 	}
 	s.outbox = outbox.NewDeliverer(store, sink, opts.Logger)
+	// A message is claimed by one deliverer for the ledger's lease (at
+	// least 5 s), as an operation is owned by one executor.
+	s.outbox.ClaimLease = max(opts.Lease, 5*time.Second)
 	s.tools = map[string]descriptor{}
 	for _, t := range registry() {
 		if _, ok := schemas.InputSchema(t.Name); !ok {
@@ -388,16 +391,44 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 	return s.respond(d)
 }
 
-// waitForOutcome polls a running operation until it leaves in_progress or
-// WaitInProgress passes, reporting progress meanwhile, and returns the
-// record as it then stands. Only a final record is a replay; the caller
-// decides what an unknown or retryable one means.
+// waitForOutcome waits for a running operation until it leaves
+// in_progress or WaitInProgress passes, reporting progress meanwhile, and
+// returns the record as it then stands. Only a final record is a replay;
+// the caller decides what an unknown or retryable one means. Over a store
+// that can be watched (ledger.Watcher) the wait is woken by the commit
+// that changes the record — on a PostgreSQL ledger, in whichever replica
+// it happens — and re-reads it then, or on the store's slow safety poll;
+// over any other store it re-reads every 20 ms.
 func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) (*ledger.Record, error) {
-	const poll = 20 * time.Millisecond
 	wait := s.opts.WaitInProgress
 	deadline := time.Now().Add(wait)
-	t := time.NewTicker(poll)
-	defer t.Stop()
+	watcher, _ := s.ledger.(ledger.Watcher)
+	poll := 20 * time.Millisecond
+	var changed <-chan struct{} // nil (never ready) without a watcher
+	stop := func() {}
+	defer func() { stop() }()
+	// read re-reads the record, watching it first so that a commit
+	// between the read and the wait still wakes the wait.
+	read := func() error {
+		if watcher != nil {
+			stop()
+			changed, stop = watcher.Watch(c.actor.Tenant, c.req.OperationKey)
+		}
+		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
+		if err == nil {
+			rec = r
+		}
+		return err
+	}
+	if watcher != nil {
+		poll = watcher.WaitPoll()
+		if err := read(); err != nil {
+			return nil, err
+		}
+	}
+	var wakes, polls int // how each re-read came about, for the debug log
+	last := "first read"
+	nextPoll := time.Now().Add(poll)
 	lastReport := time.Time{}
 	for rec.State == ledger.StateInProgress && time.Now().Before(deadline) {
 		if time.Since(lastReport) >= 250*time.Millisecond {
@@ -405,17 +436,27 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 			c.progress(waited.Seconds(), wait.Seconds(), "another call with this operation_key is running; waiting for its outcome")
 			lastReport = time.Now()
 		}
+		next := min(time.Until(nextPoll), 250*time.Millisecond-time.Since(lastReport), time.Until(deadline))
+		timer := time.NewTimer(max(next, 0))
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return rec, nil
-		case <-t.C:
+		case <-changed:
+			wakes, last = wakes+1, "woken"
+		case <-timer.C:
+			if time.Now().Before(nextPoll) {
+				continue // time to report progress, or the deadline: not to read
+			}
+			polls, last = polls+1, "polled"
 		}
-		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
-		if err != nil {
+		timer.Stop()
+		nextPoll = time.Now().Add(poll)
+		if err := read(); err != nil {
 			return nil, err
 		}
-		rec = r
 	}
+	s.log.Debug("waited for a running operation", "key", c.req.OperationKey, "state", rec.State, "last_read", last, "woken", wakes, "polled", polls)
 	return rec, nil
 }
 

@@ -63,6 +63,20 @@
 // The schema is versioned (idemgate_schema_version) and migrated by Open
 // (and `idemgate migrate`) under an advisory lock; a database migrated by a
 // newer build is refused with ledger.ErrSchemaVersion.
+//
+// # Change notices
+//
+// The backend implements ledger.Notifier, so a duplicate waiting on a
+// record running in another replica is woken by that replica's commit:
+// a write transaction that changes records sends a NOTIFY per record
+// (one statement, in the batch before COMMIT; delivered at commit, and
+// only if it commits), and each process keeps one LISTEN connection that
+// fans notices out to its waiters, reconnecting — and waking every
+// waiter to re-read — when it is lost (notify.go). Background work
+// (delivery claims, sweeps) is shared between replicas by rows in the
+// ledger, the same on every backend (outbox claims, ledger.TakeTask),
+// not by row or advisory locks, which last no longer than a transaction
+// or a connection and would have to be held across network calls.
 package postgres
 
 import (
@@ -234,6 +248,7 @@ type backend struct {
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	listen   listener // the LISTEN connection (notify.go)
 }
 
 var (
@@ -327,6 +342,7 @@ func (b *backend) Close() error {
 	b.closed = true
 	b.mu.Unlock()
 	b.stopOnce.Do(func() { close(b.stop) })
+	b.stopListening()
 	b.pool.Close()
 	return nil
 }
@@ -519,6 +535,7 @@ type btx struct {
 	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
 	created  []string                      // data collections created here
 	marker   string                        // the idemgate_commits row the final flush writes
+	notices  []string                      // NOTIFY payloads the final flush sends (notify.go)
 }
 
 func (t *btx) fail(err error) {
@@ -598,6 +615,7 @@ func (t *btx) flush(colls ...string) error {
 	}
 	if t.marker != "" && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
+		t.queueNotices(batch)
 	}
 	if batch.Len() == 0 {
 		return nil

@@ -1,0 +1,141 @@
+package outbox
+
+import (
+	"context"
+	"encoding/binary"
+	"time"
+
+	"idemgate/ledger"
+)
+
+// Claims: one deliverer at a time per message.
+//
+// Several deliverers may share one outbox: replicas on one PostgreSQL
+// ledger, processes on one ledger file, a command that delivers what it
+// settled. Before delivering, a deliverer claims the messages it is about
+// to hand to the sink, in one ledger transaction: a claim names the
+// deliverer and lasts ClaimLease by the ledger's clock, and a message
+// claimed by another deliverer, unexpired, is left to it. Ledger write
+// transactions are serialised, so of two deliverers that both saw a
+// message queued, exactly one claims it. The claim is dropped when the
+// outcome is recorded.
+//
+// A deliverer that dies mid-pass leaves its claims to expire; another
+// deliverer then takes the messages over. The one window in which a
+// message is delivered twice is a death between the sink accepting it and
+// the outcome's commit: the message is still queued, and the next
+// deliverer sends it again — with the same message id (the webhook's
+// Idempotency-Key, the directory sink's file name), for the sink to
+// recognise. A deliverer starts a delivery only while at least half of
+// its claim is left, so a delivery slower than half of ClaimLease
+// (the webhook's timeout is 10 s; the default lease 30 s) is the other.
+//
+// Why a claim row, not PostgreSQL's SELECT … FOR UPDATE SKIP LOCKED or an
+// advisory lock: a row lock lasts as long as its transaction, and a
+// delivery is a network call that must not run inside one (it would hold
+// a connection per message, and here the ledger's writer lock, for as
+// long as a gateway takes); and a claim is written through ledger.Store,
+// so it works the same on every backend — processes sharing a bbolt file
+// get it too. Its cost is one more write transaction per delivery pass
+// that has something to deliver (not per message; an idle pass writes
+// nothing).
+
+// collClaims holds the live claims: message_id → until (8 bytes BE unix
+// ns, by the ledger's clock) followed by the claiming deliverer's id.
+const collClaims = "outbox_claims"
+
+// DefaultClaimLease is how long a claim lasts unless ClaimLease says
+// otherwise.
+const DefaultClaimLease = 30 * time.Second
+
+func (d *Deliverer) claimLease() time.Duration {
+	if d.ClaimLease <= 0 {
+		return DefaultClaimLease
+	}
+	return d.ClaimLease
+}
+
+// claimedByOther reports whether message id is claimed, unexpired at now,
+// by a deliverer other than d.
+func (d *Deliverer) claimedByOther(tx ledger.Tx, id string, now time.Time) (bool, error) {
+	v, err := tx.Get(collClaims, id)
+	if err != nil {
+		return false, err
+	}
+	return d.othersClaim(v, now), nil
+}
+
+// othersClaim reports whether the claim value v is another deliverer's,
+// unexpired at now.
+func (d *Deliverer) othersClaim(v []byte, now time.Time) bool {
+	if len(v) < 8 {
+		return false
+	}
+	until := time.Unix(0, int64(binary.BigEndian.Uint64(v[:8])))
+	return string(v[8:]) != d.owner && until.After(now)
+}
+
+// claim takes the messages of seen (read by the pass's scan) that are
+// still queued, due and not claimed by another deliverer, in one
+// transaction, and returns them as they now stand, with the local time
+// from which the claim lasts ClaimLease.
+func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, time.Time, error) {
+	lease := d.claimLease()
+	// Measured before the transaction: its clock reads later, so the
+	// claim lasts at least until start+lease.
+	start := time.Now()
+	var claimed []*Message
+	err := d.store.Update(ctx, func(tx ledger.Tx) error {
+		claimed = nil
+		now := tx.Now()
+		var val [8]byte
+		binary.BigEndian.PutUint64(val[:], uint64(now.Add(lease).UnixNano()))
+		mine := append(val[:], d.owner...)
+		// The live claims, in one read (a scan, not a lookup per
+		// message: on PostgreSQL every read is a round trip, and this
+		// transaction holds the writer lock).
+		others := map[string]bool{}
+		if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
+			if d.othersClaim(v, now) {
+				others[id] = true
+			}
+			return true, nil
+		}); err != nil {
+			return err
+		}
+		for _, m := range seen {
+			cur, err := getMessage(tx, m.MessageID)
+			if err != nil {
+				return err
+			}
+			// Re-read: another deliverer may have claimed, delivered and
+			// released it since the pass's scan.
+			if cur == nil || cur.State != MessageQueued || cur.NextAttemptAt.After(now) || others[cur.MessageID] {
+				continue
+			}
+			if err := tx.Put(collClaims, cur.MessageID, mine); err != nil {
+				return err
+			}
+			claimed = append(claimed, cur)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return claimed, start, nil
+}
+
+// release drops d's claim of message id, if it still holds it (inside the
+// transaction recording the outcome). Within its claim (mine) the claim
+// is certainly d's and is deleted without being read first.
+func (d *Deliverer) release(tx ledger.Tx, id string, mine bool) error {
+	if mine {
+		return tx.Delete(collClaims, id)
+	}
+	v, err := tx.Get(collClaims, id)
+	if err != nil || len(v) < 8 || string(v[8:]) != d.owner {
+		return err
+	}
+	return tx.Delete(collClaims, id)
+}
