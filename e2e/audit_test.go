@@ -255,7 +255,7 @@ func TestAuditEntryOverHTTP(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^state\s+succeeded \(attempts 1\)$`),
-		regexp.MustCompile(`(?m)^\d+\s+\S+\s+transition\s+alice for yuki@example.com \(client says for bob\)\s+model-a \(client says model-b\)\s+\S+\s+` + regexp.QuoteMeta(created.requestID) + `\s+executed: in_progress → succeeded\s.*embedded order ord_\w+ v1`),
+		regexp.MustCompile(`(?m)^\d+\s+\S+\s+transition\s+alice for yuki@example.com \(client says for bob\)\s+model-a \(client says model-b\)\s+\S+\s+` + regexp.QuoteMeta(created.requestID) + `\s+executed: - → succeeded\s.*embedded order ord_\w+ v1`),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+answer\s+.*\s` + regexp.QuoteMeta(created.requestID) + `\s+succeeded\s+sha256:` + sha(created.text)[:12]),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+call\s+.*\s` + regexp.QuoteMeta(replayed.requestID) + `\s+replay\s`),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+answer\s+.*\s` + regexp.QuoteMeta(replayed.requestID) + `\s+succeeded \(replayed\)\s+sha256:` + sha(replayed.text)[:12]),

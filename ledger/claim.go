@@ -168,13 +168,12 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 	if err != nil {
 		return Decision{}, err
 	}
-	claimed := transitionEntry(now, c.Actor, rec, before, AuditClaimed)
-	c.policyOf(&claimed)
-	if err := s.appendObserved(tx, claimed); err != nil {
-		return Decision{}, err
-	}
+	// The claim and its outcome commit together, so nobody ever saw the
+	// record in_progress: one transition entry, from the state before the
+	// claim to the outcome, records both (issue 12: one audit entry per
+	// transition).
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, c.Actor, rec, StateInProgress, AuditExecuted, now, c.policyOf, withCall(out.Call)); err != nil {
+	if err := s.saveTransition(tx, c.Actor, rec, before, AuditExecuted, now, c.policyOf, withCall(out.Call)); err != nil {
 		return Decision{}, err
 	}
 	return Decision{Kind: DecisionExecuted, Record: rec}, nil
@@ -293,6 +292,11 @@ func (s *Ledger) finish(rec *Record, out Outcome, now time.Time) {
 // saveTransition writes rec, its audit entry and, for a final state, its
 // retention schedule; the caller holds tx.
 func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
+	if rec.State.Final() {
+		// A final operation never runs again: its fingerprint stands for
+		// the request from now on, and the record is smaller.
+		rec.Args = nil
+	}
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}

@@ -11,7 +11,13 @@ type AuditDecision string
 
 // The decisions the ledger writes on transitions and calls.
 const (
-	AuditClaimed               AuditDecision = "claimed"
+	// AuditClaimed: a claim whose side effect runs outside the ledger's
+	// transaction (Claim); its outcome follows as AuditCompleted.
+	AuditClaimed AuditDecision = "claimed"
+	// AuditExecuted: a claim whose side effect ran in its transaction
+	// (Execute), one entry from the state before the claim (none, or
+	// retryable) to the outcome. Files of earlier releases hold a
+	// "claimed" entry before it.
 	AuditExecuted              AuditDecision = "executed"
 	AuditCompleted             AuditDecision = "completed"
 	AuditExecutedAfterApproval AuditDecision = "executed after approval"

@@ -24,6 +24,7 @@ type Ledger struct {
 
 	auditMu  sync.Mutex
 	auditBuf []AuditEntry
+	laterBuf []laterWrite // guarded by auditMu
 
 	clock clockState
 	watch watchers // see wait.go
@@ -64,39 +65,75 @@ func (s *Ledger) view(fn func(*ltx) error) error {
 	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx}) })
 }
 
+// laterWrite is a write queued by Later.
+type laterWrite struct {
+	fn   func(Tx) error
+	done func(error)
+}
+
+// laterFailed is a Later write whose fn failed: the carrying transaction
+// is run again without it.
+type laterFailed struct {
+	i   int
+	err error
+}
+
+func (e *laterFailed) Error() string { return e.err.Error() }
+
 // update runs fn in a read-write transaction, with the buffered audit
-// entries (written first). fn may be run more than once (see
-// Backend.Update), so it must reset whatever it reports at its start.
+// entries (written first) and the writes queued by Later. fn may be run
+// more than once (see Backend.Update), so it must reset whatever it
+// reports at its start.
 func (s *Ledger) update(fn func(*ltx) error) error {
-	audits := s.takeAudit()
+	audits, laters := s.takeAudit()
 	committed := false
 	defer func() {
 		if !committed { // failed, or fn panicked: the entries wait for the next write
-			s.restoreAudit(audits)
+			s.restoreAudit(audits, laters)
 		}
 	}()
 	var observed []AuditEntry
 	var topics []string
-	err := s.b.Update(context.Background(), func(bt BTx) error {
-		observed, topics = nil, nil
-		tx := &ltx{BTx: bt}
-		if err := appendAudit(tx, audits...); err != nil {
+	for {
+		err := s.b.Update(context.Background(), func(bt BTx) error {
+			observed, topics = nil, nil
+			tx := &ltx{BTx: bt}
+			if err := appendAudit(tx, audits...); err != nil {
+				return err
+			}
+			for i, l := range laters {
+				if err := l.fn(&dataTx{tx: tx, now: s.opts.Now()}); err != nil {
+					return &laterFailed{i: i, err: err}
+				}
+			}
+			if err := fn(tx); err != nil {
+				return err
+			}
+			observed, topics = tx.observed, tx.topics
+			if n, ok := bt.(NotifyTx); ok && len(topics) > 0 {
+				n.Notify(topics) // sent at commit, to the other processes' watchers
+			}
+			return nil
+		})
+		var lf *laterFailed
+		if errors.As(err, &lf) && lf.i < len(laters) {
+			// A queued write failed on its own: it is told so, and the
+			// transaction that carried it runs again without it.
+			l := laters[lf.i]
+			laters = append(laters[:lf.i:lf.i], laters[lf.i+1:]...)
+			l.done(lf.err)
+			continue
+		}
+		if err != nil {
 			return err
 		}
-		if err := fn(tx); err != nil {
-			return err
-		}
-		observed, topics = tx.observed, tx.topics
-		if n, ok := bt.(NotifyTx); ok && len(topics) > 0 {
-			n.Notify(topics) // sent at commit, to the other processes' watchers
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+		break
 	}
 	committed = true
 	s.wakeAll(topics)
+	for _, l := range laters {
+		l.done(nil)
+	}
 	if s.opts.Observe != nil {
 		for _, e := range observed {
 			s.opts.Observe(e)
@@ -139,7 +176,7 @@ func (s *Ledger) flushAudit() error {
 		return nil
 	}
 	s.auditMu.Lock()
-	empty := len(s.auditBuf) == 0
+	empty := len(s.auditBuf) == 0 && len(s.laterBuf) == 0
 	s.auditMu.Unlock()
 	if empty {
 		return nil
@@ -165,20 +202,48 @@ func (s *Ledger) Audit(e AuditEntry) {
 	}
 }
 
-func (s *Ledger) takeAudit() []AuditEntry {
+// Later queues fn to run in the next write transaction this process
+// commits — a claim's, another caller's, or the background flush within
+// auditFlushInterval — and calls done once that transaction has
+// committed (nil), or with fn's own error (none of fn's writes happen; the
+// transaction that carried it is not affected). It is for writes that need
+// not be durable before the caller goes on, such as the deliverer's record
+// of a pass: they share a commit instead of paying one of their own. fn
+// may run more than once (see Backend.Update) and must reset what it
+// reports at its start; it must not block. A write that fails to commit
+// waits for the next one. On a read-only ledger fn runs at once, in an
+// Update that fails.
+func (s *Ledger) Later(fn func(Tx) error, done func(error)) {
+	select {
+	case <-s.stop:
+		done(ErrClosed)
+		return
+	default:
+	}
+	if s.readOnly {
+		done(s.Update(context.Background(), fn))
+		return
+	}
 	s.auditMu.Lock()
-	defer s.auditMu.Unlock()
-	b := s.auditBuf
-	s.auditBuf = nil
-	return b
+	s.laterBuf = append(s.laterBuf, laterWrite{fn: fn, done: done})
+	s.auditMu.Unlock()
 }
 
-func (s *Ledger) restoreAudit(b []AuditEntry) {
-	if len(b) == 0 {
+func (s *Ledger) takeAudit() ([]AuditEntry, []laterWrite) {
+	s.auditMu.Lock()
+	defer s.auditMu.Unlock()
+	b, l := s.auditBuf, s.laterBuf
+	s.auditBuf, s.laterBuf = nil, nil
+	return b, l
+}
+
+func (s *Ledger) restoreAudit(b []AuditEntry, l []laterWrite) {
+	if len(b) == 0 && len(l) == 0 {
 		return
 	}
 	s.auditMu.Lock()
 	s.auditBuf = append(b, s.auditBuf...)
+	s.laterBuf = append(l, s.laterBuf...)
 	s.auditMu.Unlock()
 }
 

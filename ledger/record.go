@@ -93,7 +93,7 @@ type Record struct {
 	LeaseExpires  time.Time       `json:"lease_expires_at,omitzero"`
 	OnLeaseExpiry State           `json:"on_lease_expiry,omitempty"`
 	Principal     string          `json:"principal"`
-	Args          json.RawMessage `json:"args,omitempty"`       // the validated request, kept while it may still run
+	Args          json.RawMessage `json:"args,omitempty"`       // the validated request, kept while it may still run: dropped when the record reaches a final state (its Fingerprint stands for it)
 	Downstream    string          `json:"downstream,omitempty"` // where its side effect goes: "embedded" or "orders_api <url>"
 	ResultFormat  int             `json:"result_format,omitempty"`
 	Result        json.RawMessage `json:"result,omitempty"`
@@ -172,7 +172,8 @@ type Claim struct {
 	BuildProposal func() *Approval
 	// Args is the validated request, saved with the record so that a later
 	// run — an approver's decision, a re-run after an unknown outcome — can
-	// perform exactly it. Dropped with the rest of the result at retention.
+	// perform exactly it. Dropped when the operation reaches a final state
+	// (succeeded, failed, rejected), which never runs again.
 	Args json.RawMessage
 	// PolicyRule names the policy rule that decided the call, and
 	// PolicyAction its action (allow, approve), for the audit.

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -432,6 +433,19 @@ type Deliverer struct {
 	ClaimLease time.Duration // default DefaultClaimLease
 	// owner names this deliverer in its claims.
 	owner string
+
+	// recording holds the messages whose outcome Run delivered and queued
+	// for the ledger's next write (laterStore) but that is not committed
+	// yet: a pass skips them meanwhile.
+	recMu     sync.Mutex
+	recording map[string]bool
+}
+
+// laterStore is a store that can carry a write in its next transaction
+// (ledger.Ledger.Later): Run records a pass's outcome with it, so a pass
+// while calls are committing costs no commit of its own.
+type laterStore interface {
+	Later(fn func(ledger.Tx) error, done func(error))
 }
 
 // Retry defaults of a Deliverer.
@@ -554,11 +568,18 @@ func (d *Deliverer) Kick() {
 // (it took as many due messages as a pass takes) and delivered some is
 // followed at once by the next; otherwise the next waits for a Kick (and
 // Gather) or Interval.
+//
+// Each pass's outcome is recorded with the ledger's next write (see
+// laterStore) — the commit of a call, or the ledger's flush within a
+// fraction of a second — rather than by a commit of its own: the sink has
+// made the pass durable already, and a message delivered again after a
+// crash in between is one the sink already holds (Sink.Deliver is
+// idempotent per message id).
 func (d *Deliverer) Run(ctx context.Context) {
 	t := time.NewTicker(d.Interval)
 	defer t.Stop()
 	for {
-		n, full, err := d.deliverPass(ctx)
+		n, full, err := d.deliverPass(ctx, true)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("outbox delivery", "err", err)
 		}
@@ -591,7 +612,7 @@ func (d *Deliverer) Run(ctx context.Context) {
 // every outcome in one transaction. It returns how many were delivered,
 // and the delivery errors of this pass, joined.
 func (d *Deliverer) DeliverPending(ctx context.Context) (int, error) {
-	n, _, err := d.deliverPass(ctx)
+	n, _, err := d.deliverPass(ctx, false)
 	return n, err
 }
 
@@ -599,13 +620,21 @@ func (d *Deliverer) DeliverPending(ctx context.Context) (int, error) {
 const passLimit = 500
 
 // deliverPass is DeliverPending, also reporting whether the pass was full
-// (it took passLimit messages, so more may be due).
-func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
+// (it took passLimit messages, so more may be due). With later, and a
+// store that can (laterStore), the outcome is recorded with the ledger's
+// next write, and n counts the deliveries the sink accepted.
+func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, error) {
 	var pending []*Message
 	var stale []string // pending entries of messages that are not queued
+	d.recMu.Lock()
+	recording := maps.Clone(d.recording)
+	d.recMu.Unlock()
 	err := d.store.View(ctx, func(tx ledger.Tx) error {
 		now := tx.Now()
 		return tx.Scan(collPending, "", false, func(id string, _ []byte) (bool, error) {
+			if recording[id] {
+				return true, nil // delivered; its record is on its way
+			}
 			m, err := getMessage(tx, id)
 			switch {
 			case err != nil:
@@ -663,7 +692,7 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 	budget := d.budget()
 	n := 0
 	var dead []*Message
-	err = d.store.Update(ctx, func(tx ledger.Tx) error {
+	record := func(tx ledger.Tx) error {
 		n, dead = 0, nil
 		now := tx.Now()
 		// Until the claims may have expired (by this process's clock, a
@@ -731,19 +760,61 @@ func (d *Deliverer) deliverPass(ctx context.Context) (int, bool, error) {
 			}
 		}
 		return nil
-	})
-	if err != nil {
-		n = 0
-	} else {
+	}
+	recorded := func(err error) {
+		if err != nil {
+			n = 0
+			return
+		}
 		for _, m := range dead {
 			d.log.Warn("outbox message dead-lettered", "message_id", m.MessageID, "attempts", m.Attempts, "err", m.LastError)
 		}
 	}
-	errs := []error{err}
+	if ls, ok := d.store.(laterStore); later && ok {
+		ids := make([]string, 0, len(pending)+len(stale))
+		accepted := 0
+		for i, m := range pending {
+			if attempted[i] {
+				ids = append(ids, m.MessageID)
+				if derrs[i] == nil {
+					accepted++
+				}
+			}
+		}
+		d.recMu.Lock()
+		if d.recording == nil {
+			d.recording = map[string]bool{}
+		}
+		for _, id := range ids {
+			d.recording[id] = true
+		}
+		d.recMu.Unlock()
+		ls.Later(record, func(err error) {
+			if err != nil {
+				d.log.Warn("outbox delivery: recording a pass failed; its messages are delivered again", "err", err)
+			}
+			recorded(err)
+			d.recMu.Lock()
+			for _, id := range ids {
+				delete(d.recording, id)
+			}
+			d.recMu.Unlock()
+		})
+		return accepted, full, errors.Join(d.passErrors(pending, derrs)...)
+	}
+	err = d.store.Update(ctx, record)
+	recorded(err)
+	errs := append([]error{err}, d.passErrors(pending, derrs)...)
+	return n, full, errors.Join(errs...)
+}
+
+// passErrors are a pass's delivery errors, each naming its message.
+func (d *Deliverer) passErrors(pending []*Message, derrs []error) []error {
+	var errs []error
 	for i, derr := range derrs {
 		if derr != nil {
 			errs = append(errs, fmt.Errorf("deliver %s: %w", pending[i].MessageID, derr))
 		}
 	}
-	return n, full, errors.Join(errs...)
+	return errs
 }

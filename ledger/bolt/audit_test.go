@@ -52,7 +52,7 @@ func TestAuditForKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"claimed", "executed", "replay", "mismatch"}
+	want := []string{"executed", "replay", "mismatch"}
 	if total != len(want) || len(got) != len(want) {
 		t.Fatalf("AuditForKey(t1, a) = %d of %d: %v, want %v", len(got), total, summary(got), want)
 	}
@@ -62,11 +62,11 @@ func TestAuditForKey(t *testing.T) {
 		}
 	}
 	newest, total, err := s.AuditForKey(ctx, "t1", a.Key, 2)
-	if err != nil || total != 4 || len(newest) != 2 || newest[0].Decision != "replay" || newest[1].Decision != "mismatch" {
-		t.Errorf("AuditForKey limit 2 = %v (total %d, %v), want the replay and the mismatch of 4", summary(newest), total, err)
+	if err != nil || total != 3 || len(newest) != 2 || newest[0].Decision != "replay" || newest[1].Decision != "mismatch" {
+		t.Errorf("AuditForKey limit 2 = %v (total %d, %v), want the replay and the mismatch of 3", summary(newest), total, err)
 	}
-	if got, _, _ := s.AuditForKey(ctx, "t2", a.Key, 0); len(got) != 2 {
-		t.Errorf("AuditForKey(t2, a) = %v, want the other tenant's 2 entries", summary(got))
+	if got, _, _ := s.AuditForKey(ctx, "t2", a.Key, 0); len(got) != 1 {
+		t.Errorf("AuditForKey(t2, a) = %v, want the other tenant's entry", summary(got))
 	}
 	if got, total, err := s.AuditForKey(ctx, "t1", "no-such-key", 0); err != nil || total != 0 || len(got) != 0 {
 		t.Errorf("AuditForKey(unknown) = %v, %d, %v; want nothing", summary(got), total, err)
@@ -100,8 +100,8 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		return tx.Bucket(bucketMeta).Delete(keyAuditIndexed)
 	})
 	s = mustOpenPath(t, path, ledger.Options{})
-	if got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 3 {
-		t.Fatalf("after backfill: %v, %d, %v; want claimed, executed, replay", summary(got), total, err)
+	if got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 2 {
+		t.Fatalf("after backfill: %v, %d, %v; want executed, replay", summary(got), total, err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -126,13 +126,13 @@ func TestAuditIndexBackfilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 4 {
-		t.Fatalf("with an unindexed tail: %v, %d, %v; want 4 entries", summary(got), total, err)
+	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 3 {
+		t.Fatalf("with an unindexed tail: %v, %d, %v; want 3 entries", summary(got), total, err)
 	}
 	var indexed uint64
 	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
-	if indexed != 4 {
-		t.Errorf("watermark after open = %d, want 4 (the open indexes what an older build appended)", indexed)
+	if indexed != 3 {
+		t.Errorf("watermark after open = %d, want 3 (the open indexes what an older build appended)", indexed)
 	}
 	// While the store is open, another build appends without indexing:
 	// the read still finds the entry (it scans past the watermark), and
@@ -153,21 +153,21 @@ func TestAuditIndexBackfilled(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 5 || got[4].Seq != 5 {
-		t.Fatalf("with an entry past the watermark: %v, %d, %v; want 5 entries", summary(got), total, err)
+	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 4 || got[3].Seq != 4 {
+		t.Fatalf("with an entry past the watermark: %v, %d, %v; want 4 entries", summary(got), total, err)
 	}
 	if _, err := s2.Execute(ctx, newClaim("t1", "create_order", "fp-z"), ap.succeed(ledgertest.ResultOrder)); err != nil {
 		t.Fatal(err)
 	}
 	s2.view(func(tx *bbolt.Tx) error { indexed = auditIndexed(tx); return nil })
-	if indexed != 7 {
-		t.Errorf("watermark after a write = %d, want 7 (the appended entry and the write's two)", indexed)
+	if indexed != 5 {
+		t.Errorf("watermark after a write = %d, want 5 (the appended entry and the write's one)", indexed)
 	}
-	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 5 {
-		t.Errorf("after the catch-up: %v, %d, %v; want 5 entries", summary(got), total, err)
+	if got, total, err := s2.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 4 {
+		t.Errorf("after the catch-up: %v, %d, %v; want 4 entries", summary(got), total, err)
 	}
-	if n, err := s2.VerifyAudit(ctx); err != nil || n != 7 {
-		t.Errorf("VerifyAudit = %d, %v; want 7 intact", n, err)
+	if n, err := s2.VerifyAudit(ctx); err != nil || n != 5 {
+		t.Errorf("VerifyAudit = %d, %v; want 5 intact", n, err)
 	}
 }
 

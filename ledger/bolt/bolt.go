@@ -50,6 +50,25 @@ type backend struct {
 	gcMu      sync.Mutex
 	gcQueue   []*gcJob
 	gcRunning bool
+
+	statsMu sync.Mutex
+	stats   CommitStats
+}
+
+// CommitStats counts this process's commits of a ledger file: the
+// read-write transactions committed and the pages they wrote (bbolt's
+// write count: one per page or run of overflow pages, the meta page
+// included). Tests pin the pages a create costs with it.
+type CommitStats struct {
+	Commits    int64
+	PageWrites int64
+}
+
+// CommitStats returns what this process's commits of f wrote so far.
+func (f *File) CommitStats() CommitStats {
+	f.be.statsMu.Lock()
+	defer f.be.statsMu.Unlock()
+	return f.be.stats
 }
 
 var (
@@ -455,7 +474,18 @@ func (s *backend) commit(batch []*gcJob) {
 // damaged page becomes ErrDamaged and the file is checked again at its
 // next open.
 func (s *backend) guardedUpdate(db *bbolt.DB, fn func(*bbolt.Tx) error) error {
-	err := guard(s.path, func() error { return db.Update(fn) })
+	err := guard(s.path, func() error {
+		return db.Update(func(tx *bbolt.Tx) error {
+			tx.OnCommit(func() {
+				st := tx.Stats()
+				s.statsMu.Lock()
+				s.stats.Commits++
+				s.stats.PageWrites += st.GetWrite()
+				s.statsMu.Unlock()
+			})
+			return fn(tx)
+		})
+	})
 	if errors.Is(err, ErrDamaged) {
 		s.h.damaged()
 	}

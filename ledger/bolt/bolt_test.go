@@ -263,7 +263,7 @@ func TestBoltAuditTamper(t *testing.T) {
 			ctx := context.Background()
 			s := mustOpenPath(t, path, ledger.Options{})
 			ap := &applier{}
-			for i := range 3 {
+			for i := range 6 { // one entry each
 				c := newClaim("t1", "create_order", fmt.Sprintf("fp-%d", i))
 				if _, err := s.Execute(ctx, c, ap.succeed(ledgertest.ResultOrder)); err != nil {
 					t.Fatal(err)
