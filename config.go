@@ -49,6 +49,11 @@ type fileConfig struct {
 	Notifications struct {
 		WebhookURL string `toml:"webhook_url"`
 	} `toml:"notifications"`
+	// Audit.Retention is the age past which `idemgate audit prune`
+	// archives and removes audit entries (unset: keep them all).
+	Audit struct {
+		Retention approvals.Duration `toml:"retention"`
+	} `toml:"audit"`
 }
 
 // settings are what the commands that open the ledger share: the ledger's

@@ -36,6 +36,8 @@ Usage:
                                   reliability numbers: duplicates, replays, unknown outcomes, retries
   idemgate audit verify|tail|export
                                   check the audit hash chain, print recent entries, or export it as JSON lines
+  idemgate audit prune --before TIME|--audit-retention AGE --export FILE|--discard
+                                  archive the old audit entries and remove them (verify --archive FILE checks both)
   idemgate init [--db PATH]       create a new, empty ledger file (never overwrites one)
   idemgate migrate --db URL       create or upgrade a PostgreSQL ledger's schema (serve does it at start)
   idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
