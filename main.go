@@ -43,6 +43,8 @@ Usage:
   idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
   idemgate backup FILE [--db PATH]
                                   write a consistent copy of the ledger, while servers run
+  idemgate compact [--db PATH] [--out FILE] [--no-backup]
+                                  shrink the ledger file to its live data (no other process may have it open)
   idemgate bench [--clients N] [--dup-ratio R] [--mix TOOL=W,…] [--duration D] [--json] [--floors]
                  [--url URL --token T]
                                   load-test a spawned server (stdio) or a running one (HTTP) to size a deployment
@@ -90,6 +92,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = checkCmd(args[1:], stdout, stderr)
 	case "backup":
 		err = backupCmd(args[1:], stdout, stderr)
+	case "compact":
+		err = compactCmd(args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(args[1:], stdout, stderr)
 	case "demo":
