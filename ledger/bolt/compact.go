@@ -230,16 +230,42 @@ func compactInto(src *bbolt.DB, dir, base string, perm fs.FileMode) (string, int
 		dst.Close()
 		return fail(err)
 	}
-	keys, err := sameContent(src, dst)
-	if err != nil {
-		dst.Close()
-		return fail(err)
-	}
-	if err := dst.Sync(); err != nil {
+	var used int64
+	if err := dst.View(func(tx *bbolt.Tx) error { used = tx.Size(); return nil }); err != nil {
 		dst.Close()
 		return fail(err)
 	}
 	if err := dst.Close(); err != nil {
+		return fail(err)
+	}
+	// bbolt grows a file in steps (doubling up to 1 GiB, then 16 MiB), so
+	// the copy ends with unused space past its last page: cut it off.
+	// The pages bbolt uses all lie below tx.Size(); it grows the file
+	// again when it needs to.
+	if err := os.Truncate(name, used); err != nil {
+		return fail(err)
+	}
+	// The copy as it will be opened: every key there, nothing more.
+	check, err := bbolt.Open(name, perm, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return fail(err)
+	}
+	keys, err := sameContent(src, check)
+	if cerr := check.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail(err)
+	}
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		return fail(err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if err := os.Chmod(name, perm); err != nil {
