@@ -12,8 +12,12 @@ import (
 )
 
 func audit(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail" && args[0] != "export") {
-		return usageError{errors.New("usage: idemgate audit verify | tail [-n N] | export [--after SEQ]")}
+	const use = "usage: idemgate audit verify [--archive FILE]... | tail [-n N] | export [--after SEQ] | prune (--before TIME | --audit-retention AGE) (--export FILE | --discard)"
+	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail" && args[0] != "export" && args[0] != "prune") {
+		return usageError{errors.New(use)}
+	}
+	if args[0] == "prune" {
+		return auditPrune(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("audit "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -21,11 +25,19 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	lf.register(fs)
 	n := fs.Int("n", 20, "tail: how many of the newest entries (1-10000)")
 	after := fs.Uint64("after", 0, "export: only entries with a sequence number above this (resume an earlier export)")
+	var archives stringList
+	fs.Var(&archives, "archive", "verify: an archive written by audit prune --export (or audit export), checked first and required to continue into the ledger; repeat, oldest first")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q; %s", fs.Arg(0), use)}
+	}
 	if *n < 1 || *n > 10000 {
 		return usageError{fmt.Errorf("-n must be 1-10000, got %d", *n)}
+	}
+	if len(archives) > 0 && args[0] != "verify" {
+		return usageError{errors.New("--archive is a flag of audit verify")}
 	}
 	store, err := lf.openReadOnly()
 	if err != nil {
@@ -34,12 +46,7 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	defer store.Close()
 	ctx := context.Background()
 	if args[0] == "verify" {
-		count, err := store.VerifyAudit(ctx)
-		if err != nil {
-			return fmt.Errorf("audit chain broken after %d good entries: %w", count, err)
-		}
-		fmt.Fprintf(stdout, "audit chain intact: %d entries\n", count)
-		return nil
+		return auditVerify(ctx, store, archives, stdout)
 	}
 	enc := json.NewEncoder(stdout)
 	if args[0] == "export" {

@@ -61,6 +61,11 @@ type fileConfig struct {
 	Console struct {
 		PublicURL string `toml:"public_url"`
 	} `toml:"console"`
+	// Audit.Retention is the age past which `idemgate audit prune`
+	// archives and removes audit entries (unset: keep them all).
+	Audit struct {
+		Retention approvals.Duration `toml:"retention"`
+	} `toml:"audit"`
 }
 
 // settings are what the commands that open the ledger share: the ledger's

@@ -36,11 +36,15 @@ Usage:
                                   reliability numbers: duplicates, replays, unknown outcomes, retries
   idemgate audit verify|tail|export
                                   check the audit hash chain, print recent entries, or export it as JSON lines
+  idemgate audit prune --before TIME|--audit-retention AGE --export FILE|--discard
+                                  archive the old audit entries and remove them (verify --archive FILE checks both)
   idemgate init [--db PATH]       create a new, empty ledger file (never overwrites one)
   idemgate migrate --db URL       create or upgrade a PostgreSQL ledger's schema (serve does it at start)
   idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
   idemgate backup FILE [--db PATH]
                                   write a consistent copy of the ledger, while servers run
+  idemgate compact [--db PATH] [--out FILE] [--no-backup]
+                                  shrink the ledger file to its live data (no other process may have it open)
   idemgate bench [--clients N] [--dup-ratio R] [--mix TOOL=W,…] [--duration D] [--json] [--floors]
                  [--url URL --token T]
                                   load-test a spawned server (stdio) or a running one (HTTP) to size a deployment
@@ -88,6 +92,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = checkCmd(args[1:], stdout, stderr)
 	case "backup":
 		err = backupCmd(args[1:], stdout, stderr)
+	case "compact":
+		err = compactCmd(args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(args[1:], stdout, stderr)
 	case "demo":

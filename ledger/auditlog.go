@@ -221,28 +221,11 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 	return out, total, err
 }
 
-// VerifyAudit checks the whole hash chain and returns the number of
-// entries, or an error naming the first entry that does not verify.
+// VerifyAudit checks the hash chain of the entries the ledger keeps (from
+// entry 1, or from the anchor of a pruned log: see VerifyAuditChain) and
+// returns the number of entries, or an error naming the first entry that
+// does not verify.
 func (s *Ledger) VerifyAudit(ctx context.Context) (int, error) {
-	n := 0
-	prev := ""
-	err := s.view(func(tx *ltx) error {
-		c := tx.Bucket(bucketAudit).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			var e AuditEntry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
-			}
-			if e.Seq != binary.BigEndian.Uint64(k) {
-				return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
-			}
-			if err := e.verifyChain(prev); err != nil {
-				return err
-			}
-			prev = e.Hash
-			n++
-		}
-		return nil
-	})
-	return n, err
+	res, err := s.VerifyAuditChain(ctx, nil)
+	return res.Entries, err
 }

@@ -40,6 +40,8 @@ type backend struct {
 	h        *handle
 	path     string
 	readOnly bool
+	users    *os.File // held shared while open (see usersLock)
+	unUsers  sync.Once
 
 	healthMu   sync.Mutex
 	lastCommit commitResult // the newest commit's outcome (see Health)
@@ -146,8 +148,14 @@ func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, er
 		}
 	}
 	be := &backend{readOnly: mode == openReadOnly, path: path}
+	users, err := usersLock(path, be.readOnly)
+	if err != nil {
+		return nil, err
+	}
+	be.users = users
 	h, err := newHandle(path, be.readOnly, mayCreate, func(db *bbolt.DB, first bool) error { return openSchema(path, db, be.readOnly, first && deep) })
 	if err != nil {
+		releaseUsers(users)
 		return nil, err
 	}
 	be.h = h
@@ -155,6 +163,7 @@ func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, er
 	// here, not at the first tool call.
 	if _, err := h.acquire(); err != nil {
 		h.close()
+		releaseUsers(users)
 		return nil, err
 	}
 	h.release()
@@ -508,7 +517,11 @@ func (s *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 func (s *backend) ReadOnly() bool { return s.readOnly }
 
 // Close implements ledger.Backend: it closes the file.
-func (s *backend) Close() error { return s.h.close() }
+func (s *backend) Close() error {
+	err := s.h.close()
+	s.unUsers.Do(func() { err = errors.Join(err, releaseUsers(s.users)) })
+	return err
+}
 
 // btx adapts a bbolt transaction to ledger.BTx.
 type btx struct{ tx *bbolt.Tx }

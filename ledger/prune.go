@@ -1,0 +1,400 @@
+package ledger
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Audit retention: the oldest audit entries are archived (exported) and
+// pruned, and the chain stays verifiable from an anchor.
+//
+// The anchor is the sequence number and hash of the last pruned entry,
+// kept in the meta collection. The first kept entry's prev_hash must equal
+// the anchor's hash and its sequence number must follow the anchor's, so
+// VerifyAuditChain proves the kept part from there. Every prune also
+// appends an EventAuditPruned entry to the chain naming the anchor it set;
+// verification checks that the newest one names the stored anchor, so
+// changing the anchor (to hide deleted entries) breaks the chain's own
+// record of it. The pruned part is proven by its archive: the archive's
+// entries chain into each other and its last entry's hash is the anchor
+// (AuditChain, "idemgate audit verify --archive").
+
+// EventAuditPruned is the audit event of a prune: the entries up to the
+// anchor it names were removed from the ledger (after being archived, or
+// discarded on the operator's word). Its Detail has the form written by
+// prunedDetail.
+const EventAuditPruned = "audit_pruned"
+
+// keyAuditAnchor is the meta key of the AuditAnchor JSON.
+var keyAuditAnchor = []byte("audit_anchor")
+
+// pruneChunk bounds the entries one prune transaction removes, so a prune
+// of a long log never holds the writer for long (claims keep being served).
+const pruneChunk = 500
+
+// ErrAuditPruneConflict is returned by PruneAudit when the log's head
+// moved while it worked (another prune ran at the same time).
+var ErrAuditPruneConflict = errors.New("ledger: the audit log's oldest entries changed during the prune (another prune running?); nothing more was pruned, run it again")
+
+// AuditAnchor is where a pruned audit log's kept part begins: Seq and Hash
+// are those of the last pruned entry (the first kept entry's prev_hash),
+// At when that entry was written, PrunedAt when it was pruned.
+type AuditAnchor struct {
+	Seq      uint64    `json:"seq"`
+	Hash     string    `json:"hash"`
+	At       time.Time `json:"at"`
+	PrunedAt time.Time `json:"pruned_at"`
+}
+
+// AuditArchive receives the entries a prune removes, before it removes
+// them.
+type AuditArchive interface {
+	// Write makes entries durable (written and synced) and returns a short
+	// note for the prune's audit entry (say, the digest of what it wrote).
+	// When it returns an error, nothing is pruned.
+	Write(entries []AuditEntry) (note string, err error)
+	// Undo takes back the last Write, whose entries were not pruned after
+	// all (the prune's transaction failed).
+	Undo() error
+}
+
+// AuditPruned is what PruneAudit did: how many entries it removed and the
+// anchor it left (zero when it removed nothing).
+type AuditPruned struct {
+	Entries int
+	Anchor  AuditAnchor
+}
+
+// PruneAudit removes the oldest audit entries written before before — the
+// longest prefix of the log whose entries are all older — after handing
+// each batch to archive (nil: the entries are discarded; the caller has
+// decided that). It never removes an entry appended after it started, and
+// refuses (removing nothing more) when the part it would prune does not
+// verify: pruning must not destroy the evidence of tampering. It works in
+// transactions of at most pruneChunk entries; each one moves the anchor,
+// removes the entries from the per-key index, and appends an
+// EventAuditPruned entry, so an interrupted prune leaves a consistent,
+// verifiable log. before must not be in the future.
+func (s *Ledger) PruneAudit(ctx context.Context, before time.Time, actor Actor, archive AuditArchive) (AuditPruned, error) {
+	var res AuditPruned
+	if s.readOnly {
+		return res, errors.New("ledger: opened read-only; pruning the audit log writes")
+	}
+	if before.After(s.opts.Now()) {
+		return res, fmt.Errorf("ledger: prune before %s: that is in the future", before.Format(time.RFC3339))
+	}
+	if err := s.flushAudit(); err != nil {
+		return res, err
+	}
+	var last uint64 // the newest entry when the prune started: the limit
+	if err := s.view(func(tx *ltx) error {
+		if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
+			last = beUint64(k)
+		}
+		return nil
+	}); err != nil {
+		return res, err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		batch, anchor, err := s.pruneBatch(before, last)
+		if err != nil || len(batch) == 0 {
+			return res, err
+		}
+		note := "discarded without an archive"
+		if archive != nil {
+			if note, err = archive.Write(batch); err != nil {
+				return res, fmt.Errorf("archive: %w", err)
+			}
+		}
+		end := batch[len(batch)-1]
+		next := AuditAnchor{Seq: end.Seq, Hash: end.Hash, At: end.At}
+		err = s.update(func(tx *ltx) error {
+			next.PrunedAt = s.opts.Now()
+			// The batch must still be the log's head after the anchor:
+			// nothing pruned it meanwhile, and no entry changed.
+			cur, err := readAnchor(tx)
+			if err != nil {
+				return err
+			}
+			if !sameAnchor(cur, anchor) {
+				return ErrAuditPruneConflict
+			}
+			b := tx.Bucket(bucketAudit)
+			for _, e := range batch {
+				v := b.Get(be64(e.Seq))
+				var stored AuditEntry
+				if v == nil || json.Unmarshal(v, &stored) != nil || stored.Hash != e.Hash {
+					return ErrAuditPruneConflict
+				}
+			}
+			// Append first: the log is never empty, so the next entry's
+			// sequence number follows on.
+			if err := s.appendObserved(tx, AuditEntry{At: next.PrunedAt, Event: EventAuditPruned, Actor: actor,
+				Detail: prunedDetail(batch[0].Seq, next, note)}); err != nil {
+				return err
+			}
+			idx := tx.Bucket(bucketAuditByKey)
+			for _, e := range batch {
+				if err := b.Delete(be64(e.Seq)); err != nil {
+					return err
+				}
+				if e.Key != "" && idx != nil {
+					if err := idx.Delete(auditKeyIndex(e.Actor.Tenant, e.Key, e.Seq)); err != nil {
+						return err
+					}
+				}
+			}
+			v, err := json.Marshal(next)
+			if err != nil {
+				return err
+			}
+			return tx.Bucket(bucketMeta).Put(keyAuditAnchor, v)
+		})
+		if err != nil {
+			if archive != nil {
+				if uerr := archive.Undo(); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("archive: taking back the entries not pruned: %w", uerr))
+				}
+			}
+			return res, err
+		}
+		res.Entries += len(batch)
+		res.Anchor = next
+	}
+}
+
+// pruneBatch reads the next batch to prune: up to pruneChunk entries from
+// the head of the log, each written before before and numbered at most
+// last, checked against the chain from the current anchor.
+func (s *Ledger) pruneBatch(before time.Time, last uint64) ([]AuditEntry, *AuditAnchor, error) {
+	var batch []AuditEntry
+	var anchor *AuditAnchor
+	err := s.view(func(tx *ltx) error {
+		batch = nil
+		var err error
+		if anchor, err = readAnchor(tx); err != nil {
+			return err
+		}
+		prev := ""
+		if anchor != nil {
+			prev = anchor.Hash
+		}
+		c := tx.Bucket(bucketAudit).Cursor()
+		for k, v := c.First(); k != nil && len(batch) < pruneChunk; k, v = c.Next() {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
+			}
+			if e.Seq > last || !e.At.Before(before) {
+				break
+			}
+			if e.Seq != beUint64(k) {
+				return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, beUint64(k))
+			}
+			if len(batch) == 0 && anchor != nil && e.Seq != anchor.Seq+1 {
+				return fmt.Errorf("audit entry %d: the anchor says the log starts at %d", e.Seq, anchor.Seq+1)
+			}
+			if err := e.verifyChain(prev); err != nil {
+				return err
+			}
+			prev = e.Hash
+			batch = append(batch, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ledger: audit log does not verify, nothing more pruned (run idemgate audit verify): %w", err)
+	}
+	return batch, anchor, nil
+}
+
+// readAnchor returns the stored anchor, or nil when the log was never
+// pruned.
+func readAnchor(tx *ltx) (*AuditAnchor, error) {
+	m := tx.Bucket(bucketMeta)
+	if m == nil {
+		return nil, nil
+	}
+	v := m.Get(keyAuditAnchor)
+	if v == nil {
+		return nil, nil
+	}
+	var a AuditAnchor
+	if err := json.Unmarshal(v, &a); err != nil {
+		return nil, fmt.Errorf("audit anchor: not JSON: %w", err)
+	}
+	return &a, nil
+}
+
+func sameAnchor(a, b *AuditAnchor) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Seq == b.Seq && a.Hash == b.Hash
+}
+
+// prunedDetail is an EventAuditPruned entry's Detail; verification reads
+// the anchor back from it (prunedRe).
+func prunedDetail(first uint64, a AuditAnchor, note string) string {
+	return fmt.Sprintf("audit entries %d-%d pruned; anchor seq %d hash %s; %s", first, a.Seq, a.Seq, a.Hash, note)
+}
+
+var prunedRe = regexp.MustCompile(`; anchor seq (\d+) hash ([0-9a-f]{64});`)
+
+// AuditVerification is what VerifyAuditChain proved.
+type AuditVerification struct {
+	// Entries is the number of entries checked in the ledger.
+	Entries int
+	// First and Last are the sequence numbers of the first and last entry
+	// checked (0 when the log is empty).
+	First, Last uint64
+	// Anchor is where the kept part begins when the log was pruned (nil:
+	// the log is whole, from entry 1).
+	Anchor *AuditAnchor
+}
+
+// VerifyAuditChain checks the hash chain of the entries the ledger keeps:
+// from entry 1, or, when the log was pruned, from the anchor (the first
+// kept entry must link to it, and the newest EventAuditPruned entry must
+// name it). from, when not nil, is the chain of an archive checked before
+// (AuditChain): the ledger must continue it exactly — its anchor is the
+// archive's last entry, or the ledger was never pruned and the archive is
+// a copy of its first entries. It returns what it proved, or an error
+// naming the first entry that does not verify.
+func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
+	var res AuditVerification
+	err := s.view(func(tx *ltx) error {
+		res = AuditVerification{}
+		anchor, err := readAnchor(tx)
+		if err != nil {
+			return err
+		}
+		res.Anchor = anchor
+		prev, want := "", uint64(1)
+		if anchor != nil {
+			prev, want = anchor.Hash, anchor.Seq+1
+		}
+		if from != nil && from.N > 0 {
+			switch {
+			case anchor != nil && (from.Last != anchor.Seq || from.Hash != anchor.Hash):
+				return fmt.Errorf("the archive ends at entry %d (hash %.12s…) but the ledger's kept part starts after entry %d (hash %.12s…): an archive is missing or was changed", from.Last, from.Hash, anchor.Seq, anchor.Hash)
+			case anchor == nil && from.First != 1:
+				return fmt.Errorf("the archive starts at entry %d but the ledger was never pruned and starts at entry 1", from.First)
+			}
+		}
+		c := tx.Bucket(bucketAudit).Cursor()
+		var newestPrune *AuditEntry
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			var e AuditEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
+			}
+			if e.Seq != binary.BigEndian.Uint64(k) {
+				return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
+			}
+			if res.Entries == 0 && e.Seq != want {
+				if anchor == nil {
+					return fmt.Errorf("audit entry %d is the first, but no anchor records a prune: entries 1-%d were removed", e.Seq, e.Seq-1)
+				}
+				return fmt.Errorf("audit entry %d is the first kept, but the anchor is entry %d: the entries between are missing, or the anchor was changed", e.Seq, anchor.Seq)
+			}
+			if from != nil && anchor == nil && from.N > 0 && e.Seq == from.Last && e.Hash != from.Hash {
+				// An archive (export) of a log never pruned: two chains
+				// that verify and agree on an entry's hash agree on every
+				// entry before it.
+				return fmt.Errorf("audit entry %d: the archive's copy (hash %.12s…) differs from the ledger's (%.12s…)", e.Seq, from.Hash, e.Hash)
+			}
+			if err := e.verifyChain(prev); err != nil {
+				if res.Entries == 0 && anchor != nil {
+					return fmt.Errorf("%w (the anchor says entry %d has hash %.12s…: the anchor or the first kept entry was changed)", err, anchor.Seq, anchor.Hash)
+				}
+				return err
+			}
+			if e.Event == EventAuditPruned {
+				ec := e
+				newestPrune = &ec
+			}
+			prev = e.Hash
+			if res.Entries == 0 {
+				res.First = e.Seq
+			}
+			res.Last = e.Seq
+			res.Entries++
+		}
+		if from != nil && anchor == nil && from.N > 0 && res.Last < from.Last {
+			return fmt.Errorf("the archive goes up to entry %d, the ledger's log only to %d: the archive is not of this ledger", from.Last, res.Last)
+		}
+		if anchor == nil {
+			if newestPrune != nil {
+				return fmt.Errorf("audit entry %d records a prune, but the ledger holds no anchor: the anchor was removed", newestPrune.Seq)
+			}
+			return nil
+		}
+		if res.Entries == 0 {
+			return fmt.Errorf("the log was pruned through entry %d but holds no entry after it: the prune record was removed", anchor.Seq)
+		}
+		if newestPrune == nil {
+			return fmt.Errorf("the anchor says entries through %d were pruned, but no prune record is in the log: the anchor or the log was changed", anchor.Seq)
+		}
+		m := prunedRe.FindStringSubmatch(newestPrune.Detail)
+		if m == nil || m[1] != strconv.FormatUint(anchor.Seq, 10) || m[2] != anchor.Hash {
+			return fmt.Errorf("the anchor (entry %d, hash %.12s…) is not the one the newest prune record (entry %d) names: the anchor was changed", anchor.Seq, anchor.Hash, newestPrune.Seq)
+		}
+		return nil
+	})
+	return res, err
+}
+
+// AuditChain checks a sequence of audit entries read from an archive (an
+// export): each must follow the one before in the hash chain. The first
+// entry is taken as given (its prev_hash must be empty only when it is
+// entry 1); VerifyAuditChain then checks that the ledger continues the
+// chain. The zero value is ready to use.
+type AuditChain struct {
+	// N is the number of entries added; First and Last their first and
+	// last sequence numbers, Hash the last entry's hash.
+	N           int
+	First, Last uint64
+	Hash        string
+}
+
+// Add checks e against the entries added before it.
+func (c *AuditChain) Add(e AuditEntry) error {
+	prev := c.Hash
+	if c.N == 0 {
+		if e.Seq == 1 && e.PrevHash != "" {
+			return fmt.Errorf("audit entry 1: prev_hash is %.12s…, the first entry's is empty", e.PrevHash)
+		}
+		prev = e.PrevHash
+		c.First = e.Seq
+	} else if e.Seq != c.Last+1 {
+		return fmt.Errorf("audit entry %d follows entry %d: entries are missing or out of order", e.Seq, c.Last)
+	}
+	if err := e.verifyChain(prev); err != nil {
+		return err
+	}
+	c.N++
+	c.Last, c.Hash = e.Seq, e.Hash
+	return nil
+}
+
+// AuditAnchorOf returns the ledger's audit anchor, or nil when its log was
+// never pruned.
+func (s *Ledger) AuditAnchorOf(ctx context.Context) (*AuditAnchor, error) {
+	var a *AuditAnchor
+	err := s.view(func(tx *ltx) error {
+		var err error
+		a, err = readAnchor(tx)
+		return err
+	})
+	return a, err
+}
