@@ -27,11 +27,16 @@
 // written), so any two write transactions conflict anyway: under
 // SERIALIZABLE they would abort and retry; under the lock they queue. The
 // cost: write transactions do not run in parallel, so write throughput is
-// one transaction per (round trips × latency to the database); the
-// backend keeps a transaction's writes in memory and sends them in one
-// batch before COMMIT to keep the round trips few. Partitioning the
-// audit chain by tenant would let tenants' writers run in parallel (not
-// built yet). View is a REPEATABLE READ READ ONLY transaction: one snapshot
+// bounded by the round trips of the serial part times the latency to the
+// database. To keep it high a process commits its concurrent Updates
+// together (group commit, group.go: one lock, one COMMIT and one WAL
+// flush for up to 128 of them), a transaction remembers what it read
+// (meta keys, the audit chain's head are read once per batch), and a
+// transaction's writes are kept in memory and sent in one batch before
+// COMMIT. What remains serial is each function's reads of its own keys
+// (some six round trips for a create). Partitioning the audit chain by
+// tenant would let tenants' writers run in parallel (not built yet; see
+// SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
 // for its whole duration, no lock, never blocked by writers.
 //
 // A transient failure before COMMIT was sent (the connection lost, the
