@@ -90,3 +90,72 @@ func mustOpenURLWith(t testing.TB, url string, o ledger.Options) *DB {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// TestTransactionMemoryAgreesWithTheDatabase: what a transaction answers
+// from memory (rows read, the collection's last row) agrees with the
+// database through writes, deletes of the last row and flushes, inside one
+// transaction and after it.
+func TestTransactionMemoryAgreesWithTheDatabase(t *testing.T) {
+	be, err := OpenBackend(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	ctx := context.Background()
+	const coll = "mem_test"
+	last := func(tx ledger.BTx) string {
+		b, _ := tx.Data(coll, true)
+		k, _ := b.Cursor().Last()
+		return string(k)
+	}
+	check := func(what, got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: %q, want %q", what, got, want)
+		}
+	}
+	err = be.Update(ctx, func(tx ledger.BTx) error {
+		b, _ := tx.Data(coll, true)
+		check("last of an empty collection", last(tx), "")
+		b.Put([]byte("b"), []byte("1"))
+		check("last after a put", last(tx), "b")
+		b.Delete([]byte("b"))
+		check("last after deleting it", last(tx), "")
+		for _, k := range []string{"a", "b", "c"} {
+			b.Put([]byte(k), []byte(k))
+		}
+		check("last of three", last(tx), "c")
+		check("absent, read", string(b.Get([]byte("x"))), "")
+		b.Put([]byte("x"), []byte("X"))
+		check("last after x", last(tx), "x")
+		if k, _ := b.Cursor().Seek([]byte("c")); string(k) != "c" { // sends the writes
+			t.Errorf("seek c: %q", k)
+		}
+		check("x read after it was sent", string(b.Get([]byte("x"))), "X")
+		b.Delete([]byte("x"))
+		check("last after deleting the sent last row", last(tx), "c")
+		check("x after its delete", string(b.Get([]byte("x"))), "")
+		c := b.Cursor()
+		c.Last()
+		k, _ := c.Prev()
+		check("prev of the last", string(k), "b")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = be.View(ctx, func(tx ledger.BTx) error {
+		b, _ := tx.Data(coll, false)
+		var keys []string
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			keys = append(keys, string(k))
+		}
+		check("committed keys", fmt.Sprint(keys), "[a b c]")
+		check("last in a view", last(tx), "c")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
