@@ -23,6 +23,13 @@ import (
 // on stdio instead (what --floors spawns); not for people.
 const noopServerArg = "__noop-server"
 
+// maxFloorConns bounds the connections of the PostgreSQL claim floor
+// (--floor-db), and floorTime is how long it is measured each time.
+const (
+	maxFloorConns = 256
+	floorTime     = 2 * time.Second
+)
+
 // defaultMix is the tool mix of `idemgate bench` without --mix.
 const defaultMix = "create_order=8,get_order=1,send_notification=1"
 
@@ -50,7 +57,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, fmt.Sprintf("how long to issue calls (up to %s; 0 with --calls: no time limit)", loadgen.MaxDuration))
 	calls := fs.Int64("calls", 0, "stop after this many calls (0: no limit; with --duration the run stops at the first)")
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on one call (1ms-10m)")
-	floors := fs.Bool("floors", false, "also measure the floors before and after the run (a no-op MCP call over stdio, a raw bbolt commit beside the ledger) and report calls as ratios to them; not with --url")
+	floors := fs.Bool("floors", false, "also measure the floors before and after the run (a no-op MCP call over stdio, and a raw bbolt commit beside the ledger — or, on a postgres:// --db, the claim floor of --floor-db) and report calls as ratios to them; not with --url")
+	floorDB := fs.String("floor-db", "", fmt.Sprintf("a postgres:// URL: also measure PostgreSQL's bare claim (INSERT … ON CONFLICT of a new key, autocommit) there, from --clients connections (at most %d) before and after the run, in a table of its own, and report new creates/s as a share of it; with --floors and a postgres:// --db, that database", maxFloorConns))
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -89,6 +97,13 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return usageError{errors.New("--server-pid is for --url; the spawned server's CPU is reported anyway")}
 	case *serverPID < 0:
 		return usageError{fmt.Errorf("--server-pid must be a process id, got %d", *serverPID)}
+	}
+	pgLedger := !remote && loadgen.IsPostgresURL(*db)
+	if *floorDB == "" && *floors && pgLedger {
+		*floorDB = *db
+	}
+	if *floorDB != "" && !loadgen.IsPostgresURL(*floorDB) {
+		return usageError{errors.New("--floor-db must be a postgres:// or postgresql:// URL: the database the server's ledger is in")}
 	}
 	if remote {
 		u, err := url.Parse(*target)
@@ -171,13 +186,23 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		defer noop.Close()
 		progressNote(stderr, "measuring the floors (before the run)…")
-		if fl.CommitP50Start, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
-			return fmt.Errorf("commit floor: %w", err)
+		if !pgLedger { // a PostgreSQL ledger has the claim floor instead
+			if fl.CommitP50Start, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
+				return fmt.Errorf("commit floor: %w", err)
+			}
 		}
 		if fl.NoopP50Start, err = loadgen.NoopLatency(ctx, noop, time.Second, 5000); err != nil {
 			return err
 		}
 		if fl.NoopRate, err = loadgen.NoopRate(ctx, noop, *clients, 2*time.Second); err != nil {
+			return err
+		}
+	}
+
+	claimFloor := loadgen.ClaimFloor{Connections: min(*clients, maxFloorConns)}
+	if *floorDB != "" {
+		progressNote(stderr, "measuring the PostgreSQL claim floor (before the run)…")
+		if claimFloor.RateStart, err = loadgen.PGClaimRate(ctx, *floorDB, claimFloor.Connections, floorTime); err != nil {
 			return err
 		}
 	}
@@ -209,12 +234,21 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		if fl.NoopP50End, err = loadgen.NoopLatency(ctx, noop, time.Second, 5000); err != nil {
 			return err
 		}
-		if fl.CommitP50End, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
-			return fmt.Errorf("commit floor: %w", err)
+		if !pgLedger {
+			if fl.CommitP50End, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
+				return fmt.Errorf("commit floor: %w", err)
+			}
 		}
 		fl.NoopP50 = (fl.NoopP50Start + fl.NoopP50End) / 2
 		fl.CommitP50 = (fl.CommitP50Start + fl.CommitP50End) / 2
 		rep.SetFloors(fl)
+	}
+	if *floorDB != "" && ctx.Err() == nil {
+		progressNote(stderr, "measuring the PostgreSQL claim floor (after the run)…")
+		if claimFloor.RateEnd, err = loadgen.PGClaimRate(ctx, *floorDB, claimFloor.Connections, floorTime); err != nil {
+			return err
+		}
+		rep.SetClaimFloor(claimFloor)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

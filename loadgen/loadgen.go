@@ -189,6 +189,12 @@ type Report struct {
 	// ThroughputVsNoop is calls/s as a share of no-op calls/s at the same
 	// number of clients.
 	ThroughputVsNoop float64 `json:"calls_per_s_vs_noop,omitempty"`
+	// ClaimFloor is set when the PostgreSQL floor was measured (--floor-db).
+	ClaimFloor *ClaimFloor `json:"pg_claim_floor,omitempty"`
+	// ReplayVsGet is the p50 of create_order/replay as a multiple of
+	// get_order's in the same run (both answer from the ledger without a
+	// write); 0 when the run had not both.
+	ReplayVsGet float64 `json:"replay_p50_x_get_order,omitempty"`
 }
 
 // ServerCPU is the CPU time (user + system) the server process used
@@ -216,7 +222,7 @@ func (r *Report) SetFloors(f Floors) {
 			continue
 		}
 		ra := &Ratio{Noop: k.Latency.P50 / f.NoopP50}
-		if strings.HasSuffix(kind, "/new") {
+		if strings.HasSuffix(kind, "/new") && f.CommitP50 > 0 {
 			ra.NoopCommit = k.Latency.P50 / (f.NoopP50 + f.CommitP50)
 		}
 		r.Ratios[kind] = ra
@@ -609,6 +615,9 @@ func (r *run) report(elapsed time.Duration) *Report {
 		rep.Throughput = float64(r.all.n) / secs
 	}
 	rep.Latency = r.all.latency()
+	if rp, g := rep.Kinds["create_order/replay"], rep.Kinds["get_order"]; rp != nil && g != nil && g.Latency.P50 > 0 {
+		rep.ReplayVsGet = rp.Latency.P50 / g.Latency.P50
+	}
 	rep.Correctness = r.corr
 	rep.Correctness.Orders = len(r.orders)
 	rep.Correctness.OK = r.corr.Failures == 0 && len(r.corr.Unexpected) == 0

@@ -58,10 +58,23 @@ func (r *Report) WriteText(w io.Writer) {
 	if f := r.Floors; f != nil {
 		fmt.Fprintf(w, "\nfloors (p50, mean of before and after the run):\n")
 		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f); %.0f no-op calls/s with --clients %d\n", f.NoopP50, f.NoopP50Start, f.NoopP50End, f.NoopRate, r.Clients)
-		fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f)\n", f.CommitP50, f.CommitP50Start, f.CommitP50End)
+		if f.CommitP50 > 0 {
+			fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f)\n", f.CommitP50, f.CommitP50Start, f.CommitP50End)
+		}
 		if r.Clients > 1 {
 			fmt.Fprintf(w, "  (with %d clients a call's latency includes its wait in the queue: compare the ratios at --clients 1)\n", r.Clients)
 		}
+	}
+	if r.ReplayVsGet > 0 {
+		fmt.Fprintf(w, "\nreplay p50 = %.2f × get_order p50\n", r.ReplayVsGet)
+	}
+	if f := r.ClaimFloor; f != nil {
+		fmt.Fprintf(w, "\nPostgreSQL claim floor (INSERT … ON CONFLICT, %d connections, mean of before and after the run):\n", f.Connections)
+		fmt.Fprintf(w, "  %.0f claims/s (%.0f → %.0f)", f.Rate, f.RateStart, f.RateEnd)
+		if f.NewCreates > 0 {
+			fmt.Fprintf(w, "; create_order/new calls/s = %.1f%% of it", 100*f.NewCreates)
+		}
+		fmt.Fprintln(w)
 	}
 	c := r.Correctness
 	verdict := "OK"

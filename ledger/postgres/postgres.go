@@ -27,11 +27,16 @@
 // written), so any two write transactions conflict anyway: under
 // SERIALIZABLE they would abort and retry; under the lock they queue. The
 // cost: write transactions do not run in parallel, so write throughput is
-// one transaction per (round trips × latency to the database); the
-// backend keeps a transaction's writes in memory and sends them in one
-// batch before COMMIT to keep the round trips few. Partitioning the
-// audit chain by tenant would let tenants' writers run in parallel (not
-// built yet). View is a REPEATABLE READ READ ONLY transaction: one snapshot
+// bounded by the round trips of the serial part times the latency to the
+// database. To keep it high a process commits its concurrent Updates
+// together (group commit, group.go: one lock, one COMMIT and one WAL
+// flush for up to 128 of them), a transaction remembers what it read
+// (meta keys, the audit chain's head are read once per batch), and a
+// transaction's writes are kept in memory and sent in one batch before
+// COMMIT. What remains serial is each function's reads of its own keys
+// (some six round trips for a create). Partitioning the audit chain by
+// tenant would let tenants' writers run in parallel (not built yet; see
+// SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
 // for its whole duration, no lock, never blocked by writers.
 //
 // A transient failure before COMMIT was sent (the connection lost, the
@@ -249,6 +254,13 @@ type backend struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	listen   listener // the LISTEN connection (notify.go)
+
+	// Group commit (group.go): the queued Updates and whether a leader
+	// runs; the committed transactions and the functions they carried.
+	gcMu                     sync.Mutex
+	gcQueue                  []*gcJob
+	gcRunning                bool
+	txCommitted, fnCommitted int64 // under mu
 }
 
 var (
@@ -353,22 +365,6 @@ func (b *backend) isClosed() bool {
 	return b.closed
 }
 
-// Update implements ledger.Backend (see the package documentation). A
-// transaction that failed before COMMIT was sent for a transient reason
-// (the connection lost, the server restarting, a serialization failure
-// or deadlock) did not commit, and is run again (fn with it, as the
-// interface allows) for up to retryFor; a failure of COMMIT itself is
-// never retried.
-func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
-	if b.isClosed() {
-		return ledger.ErrClosed
-	}
-	if b.readOnly {
-		return ErrReadOnly
-	}
-	return b.retry(ctx, func() (bool, error) { return b.update(ctx, fn) })
-}
-
 // retryFor bounds how long a transaction is retried after transient
 // failures (a database restart takes a few seconds).
 const retryFor = 15 * time.Second
@@ -392,9 +388,11 @@ func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error
 	}
 }
 
-// update runs fn in one transaction; retry reports whether it failed
-// before COMMIT for a transient reason.
-func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry bool, err error) {
+// update runs the jobs' functions, in order, in one transaction; retry
+// reports whether it failed before COMMIT for a transient reason. When a
+// function fails (its error is in its job) the transaction is rolled back
+// and the error is errMemberFailed.
+func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
 	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return transient(err), b.txError(err)
@@ -409,12 +407,14 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 		return transient(err), b.txError(err)
 	}
 	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
-	ferr := fn(tx)
-	if tx.err != nil { // a failed read may have misled fn: its error is not the cause
-		return transient(tx.err), b.txError(tx.err)
-	}
-	if ferr != nil {
-		return false, ferr
+	for _, j := range jobs {
+		j.err = j.run(tx)
+		if tx.err != nil { // a failed read may have misled fn: its error is not the cause
+			return transient(tx.err), b.txError(tx.err)
+		}
+		if j.err != nil {
+			return false, errMemberFailed
+		}
 	}
 	tx.marker = uuid.NewString()
 	if err := tx.flush(); err != nil {
@@ -526,16 +526,82 @@ var errViewWrite = errors.New("postgres: write in a read-only transaction")
 // btx is one transaction. Writes are kept in pending and sent in one batch
 // before a cursor query on their collection and before COMMIT; Get reads
 // pending first. The first query error sticks: the transaction then fails.
+//
+// Rows read by Get are remembered (cache), and so is the last row of a
+// collection once a cursor asked for it (tails); both are kept up to date
+// as pending writes are sent. What is remembered stays true for the whole
+// transaction: a View reads one snapshot, and an Update holds the writer
+// lock, which every writer of idemgate_kv takes, so no other transaction
+// changes a row before this one ends. A group commit's functions (several
+// Updates in one transaction) therefore read the ledger's meta keys and the
+// audit chain's head from memory after the first.
 type btx struct {
 	b        *backend
 	ctx      context.Context
 	pt       pgx.Tx
 	writable bool
 	err      error
-	pending  map[string]map[string]*[]byte // collection → key → value (nil: deleted)
-	created  []string                      // data collections created here
-	marker   string                        // the idemgate_commits row the final flush writes
-	notices  []string                      // NOTIFY payloads the final flush sends (notify.go)
+	pending  map[string]map[string]*[]byte   // collection → key → value (nil: deleted)
+	created  []string                        // data collections created here
+	marker   string                          // the idemgate_commits row the final flush writes
+	notices  []string                        // NOTIFY payloads the final flush sends (notify.go)
+	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
+	cached   int                             // entries in cache, at most maxCached
+	tails    map[string]tail                 // collection → its last row in the database, when known
+}
+
+// cachedRow is a row of the database as this transaction knows it
+// (present false: no such key).
+type cachedRow struct {
+	v       []byte
+	present bool
+}
+
+// tail is the last row of a collection in the database (k nil: none).
+type tail struct{ k, v []byte }
+
+// maxCached bounds the rows a transaction remembers (a View walking a
+// large collection with Get must not hold it all in memory).
+const maxCached = 4096
+
+// remember notes that key's row in the database is v (nil: absent), as
+// read or just written. An entry already there is always updated; a new
+// one only while there is room.
+func (t *btx) remember(coll, key string, v *[]byte) {
+	m := t.cache[coll]
+	if _, ok := m[key]; !ok && t.cached >= maxCached {
+		return
+	}
+	if m == nil {
+		if t.cache == nil {
+			t.cache = map[string]map[string]cachedRow{}
+		}
+		m = map[string]cachedRow{}
+		t.cache[coll] = m
+	}
+	if _, ok := m[key]; !ok {
+		t.cached++
+	}
+	if v == nil {
+		m[key] = cachedRow{}
+	} else {
+		m[key] = cachedRow{v: *v, present: true}
+	}
+}
+
+// wrote updates what the transaction remembers after sending a write.
+func (t *btx) wrote(coll, key string, v *[]byte) {
+	t.remember(coll, key, v)
+	tl, known := t.tails[coll]
+	if !known {
+		return
+	}
+	switch {
+	case v != nil && (tl.k == nil || key >= string(tl.k)):
+		t.tails[coll] = tail{k: []byte(key), v: *v}
+	case v == nil && tl.k != nil && key == string(tl.k):
+		delete(t.tails, coll) // the row before it is not known
+	}
 }
 
 func (t *btx) fail(err error) {
@@ -605,6 +671,7 @@ func (t *btx) flush(colls ...string) error {
 	batch := &pgx.Batch{}
 	for _, c := range colls {
 		for k, v := range t.pending[c] {
+			t.wrote(c, k, v)
 			if v == nil {
 				batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = $2", c, []byte(k))
 			} else {
@@ -644,9 +711,16 @@ func (bk *bucket) Get(key []byte) []byte {
 	if t.err != nil {
 		return nil
 	}
+	if r, ok := t.cache[bk.coll][string(key)]; ok {
+		if !r.present {
+			return nil
+		}
+		return r.v
+	}
 	var v []byte
 	err := t.pt.QueryRow(t.ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
+		t.remember(bk.coll, string(key), nil)
 		return nil
 	}
 	if err != nil {
@@ -656,6 +730,7 @@ func (bk *bucket) Get(key []byte) []byte {
 	if v == nil {
 		v = []byte{}
 	}
+	t.remember(bk.coll, string(key), &v)
 	return v
 }
 
@@ -704,8 +779,14 @@ func (t *btx) set(coll, key string, v *[]byte) {
 
 func (bk *bucket) Cursor() ledger.Cursor { return &cursor{bk: bk} }
 
-// cursorPage is how many rows a cursor fetches at once.
-const cursorPage = 64
+// A cursor's first query fetches firstPage rows, each next one twice as
+// many up to cursorPage: most walks stop after a row or two (the audit
+// chain's head, a key's few index entries), and long ones soon fetch full
+// pages.
+const (
+	firstPage  = 4
+	cursorPage = 64
+)
 
 type kv struct{ k, v []byte }
 
@@ -715,6 +796,7 @@ type cursor struct {
 	bk   *bucket
 	rows []kv
 	i    int
+	page int // rows the next query fetches (0: firstPage)
 }
 
 // fetch loads the page after (op ">" / ">=") or before ("<") key, and
@@ -735,12 +817,18 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		args = append(args, key)
 	}
 	desc := op == "<" || last
+	// The order names both columns of the primary key, so the plan is an
+	// index scan even before the table's statistics exist.
 	if desc {
-		q += " ORDER BY key DESC"
+		q += " ORDER BY collection DESC, key DESC"
 	} else {
-		q += " ORDER BY key"
+		q += " ORDER BY collection, key"
 	}
-	q += fmt.Sprintf(" LIMIT %d", cursorPage)
+	if c.page == 0 {
+		c.page = firstPage
+	}
+	q += fmt.Sprintf(" LIMIT %d", c.page)
+	c.page = min(2*c.page, cursorPage)
 	rows, err := t.pt.Query(t.ctx, q, args...)
 	if err != nil {
 		t.fail(err)
@@ -762,6 +850,20 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		t.fail(err)
 		c.rows = nil
 		return false
+	}
+	if last && key == nil { // the collection's last row, from now on known
+		if t.tails == nil {
+			t.tails = map[string]tail{}
+		}
+		if len(c.rows) == 0 {
+			t.tails[c.bk.coll] = tail{}
+		} else {
+			r := c.rows[len(c.rows)-1]
+			if desc {
+				r = c.rows[0]
+			}
+			t.tails[c.bk.coll] = tail{k: r.k, v: r.v}
+		}
 	}
 	if len(c.rows) == 0 {
 		return false
@@ -792,8 +894,40 @@ func (c *cursor) First() ([]byte, []byte) {
 }
 
 func (c *cursor) Last() ([]byte, []byte) {
-	c.fetch("", nil, true)
+	if !c.lastKnown() {
+		c.fetch("", nil, true)
+	}
 	return c.at()
+}
+
+// lastKnown positions c at the collection's last row without a query when
+// the transaction knows it: the greater of the database's last row (tails)
+// and the greatest key written here and not yet sent. It reports false
+// when that cannot be told (the tail unknown, or deleted here).
+func (c *cursor) lastKnown() bool {
+	t := c.bk.tx
+	tl, known := t.tails[c.bk.coll]
+	if t.err != nil || !known {
+		return false
+	}
+	var best string
+	var bestV *[]byte
+	for k, v := range t.pending[c.bk.coll] {
+		if v != nil && (bestV == nil || k > best) {
+			best, bestV = k, v
+		}
+	}
+	c.rows, c.i = nil, -1
+	switch {
+	case bestV != nil && (tl.k == nil || best >= string(tl.k)):
+		c.rows, c.i = []kv{{k: []byte(best), v: *bestV}}, 0
+	case tl.k != nil:
+		if v, ok := t.pending[c.bk.coll][string(tl.k)]; ok && v == nil {
+			return false // deleted here: the row before it is not known
+		}
+		c.rows, c.i = []kv{{k: tl.k, v: tl.v}}, 0
+	}
+	return true
 }
 
 func (c *cursor) Seek(seek []byte) ([]byte, []byte) {
