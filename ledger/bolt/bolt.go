@@ -33,6 +33,7 @@ import (
 type File struct {
 	*ledger.Ledger
 	be *backend // the file, where this process opened it (nil for a forwarder)
+	sh *shared  // a writable open: the writer or a forwarder to it
 }
 
 // backend implements ledger.Backend on a bbolt file.
@@ -116,7 +117,7 @@ func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool)
 		if err != nil {
 			return nil, err
 		}
-		return &File{Ledger: ledger.New(sh, opts), be: sh.local}, nil
+		return &File{Ledger: ledger.New(sh, opts), be: sh.local, sh: sh}, nil
 	}
 	be, err := openBackend(path, mode, mayCreate, deep)
 	if err != nil {

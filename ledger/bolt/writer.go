@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,6 +49,9 @@ type shared struct {
 	sock      string
 	client    *forward.Client
 	closed    bool
+
+	// For tests and logs: writers lost, and outcomes read back.
+	failovers, readBacks atomic.Int64
 }
 
 // failoverWait bounds how long a forwarder waits for a new writer (its
@@ -222,6 +226,9 @@ func (s *shared) current() (*backend, *forward.Client, error) {
 func (s *shared) failover(lost *forward.Client) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.client == lost && !s.closed {
+		s.failovers.Add(1)
+	}
 	deadline := time.Now().Add(failoverWait)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		if s.closed {
@@ -269,6 +276,7 @@ func (s *shared) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 			return err
 		}
 		if unknown != nil {
+			s.readBacks.Add(1)
 			var found bool
 			if local != nil {
 				// This process is the writer now: the lost one has ended.

@@ -466,10 +466,10 @@ func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 	return k, v
 }
 
-func (c *clientCursor) First() ([]byte, []byte)          { return c.move(curFirst, nil) }
-func (c *clientCursor) Last() ([]byte, []byte)           { return c.move(curLast, nil) }
+func (c *clientCursor) First() ([]byte, []byte)           { return c.move(curFirst, nil) }
+func (c *clientCursor) Last() ([]byte, []byte)            { return c.move(curLast, nil) }
 func (c *clientCursor) Seek(seek []byte) ([]byte, []byte) { return c.move(curSeek, seek) }
-func (c *clientCursor) Next() ([]byte, []byte)           { return c.move(curNext, nil) }
-func (c *clientCursor) Prev() ([]byte, []byte)           { return c.move(curPrev, nil) }
+func (c *clientCursor) Next() ([]byte, []byte)            { return c.move(curNext, nil) }
+func (c *clientCursor) Prev() ([]byte, []byte)            { return c.move(curPrev, nil) }
 
 func randRead(b []byte) { rand.Read(b) }
