@@ -367,3 +367,28 @@ func (s *shared) isWriter() bool {
 	defer s.mu.Unlock()
 	return s.local != nil
 }
+
+// TestForwardedRoundTrips reports what one forwarded Execute costs in
+// round trips to the writer (reads inside its transaction).
+func TestForwardedRoundTrips(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	mustOpenPath(t, path, ledger.Options{})
+	f := openForwarder(t, path, ledger.Options{})
+	defer f.Close()
+	ctx := context.Background()
+	const n = 50
+	before := f.sh.client.RoundTrips()
+	for i := range n {
+		if _, err := f.Execute(ctx, helperClaim(fmt.Sprintf("key-%d", i)), helperApply(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mid := f.sh.client.RoundTrips()
+	for i := range n {
+		if _, err := f.Execute(ctx, helperClaim(fmt.Sprintf("key-%d", i)), helperApply(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := f.sh.client.RoundTrips()
+	t.Logf("round trips per forwarded Execute: new key %.1f, replay %.1f", float64(mid-before)/n, float64(after-mid)/n)
+}

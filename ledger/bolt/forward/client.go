@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"idemgate/ledger"
 )
@@ -38,7 +39,13 @@ type Client struct {
 	mu     sync.Mutex
 	idle   []*clientConn
 	closed bool
+
+	trips atomic.Int64 // round trips inside transactions (RoundTrips)
 }
+
+// RoundTrips returns how many reads this client has waited for inside
+// transactions (a measure of a forwarded transaction's cost).
+func (c *Client) RoundTrips() int64 { return c.trips.Load() }
 
 // maxIdle bounds the idle connections a Client keeps.
 const maxIdle = 64
@@ -213,7 +220,7 @@ func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error
 		case msgStart:
 			sentCommit = false
 			if !didPanic {
-				tx := &clientTx{cc: cc, writable: writable}
+				tx := &clientTx{c: c, cc: cc, writable: writable}
 				fnErr, panicked, didPanic = callFn(fn, tx)
 				if tx.err != nil {
 					// A read failed, so fn may have been misled; nothing was
@@ -270,6 +277,7 @@ var errViewWrite = errors.New("forward: write in a read-only transaction")
 // I/O error: every later read returns nil and the transaction is not
 // committed.
 type clientTx struct {
+	c        *Client
 	cc       *clientConn
 	writable bool
 	err      error
@@ -287,6 +295,7 @@ func (t *clientTx) roundTrip(want byte) bool {
 	if t.err != nil {
 		return false
 	}
+	t.c.trips.Add(1)
 	if err := t.cc.w.flush(); err != nil {
 		t.fail(err)
 		return false
@@ -335,6 +344,7 @@ func (t *clientTx) Data(name string, create bool) (ledger.Bucket, error) {
 	t.cc.w.byte(msgData)
 	t.cc.w.string(name)
 	t.cc.w.uint(boolUint(create))
+	t.c.trips.Add(1)
 	if err := t.cc.w.flush(); err != nil {
 		t.fail(err)
 		return b, nil
