@@ -282,6 +282,23 @@ type clientTx struct {
 	writable bool
 	err      error
 	cursors  uint64
+	// seen holds every value this run has read or written, by bucket and
+	// key: no other transaction writes while fn runs (the writer runs it
+	// inside its own write transaction, or a view's snapshot), so a key
+	// read twice is asked for once.
+	seen map[seenKey][]byte
+}
+
+type seenKey struct {
+	kind      uint64
+	name, key string
+}
+
+func (t *clientTx) remember(b *clientBucket, key, v []byte) {
+	if t.seen == nil {
+		t.seen = map[seenKey][]byte{}
+	}
+	t.seen[seenKey{b.kind, b.name, string(key)}] = v
 }
 
 func (t *clientTx) fail(err error) {
@@ -394,6 +411,9 @@ func (b *clientBucket) Get(key []byte) []byte {
 	if t.err != nil {
 		return nil
 	}
+	if v, ok := t.seen[seenKey{b.kind, b.name, string(key)}]; ok {
+		return v
+	}
 	t.cc.w.byte(msgGet)
 	b.ref()
 	t.cc.w.bytes(key)
@@ -405,6 +425,7 @@ func (b *clientBucket) Get(key []byte) []byte {
 		t.fail(err)
 		return nil
 	}
+	t.remember(b, key, v)
 	return v
 }
 
@@ -422,6 +443,7 @@ func (b *clientBucket) Put(key, value []byte) error {
 		value = []byte{}
 	}
 	b.t.cc.w.bytes(value)
+	b.t.remember(b, key, value)
 	return nil
 }
 
@@ -435,6 +457,7 @@ func (b *clientBucket) Delete(key []byte) error {
 	b.t.cc.w.byte(msgDelete)
 	b.ref()
 	b.t.cc.w.bytes(key)
+	b.t.remember(b, key, nil)
 	return nil
 }
 
