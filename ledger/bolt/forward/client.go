@@ -287,6 +287,9 @@ type clientTx struct {
 	// inside its own write transaction, or a view's snapshot), so a key
 	// read twice is asked for once.
 	seen map[seenKey][]byte
+	// data holds the data collections seen to exist in this run (a
+	// collection is never dropped).
+	data map[string]bool
 }
 
 type seenKey struct {
@@ -355,7 +358,7 @@ func (t *clientTx) Data(name string, create bool) (ledger.Bucket, error) {
 	if create && !t.writable {
 		return nil, errViewWrite
 	}
-	if t.err != nil {
+	if t.err != nil || t.data[name] {
 		return b, nil
 	}
 	t.cc.w.byte(msgData)
@@ -381,6 +384,10 @@ func (t *clientTx) Data(name string, create bool) (ledger.Bucket, error) {
 		if ok != 1 {
 			return nil, nil
 		}
+		if t.data == nil {
+			t.data = map[string]bool{}
+		}
+		t.data[name] = true
 		return b, nil
 	case msgFail:
 		fe, err := t.cc.readFail()
