@@ -156,8 +156,12 @@ func socketPath(path string) (string, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return "", err
 		}
-		if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
 			return "", fmt.Errorf("%s is not a private directory (mode 0700)", dir)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+			return "", fmt.Errorf("%s belongs to another user", dir)
 		}
 	}
 	p := filepath.Join(dir, name)
@@ -206,7 +210,15 @@ func (s *shared) dial() (net.Conn, error) {
 	if sock == "" {
 		return nil, errors.New("no writer has written its socket yet")
 	}
-	return net.DialTimeout("unix", sock, time.Second)
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if !forward.SameUser(c) {
+		c.Close()
+		return nil, fmt.Errorf("the process serving %s runs as another user", sock)
+	}
+	return c, nil
 }
 
 // current returns the writer's backend when this process is the writer,

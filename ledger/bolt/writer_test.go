@@ -392,3 +392,32 @@ func TestForwardedRoundTrips(t *testing.T) {
 	after := f.sh.client.RoundTrips()
 	t.Logf("round trips per forwarded Execute: new key %.1f, replay %.1f", float64(mid-before)/n, float64(after-mid)/n)
 }
+
+// TestSocketPathTooLongNoRuntimeDir: without $XDG_RUNTIME_DIR the hashed
+// socket goes to a private directory (0700) in the temporary directory.
+func TestSocketPathTooLongNoRuntimeDir(t *testing.T) {
+	tmp, err := os.MkdirTemp("", "w") // short: t.TempDir's name would not leave room for the socket
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("TMPDIR", tmp)
+	path := filepath.Join(tmp, strings.Repeat("d", 60), strings.Repeat("e", 60), "ledger.db")
+	sock, err := socketPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(tmp, fmt.Sprintf("idemgate-%d", os.Getuid())); filepath.Dir(sock) != want {
+		t.Fatalf("socket %s, want one in %s", sock, want)
+	}
+	if again, _ := socketPath(path); again != sock {
+		t.Errorf("socketPath is not stable: %s, then %s", sock, again)
+	}
+	if err := os.Chmod(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := socketPath(path); err == nil {
+		t.Error("a socket directory open to others was accepted")
+	}
+}

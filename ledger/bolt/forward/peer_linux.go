@@ -6,10 +6,11 @@ import (
 	"syscall"
 )
 
-// samePeer reports whether the process at the other end of c runs as this
-// process's user (SO_PEERCRED). Connections that are not unix sockets
+// SameUser reports whether the process at the other end of c runs as this
+// process's user (SO_PEERCRED); the writer checks every forwarder, and a
+// forwarder its writer. Connections that are not unix sockets
 // (tests over pipes) pass.
-func samePeer(c net.Conn) bool {
+func SameUser(c net.Conn) bool {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return true

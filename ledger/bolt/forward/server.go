@@ -64,7 +64,7 @@ func (s *Server) accept() {
 			}
 			return
 		}
-		if !samePeer(c) {
+		if !SameUser(c) {
 			c.Close()
 			continue
 		}
