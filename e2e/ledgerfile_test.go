@@ -294,6 +294,7 @@ func TestReadOnlyCommandsNeverWrite(t *testing.T) {
 	os.Remove(db + ".lock")
 	os.Remove(db + ".wait")
 	os.Remove(db + ".users")
+	os.Remove(db + ".writer")
 	os.RemoveAll(filepath.Join(dir, "outbox"))
 	if err := os.Chmod(db, 0o444); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,9 @@ import (
 // overwritten. It returns the number of bytes written.
 func (f *File) Backup(dst string) (int64, error) {
 	s := f.be
+	if s == nil {
+		return 0, errors.New("backup: this process forwards to another that holds the ledger; back up from a read-only open (idemgate backup)")
+	}
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup %s: %w; choose a new name", dst, ErrExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {

@@ -32,7 +32,8 @@ import (
 // together; reads never write, so a replay costs no fsync.
 type File struct {
 	*ledger.Ledger
-	be *backend
+	be *backend // the file, where this process opened it (nil for a forwarder)
+	sh *shared  // a writable open: the writer or a forwarder to it
 }
 
 // backend implements ledger.Backend on a bbolt file.
@@ -132,6 +133,13 @@ const (
 // open opens the store; deep runs the full page check at the first
 // open (files up to deepCheckLimit).
 func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool) (*File, error) {
+	if mode == openReadWrite {
+		sh, err := openShared(path, mayCreate, deep)
+		if err != nil {
+			return nil, err
+		}
+		return &File{Ledger: ledger.New(sh, opts), be: sh.local, sh: sh}, nil
+	}
 	be, err := openBackend(path, mode, mayCreate, deep)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,515 @@
+package forward
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"idemgate/ledger"
+)
+
+// ErrWriterLost is returned when the connection to the writer failed (or
+// the writer was closing) before the transaction was sent for commit:
+// it certainly did not commit, and may be run again on the next writer.
+var ErrWriterLost = errors.New("forward: the ledger's writer process was lost before the transaction committed")
+
+// ErrOutcomeUnknown is returned when the connection to the writer failed
+// after the transaction was sent for commit: it may or may not have
+// committed. Ask the next writer with ReadBack (or Committed) for its
+// marker before running it again.
+var ErrOutcomeUnknown = errors.New("forward: the ledger's writer process was lost after the transaction was sent for commit: whether it committed is unknown")
+
+// RemoteError is an error the writer's backend returned, as text.
+type RemoteError struct{ Text string }
+
+func (e *RemoteError) Error() string { return e.Text }
+
+// Client forwards transactions to a Server. Its functions run here; each
+// read is a round trip to the writer, inside the writer's transaction,
+// and writes are sent without waiting. It is safe for concurrent use: each
+// transaction has a connection of its own (idle ones are kept).
+type Client struct {
+	dial func() (net.Conn, error)
+
+	mu     sync.Mutex
+	idle   []*clientConn
+	closed bool
+
+	trips atomic.Int64 // round trips inside transactions (RoundTrips)
+}
+
+// RoundTrips returns how many reads this client has waited for inside
+// transactions (a measure of a forwarded transaction's cost).
+func (c *Client) RoundTrips() int64 { return c.trips.Load() }
+
+// maxIdle bounds the idle connections a Client keeps.
+const maxIdle = 64
+
+// NewClient returns a Client that opens connections with dial.
+func NewClient(dial func() (net.Conn, error)) *Client {
+	return &Client{dial: dial}
+}
+
+type clientConn struct {
+	c     net.Conn
+	r     reader
+	w     writer
+	known map[string]bool // ledger collections seen to exist (a writable backend never drops one)
+}
+
+func (c *Client) get() (*clientConn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ledger.ErrClosed
+	}
+	if n := len(c.idle); n > 0 {
+		cc := c.idle[n-1]
+		c.idle = c.idle[:n-1]
+		c.mu.Unlock()
+		return cc, nil
+	}
+	c.mu.Unlock()
+	conn, err := c.dial()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWriterLost, err)
+	}
+	return &clientConn{c: conn, r: reader{bufio.NewReaderSize(conn, 16<<10)}, w: writer{bufio.NewWriterSize(conn, 16<<10)}, known: map[string]bool{}}, nil
+}
+
+func (c *Client) put(cc *clientConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.idle) >= maxIdle {
+		cc.c.Close()
+		return
+	}
+	c.idle = append(c.idle, cc)
+}
+
+// Close closes the idle connections; a transaction in flight closes its
+// own when it ends. Transactions begun later return ledger.ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, cc := range c.idle {
+		cc.c.Close()
+	}
+	c.idle = nil
+	return nil
+}
+
+// Update runs fn in a read-write transaction of the writer, committed in
+// its group commit together with marker (see Committed). It returns nil
+// when the transaction committed, fn's own error (or panic) when fn
+// failed, ErrWriterLost when it certainly did not commit for want of the
+// writer, ErrOutcomeUnknown when that is unknown. fn may run more than
+// once (ledger.Backend's rule).
+func (c *Client) Update(ctx context.Context, marker []byte, fn func(ledger.BTx) error) error {
+	return c.run(msgUpdate, marker, fn)
+}
+
+// View runs fn in a read transaction of the writer. A lost writer is
+// ErrWriterLost (a view changes nothing: run it again).
+func (c *Client) View(ctx context.Context, fn func(ledger.BTx) error) error {
+	err := c.run(msgView, nil, fn)
+	if errors.Is(err, ErrOutcomeUnknown) {
+		err = ErrWriterLost
+	}
+	return err
+}
+
+// ReadBack asks the writer whether the Update that wrote marker
+// committed. The writer answers after every transaction it had already
+// begun has ended.
+func (c *Client) ReadBack(ctx context.Context, marker []byte) (bool, error) {
+	cc, err := c.get()
+	if err != nil {
+		return false, err
+	}
+	cc.w.byte(msgReadBack)
+	cc.w.bytes(marker)
+	if err := cc.w.flush(); err != nil {
+		cc.c.Close()
+		return false, fmt.Errorf("%w: %v", ErrWriterLost, err)
+	}
+	t, err := cc.r.byte()
+	if err == nil {
+		switch t {
+		case msgBool:
+			var b uint64
+			if b, err = cc.r.uint(); err == nil {
+				c.put(cc)
+				return b == 1, nil
+			}
+		case msgFail:
+			var fe error
+			if fe, err = cc.readFail(); err == nil {
+				c.put(cc)
+				return false, fe
+			}
+		default:
+			err = errCorrupt
+		}
+	}
+	cc.c.Close()
+	return false, fmt.Errorf("%w: %v", ErrWriterLost, err)
+}
+
+// readFail reads the rest of a msgFail and returns its error (errAborted
+// for fn's own failure).
+func (cc *clientConn) readFail() (error, error) {
+	code, err := cc.r.uint()
+	if err != nil {
+		return nil, err
+	}
+	text, err := cc.r.string()
+	if err != nil {
+		return nil, err
+	}
+	switch code {
+	case failAborted:
+		return errAborted, nil
+	case failClosed:
+		return fmt.Errorf("%w: %s", ErrWriterLost, text), nil
+	}
+	return &RemoteError{Text: text}, nil
+}
+
+func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error {
+	cc, err := c.get()
+	if err != nil {
+		return err
+	}
+	writable := begin == msgUpdate
+	cc.w.byte(begin)
+	if writable {
+		cc.w.bytes(marker)
+	}
+	if err := cc.w.flush(); err != nil {
+		cc.c.Close()
+		return fmt.Errorf("%w: %v", ErrWriterLost, err)
+	}
+	var (
+		fnErr    error
+		panicked any
+		didPanic bool
+		// sentCommit: the latest run of fn ended in msgCommit, so a lost
+		// connection now leaves the outcome unknown.
+		sentCommit bool
+	)
+	lost := func(err error) error {
+		cc.c.Close()
+		if sentCommit {
+			return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+		}
+		return fmt.Errorf("%w: %v", ErrWriterLost, err)
+	}
+	for {
+		t, err := cc.r.byte()
+		if err != nil {
+			return lost(err)
+		}
+		switch t {
+		case msgStart:
+			sentCommit = false
+			if !didPanic {
+				tx := &clientTx{c: c, cc: cc, writable: writable}
+				fnErr, panicked, didPanic = callFn(fn, tx)
+				if tx.err != nil {
+					// A read failed, so fn may have been misled; nothing was
+					// sent for commit.
+					return lost(tx.err)
+				}
+			}
+			if fnErr == nil && !didPanic {
+				cc.w.byte(msgCommit)
+				sentCommit = writable
+			} else {
+				cc.w.byte(msgAbort)
+			}
+			if err := cc.w.flush(); err != nil {
+				return lost(err)
+			}
+		case msgDone:
+			c.put(cc)
+			return nil
+		case msgFail:
+			fe, err := cc.readFail()
+			if err != nil {
+				return lost(err)
+			}
+			c.put(cc)
+			if errors.Is(fe, errAborted) {
+				if didPanic {
+					panic(panicked)
+				}
+				return fnErr
+			}
+			return fe
+		default:
+			return lost(errCorrupt)
+		}
+	}
+}
+
+// callFn runs fn, turning a panic into a value so the writer's
+// transaction can be aborted before the panic is raised again here.
+func callFn(fn func(ledger.BTx) error, tx ledger.BTx) (err error, panicked any, didPanic bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked, didPanic = r, true
+		}
+	}()
+	return fn(tx), nil, false
+}
+
+// errViewWrite is returned by a write in a View.
+var errViewWrite = errors.New("forward: write in a read-only transaction")
+
+// clientTx is one run of fn on the forwarder's side. err is the first
+// I/O error: every later read returns nil and the transaction is not
+// committed.
+type clientTx struct {
+	c        *Client
+	cc       *clientConn
+	writable bool
+	err      error
+	cursors  uint64
+	// seen holds every value this run has read or written, by bucket and
+	// key: no other transaction writes while fn runs (the writer runs it
+	// inside its own write transaction, or a view's snapshot), so a key
+	// read twice is asked for once.
+	seen map[seenKey][]byte
+	// data holds the data collections seen to exist in this run (a
+	// collection is never dropped).
+	data map[string]bool
+}
+
+type seenKey struct {
+	kind      uint64
+	name, key string
+}
+
+func (t *clientTx) remember(b *clientBucket, key, v []byte) {
+	if t.seen == nil {
+		t.seen = map[seenKey][]byte{}
+	}
+	t.seen[seenKey{b.kind, b.name, string(key)}] = v
+}
+
+func (t *clientTx) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+// roundTrip flushes the pending messages and reads the answer's type.
+func (t *clientTx) roundTrip(want byte) bool {
+	if t.err != nil {
+		return false
+	}
+	t.c.trips.Add(1)
+	if err := t.cc.w.flush(); err != nil {
+		t.fail(err)
+		return false
+	}
+	if err := t.cc.r.expect(want); err != nil {
+		t.fail(err)
+		return false
+	}
+	return true
+}
+
+// Bucket implements ledger.BTx. It never returns nil on a lost
+// connection (the transaction is doomed then, and a nil would read as an
+// old file's missing collection).
+func (t *clientTx) Bucket(name []byte) ledger.Bucket {
+	b := &clientBucket{t: t, kind: kindLedger, name: string(name)}
+	if t.cc.known[b.name] || t.err != nil {
+		return b
+	}
+	t.cc.w.byte(msgBucket)
+	t.cc.w.string(b.name)
+	if !t.roundTrip(msgBool) {
+		return b
+	}
+	ok, err := t.cc.r.uint()
+	if err != nil {
+		t.fail(err)
+		return b
+	}
+	if ok != 1 {
+		return nil
+	}
+	t.cc.known[b.name] = true
+	return b
+}
+
+// Data implements ledger.BTx.
+func (t *clientTx) Data(name string, create bool) (ledger.Bucket, error) {
+	b := &clientBucket{t: t, kind: kindData, name: name}
+	if create && !t.writable {
+		return nil, errViewWrite
+	}
+	if t.err != nil || t.data[name] {
+		return b, nil
+	}
+	t.cc.w.byte(msgData)
+	t.cc.w.string(name)
+	t.cc.w.uint(boolUint(create))
+	t.c.trips.Add(1)
+	if err := t.cc.w.flush(); err != nil {
+		t.fail(err)
+		return b, nil
+	}
+	typ, err := t.cc.r.byte()
+	if err != nil {
+		t.fail(err)
+		return b, nil
+	}
+	switch typ {
+	case msgBool:
+		ok, err := t.cc.r.uint()
+		if err != nil {
+			t.fail(err)
+			return b, nil
+		}
+		if ok != 1 {
+			return nil, nil
+		}
+		if t.data == nil {
+			t.data = map[string]bool{}
+		}
+		t.data[name] = true
+		return b, nil
+	case msgFail:
+		fe, err := t.cc.readFail()
+		if err != nil {
+			t.fail(err)
+			return b, nil
+		}
+		return nil, fe
+	}
+	t.fail(errCorrupt)
+	return b, nil
+}
+
+// clientBucket is a collection of the writer's transaction.
+type clientBucket struct {
+	t    *clientTx
+	kind uint64
+	name string
+}
+
+func (b *clientBucket) ref() {
+	b.t.cc.w.uint(b.kind)
+	b.t.cc.w.string(b.name)
+}
+
+func (b *clientBucket) Get(key []byte) []byte {
+	t := b.t
+	if t.err != nil {
+		return nil
+	}
+	if v, ok := t.seen[seenKey{b.kind, b.name, string(key)}]; ok {
+		return v
+	}
+	t.cc.w.byte(msgGet)
+	b.ref()
+	t.cc.w.bytes(key)
+	if !t.roundTrip(msgValue) {
+		return nil
+	}
+	v, err := t.cc.r.bytes()
+	if err != nil {
+		t.fail(err)
+		return nil
+	}
+	t.remember(b, key, v)
+	return v
+}
+
+func (b *clientBucket) Put(key, value []byte) error {
+	if !b.t.writable {
+		return errViewWrite
+	}
+	if b.t.err != nil {
+		return b.t.err
+	}
+	b.t.cc.w.byte(msgPut)
+	b.ref()
+	b.t.cc.w.bytes(key)
+	if value == nil {
+		value = []byte{}
+	}
+	b.t.cc.w.bytes(value)
+	b.t.remember(b, key, value)
+	return nil
+}
+
+func (b *clientBucket) Delete(key []byte) error {
+	if !b.t.writable {
+		return errViewWrite
+	}
+	if b.t.err != nil {
+		return b.t.err
+	}
+	b.t.cc.w.byte(msgDelete)
+	b.ref()
+	b.t.cc.w.bytes(key)
+	b.t.remember(b, key, nil)
+	return nil
+}
+
+func (b *clientBucket) Cursor() ledger.Cursor {
+	b.t.cursors++
+	return &clientCursor{b: b, id: b.t.cursors}
+}
+
+// clientCursor is a cursor of the writer's transaction: each move is a
+// round trip.
+type clientCursor struct {
+	b  *clientBucket
+	id uint64
+}
+
+func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
+	t := c.b.t
+	if t.err != nil {
+		return nil, nil
+	}
+	t.cc.w.byte(msgCursor)
+	t.cc.w.uint(c.id)
+	t.cc.w.uint(op)
+	c.b.ref()
+	t.cc.w.bytes(seek)
+	if !t.roundTrip(msgPair) {
+		return nil, nil
+	}
+	k, err := t.cc.r.bytes()
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	v, err := t.cc.r.bytes()
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	return k, v
+}
+
+func (c *clientCursor) First() ([]byte, []byte)           { return c.move(curFirst, nil) }
+func (c *clientCursor) Last() ([]byte, []byte)            { return c.move(curLast, nil) }
+func (c *clientCursor) Seek(seek []byte) ([]byte, []byte) { return c.move(curSeek, seek) }
+func (c *clientCursor) Next() ([]byte, []byte)            { return c.move(curNext, nil) }
+func (c *clientCursor) Prev() ([]byte, []byte)            { return c.move(curPrev, nil) }
+
+func randRead(b []byte) { rand.Read(b) }

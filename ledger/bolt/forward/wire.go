@@ -1,0 +1,154 @@
+package forward
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The wire format: a stream of messages, each one type byte followed by
+// its fields. A field is a uvarint n then, when n > 0, n-1 bytes: n == 0
+// is a nil slice, so a missing value and an empty one stay distinct (as
+// ledger.Bucket.Get requires). A uvarint field carries cursor ids and
+// flags.
+//
+// Forwarder to writer:
+//
+//	msgUpdate marker   begin a forwarded Update
+//	msgView            begin a forwarded View
+//	msgReadBack marker did the Update that wrote marker commit? (answered by msgBool)
+//	msgBucket name                        (answered by msgBool: exists)
+//	msgData name create                   (answered by msgBool or msgFail)
+//	msgGet kind name key                  (answered by msgValue)
+//	msgPut kind name key value            (no answer: pipelined)
+//	msgDelete kind name key               (no answer: pipelined)
+//	msgCursor id op kind name seek        (answered by msgPair)
+//	msgCommit                             fn returned nil
+//	msgAbort                              fn returned an error or panicked
+//
+// Writer to forwarder:
+//
+//	msgStart          run fn (again, when the group commit re-runs it alone)
+//	msgDone           committed (Update) or finished (View)
+//	msgFail code text the transaction did not commit
+//	msgBool b
+//	msgValue v
+//	msgPair key value
+const (
+	msgUpdate   = 'U'
+	msgView     = 'V'
+	msgReadBack = 'R'
+	msgBucket   = 'B'
+	msgData     = 'D'
+	msgGet      = 'G'
+	msgPut      = 'P'
+	msgDelete   = 'X'
+	msgCursor   = 'C'
+	msgCommit   = 'c'
+	msgAbort    = 'a'
+
+	msgStart = 'S'
+	msgDone  = 'O'
+	msgFail  = 'F'
+	msgBool  = 'b'
+	msgValue = 'v'
+	msgPair  = 'p'
+)
+
+// Bucket kinds: a ledger collection (BTx.Bucket) or a downstream data
+// collection (BTx.Data).
+const (
+	kindLedger = 0
+	kindData   = 1
+)
+
+// Cursor operations.
+const (
+	curFirst = iota
+	curLast
+	curSeek
+	curNext
+	curPrev
+)
+
+// Failure codes of msgFail.
+const (
+	failAborted  = 1 // fn's own error (the forwarder keeps the error value)
+	failClosed   = 2 // the writer is closing: nothing committed, ask the next writer
+	failReadOnly = 3
+	failOther    = 4 // the writer's error, as text
+)
+
+// maxField bounds one field: a bbolt value is at most 2^31-2 bytes, and
+// idemgate writes far smaller ones; a longer length is a corrupt stream.
+const maxField = 1 << 30
+
+var errCorrupt = errors.New("forward: corrupt message")
+
+type writer struct{ w *bufio.Writer }
+
+func (w writer) byte(b byte) { w.w.WriteByte(b) }
+
+func (w writer) uint(n uint64) {
+	var buf [binary.MaxVarintLen64]byte
+	w.w.Write(buf[:binary.PutUvarint(buf[:], n)])
+}
+
+func (w writer) bytes(b []byte) {
+	if b == nil {
+		w.uint(0)
+		return
+	}
+	w.uint(uint64(len(b)) + 1)
+	w.w.Write(b)
+}
+
+func (w writer) string(s string) {
+	w.uint(uint64(len(s)) + 1)
+	w.w.WriteString(s)
+}
+
+func (w writer) flush() error { return w.w.Flush() }
+
+type reader struct{ r *bufio.Reader }
+
+func (r reader) byte() (byte, error) { return r.r.ReadByte() }
+
+func (r reader) uint() (uint64, error) { return binary.ReadUvarint(r.r) }
+
+func (r reader) bytes() ([]byte, error) {
+	n, err := binary.ReadUvarint(r.r)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if n-1 > maxField {
+		return nil, errCorrupt
+	}
+	b := make([]byte, n-1)
+	if _, err := io.ReadFull(r.r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (r reader) string() (string, error) {
+	b, err := r.bytes()
+	return string(b), err
+}
+
+// expect reads one message type and fails unless it is want.
+func (r reader) expect(want byte) error {
+	got, err := r.byte()
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("%w: got %q, want %q", errCorrupt, got, want)
+	}
+	return nil
+}
