@@ -59,8 +59,14 @@ func readMessage(t testing.TB, path string) deliveredMessage {
 // delivered, and returns the deliveries.
 func waitDelivered(t testing.TB, s *session, key string) opStatus {
 	t.Helper()
+	return waitDeliveredWithin(t, s, key, 5*time.Second)
+}
+
+// waitDeliveredWithin is waitDelivered with a bound of its own.
+func waitDeliveredWithin(t testing.TB, s *session, key string, within time.Duration) opStatus {
+	t.Helper()
 	var st opStatus
-	ok := eventually(5*time.Second, func() bool {
+	ok := eventually(within, func() bool {
 		st, _, _ = s.status(t, key)
 		if len(st.Deliveries) == 0 {
 			return false
@@ -73,7 +79,7 @@ func waitDelivered(t testing.TB, s *session, key string) opStatus {
 		return true
 	})
 	if !ok {
-		t.Fatalf("deliveries of %s not delivered within 5s: %+v", key, st.Deliveries)
+		t.Fatalf("deliveries of %s not delivered within %s: %+v", key, within, st.Deliveries)
 	}
 	return st
 }

@@ -993,7 +993,10 @@ func TestFaultRedelivery(t *testing.T) {
 		gw := newFakeGateway(t)
 		run := newFaultRun(t, api, gw)
 		db := newLedger(t)
-		s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--notify-webhook", gw.URL())
+		// The killed deliverer's claim on the message keeps others off it
+		// until its lease lapses (outbox/claim.go): a short lease, and a
+		// wait that covers it.
+		s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--notify-webhook", gw.URL(), "--lease", "5s")
 		h := gw.InjectHold()
 		key := run.track("", newKey(), "send_notification")
 		id := messageIDOf(t, s.mustSucceed(t, "send_notification", sendArgs(key, "Your parcel arrived.")))
@@ -1002,8 +1005,8 @@ func TestFaultRedelivery(t *testing.T) {
 		run.inject("sigkill", 1)
 		h.WaitGone(t, 5*time.Second)
 		h.Release()
-		s2 := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--notify-webhook", gw.URL())
-		waitDelivered(t, s2, key)
+		s2 := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--notify-webhook", gw.URL(), "--lease", "5s")
+		waitDeliveredWithin(t, s2, key, 15*time.Second)
 		if n := gw.deliveriesOf(id); n != 2 {
 			t.Errorf("gateway saw %d deliveries of %s, want 2 (the one cut by the crash and the redelivery)", n, id)
 		}
