@@ -30,6 +30,13 @@ func httpServer(t *testing.T, db, tokens string, extra ...string) string {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	return httpServerAt(t, addr, db, tokens, extra...)
+}
+
+// httpServerAt is httpServer on a given address (a test that must name
+// the server's URL in its configuration before it starts).
+func httpServerAt(t *testing.T, addr, db, tokens string, extra ...string) string {
+	t.Helper()
 	args := append([]string{"serve", "--http", addr, "--db", db, "--tokens", tokens, "--log-level", "warn"}, extra...)
 	cmd := exec.Command(idemgate, args...)
 	stderr := &syncBuffer{}

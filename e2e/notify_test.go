@@ -198,7 +198,7 @@ func TestNotifyApprovalRequested(t *testing.T) {
 	base := "http://" + addr
 	const secret = "notice-secret-1"
 	cfg := notifyConfig(t, recv.URL+"/hooks/approvals", secret, base+"/")
-	startNotifyHTTP(t, addr, newLedger(t), tokens, "--config", cfg)
+	httpServerAt(t, addr, newLedger(t), tokens, "--config", cfg)
 	agent := httpSession(t, base, aliceTok)
 
 	key := newKey()
@@ -382,42 +382,5 @@ func TestNotifyDeliveredAfterRestart(t *testing.T) {
 	// The operation ran once, by the approval.
 	if got := resultOrder(t, agent.mustSucceed(t, "create_order", args)); got.TotalMinor != 150000 {
 		t.Errorf("order after approval: %+v", got)
-	}
-}
-
-// startNotifyHTTP starts `idemgate serve --http addr` and waits for
-// /healthz; it is stopped (SIGINT) at the end of the test.
-func startNotifyHTTP(t *testing.T, addr, db, tokens string, extra ...string) {
-	t.Helper()
-	args := append([]string{"serve", "--http", addr, "--db", db, "--tokens", tokens, "--log-level", "warn"}, extra...)
-	cmd := exec.Command(idemgate, args...)
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", stderr.String())
-		}
-	})
-	if !eventually(10*time.Second, func() bool {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}) {
-		t.Fatalf("/healthz did not answer 200 within 10 s\n%s", stderr.String())
 	}
 }

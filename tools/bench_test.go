@@ -2,32 +2,17 @@ package tools
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
-	"idemgate/ledger/bolt"
-	"idemgate/schemas"
 )
 
 func benchService(b *testing.B) *Service {
 	b.Helper()
-	store, err := bolt.Open(filepath.Join(b.TempDir(), "ledger.db"), ledger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { store.Close() })
-	v, err := schemas.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	svc, err := New(store, v, Options{OutboxDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	svc, _ := costService(b)
 	return svc
 }
 

@@ -19,7 +19,7 @@ import (
 // unnoticed. Times are not asserted; counts do not depend on the machine.
 
 // costService is a service on a bolt ledger whose commits can be counted.
-func costService(t *testing.T) (*Service, *bolt.File) {
+func costService(t testing.TB) (*Service, *bolt.File) {
 	t.Helper()
 	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
 	if err != nil {

@@ -209,15 +209,7 @@ func largeLedgerFile(b *testing.B, n int) string {
 			for i := lo; i < min(lo+chunk, n); i++ {
 				key := benchKey(i)
 				at := base.Add(time.Duration(i) * time.Millisecond)
-				order := `{"order_id":"ord_` + key + `","customer_id":"cus_1","items":[{"sku":"SKU-1","quantity":2,"unit_price_minor":1999}],"currency":"EUR","version":1}`
-				rec := &ledger.Record{
-					Tenant: benchTenant, Key: key, Tool: "create_order", Fingerprint: "fp-" + key,
-					State: ledger.StateSucceeded, Attempts: 1, Generation: 1, OnLeaseExpiry: ledger.StateRetryable,
-					Principal: "agent-" + benchTenant, ResultFormat: ledger.ResultFormat,
-					Result:  json.RawMessage(`{"order":` + order + `}`),
-					Summary: "order ord_" + key, DownstreamRef: "ord_" + key,
-					FirstSeenAt: at, UpdatedAt: at, CompletedAt: at,
-				}
+				rec := succeededRecord(benchTenant, key, at)
 				if err := putRecord(tx, rec); err != nil {
 					return err
 				}
@@ -262,5 +254,19 @@ func copyFile(b *testing.B, from, to string) {
 	}
 	if err := dst.Close(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// succeededRecord is a finished create_order as the ledger keeps it, for
+// files the benchmarks and sweep tests fill directly.
+func succeededRecord(tenant, key string, at time.Time) *ledger.Record {
+	order := `{"order_id":"ord_` + key + `","customer_id":"cus_1","items":[{"sku":"SKU-1","quantity":2,"unit_price_minor":1999}],"currency":"EUR","version":1}`
+	return &ledger.Record{
+		Tenant: tenant, Key: key, Tool: "create_order", Fingerprint: "fp-" + key,
+		State: ledger.StateSucceeded, Attempts: 1, Generation: 1, OnLeaseExpiry: ledger.StateRetryable,
+		Principal: "agent-" + tenant, ResultFormat: ledger.ResultFormat,
+		Result:  json.RawMessage(`{"order":` + order + `}`),
+		Summary: "order ord_" + key, DownstreamRef: "ord_" + key,
+		FirstSeenAt: at, UpdatedAt: at, CompletedAt: at,
 	}
 }

@@ -2,7 +2,6 @@ package bolt
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"idemgate/ledger"
 	"os"
@@ -102,15 +101,7 @@ func writeDueRecords(t testing.TB, path string, n int) {
 			for i := lo; i < min(lo+chunk, n); i++ {
 				key := fmt.Sprintf("00000000-0000-4000-9000-%012d", i)
 				at := base.Add(time.Duration(i) * time.Millisecond)
-				order := `{"order_id":"ord_` + key + `","customer_id":"cus_1","items":[{"sku":"SKU-1","quantity":2,"unit_price_minor":1999}],"currency":"EUR","version":1}`
-				rec := &ledger.Record{
-					Tenant: sweepTenant, Key: key, Tool: "create_order", Fingerprint: "fp-" + key,
-					State: ledger.StateSucceeded, Attempts: 1, Generation: 1, OnLeaseExpiry: ledger.StateRetryable,
-					Principal: "agent-" + sweepTenant, ResultFormat: ledger.ResultFormat,
-					Result:  json.RawMessage(`{"order":` + order + `}`),
-					Summary: "order ord_" + key, DownstreamRef: "ord_" + key,
-					FirstSeenAt: at, UpdatedAt: at, CompletedAt: at,
-				}
+				rec := succeededRecord(sweepTenant, key, at)
 				if err := putRecord(tx, rec); err != nil {
 					return err
 				}
