@@ -349,6 +349,13 @@ func TestNotifyDeliveredAfterRestart(t *testing.T) {
 	if !eventually(15*time.Second, func() bool { p, _ := recv.snapshot(); return len(p) >= 1 }) {
 		t.Fatal("the first server never tried to deliver the notice")
 	}
+	// Killed once the failed attempt is recorded (it rides the ledger's
+	// next write, within 200 ms): killed before that, the dead server's
+	// claim on the notice would keep the next one off it for the claim's
+	// 30 s lease (outbox/claim.go; TestClaimOfDeadDelivererExpires).
+	if !eventually(15*time.Second, func() bool { return noticeAttempts(t, agent, key, aprID) >= 1 }) {
+		t.Fatal("the first server never recorded its failed attempt at the notice")
+	}
 	agent.Kill()
 
 	// Decided before the notice got through: approved from the command
@@ -383,4 +390,20 @@ func TestNotifyDeliveredAfterRestart(t *testing.T) {
 	if got := resultOrder(t, agent.mustSucceed(t, "create_order", args)); got.TotalMinor != 150000 {
 		t.Errorf("order after approval: %+v", got)
 	}
+}
+
+// noticeAttempts is the recorded attempts at the approval notice of
+// aprID, as get_operation_status of key shows them (0: none shown yet).
+func noticeAttempts(t *testing.T, s *session, key, aprID string) int {
+	t.Helper()
+	st, _, found := s.status(t, key)
+	if !found {
+		return 0
+	}
+	for _, d := range st.Deliveries {
+		if d.Step == "approval_notice:"+aprID {
+			return d.Attempts
+		}
+	}
+	return 0
 }
