@@ -83,6 +83,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	h := &HTTPHandler{mux: http.NewServeMux(), origins: cfg.Origins, streams: newStreamSet()}
+	awaitListenAcks(s)
 	mcpHandler := mcpserver.NewStreamableHTTPServer(s,
 		mcpserver.WithEndpointPath("/mcp"),
 		mcpserver.WithStreamableHTTPLogger(cfg.Logger),
@@ -268,6 +269,9 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if modern {
 		// 2026-07-28 has no sessions; mcp-go ignores Mcp-Session-Id.
+		if r.Method == http.MethodPost && env.Method == string(mcp.MethodSubscriptionsListen) {
+			w, r = withListenAck(w, r)
+		}
 		g.next.ServeHTTP(w, r)
 		return
 	}
