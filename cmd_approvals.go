@@ -20,26 +20,31 @@ import (
 // decide_approval tool.
 func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	const use = "usage: idemgate approvals list | show ID | approve ID [--comment C] | reject ID [--comment C] | require-token on|off  (with --principal P --tenant T, or --token)"
+	if err := groupHelp("approvals", use, args, stderr); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return usageError{errors.New(use)}
 	}
-	sub, rest := args[0], args[1:]
-	var id string
+	sub := args[0]
+	var want []string
+	fs := flag.NewFlagSet("approvals "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	switch sub {
 	case "list":
-	case "show", "approve", "reject", "require-token":
-		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
-			return usageError{errors.New(use)}
-		}
-		id, rest = rest[0], rest[1:]
-		if sub == "require-token" && id != "on" && id != "off" {
-			return usageError{fmt.Errorf("require-token %q: say on or off", id)}
-		}
+		setUsage(fs, "approvals list [flags]", "Lists the pending approvals of the approver's tenant, each with its diff.")
+	case "show":
+		want = []string{"ID"}
+		setUsage(fs, "approvals show ID [flags]", "Shows one approval of the tenant, with its diff.")
+	case "approve", "reject":
+		want = []string{"ID"}
+		setUsage(fs, "approvals "+sub+" ID [--comment C] [flags]", "Decides an approval as an approver (not the requester), through the same code as the decide_approval tool; approve runs the operation.")
+	case "require-token":
+		want = []string{"on|off"}
+		setUsage(fs, "approvals require-token on|off --token TOKEN [flags]", "Makes every process on the ledger ask approvers for a token (on), or stops asking (off).")
 	default:
 		return usageError{errors.New(use)}
 	}
-	fs := flag.NewFlagSet("approvals "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var lf settings
 	lf.register(fs)
 	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver deciding (env IDEMGATE_PRINCIPAL)")
@@ -48,11 +53,16 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
 	var tf tokenFlags
 	tf.register(fs)
-	if err := fs.Parse(rest); err != nil {
+	pos, err := parseCommand(fs, args[1:], want...)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
+	var id string
+	if len(pos) > 0 {
+		id = pos[0]
+	}
+	if sub == "require-token" && id != "on" && id != "off" {
+		return usageError{fmt.Errorf("require-token %q: say on or off", id)}
 	}
 	if err := lf.load(); err != nil {
 		return err

@@ -13,6 +13,9 @@ import (
 
 func audit(args []string, stdout, stderr io.Writer) error {
 	const use = "usage: idemgate audit verify [--archive FILE]... | tail [-n N] | export [--after SEQ] | prune (--before TIME | --audit-retention AGE) (--export FILE | --discard)"
+	if err := groupHelp("audit", use, args, stderr); err != nil {
+		return err
+	}
 	if len(args) == 0 || (args[0] != "verify" && args[0] != "tail" && args[0] != "export" && args[0] != "prune") {
 		return usageError{errors.New(use)}
 	}

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
@@ -15,20 +14,15 @@ import (
 // backupCmd writes a consistent copy of a live ledger to FILE, holding the
 // ledger only as a reader does, then checks the copy.
 func backupCmd(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate backup FILE [--db PATH]"
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usageError{errors.New(use)}
-	}
-	dst, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, "backup FILE [--db PATH]", "Writes a consistent copy of the ledger file to FILE (a new file) while servers run, and checks the copy.")
 	db := dbFlag(fs)
-	if err := fs.Parse(rest); err != nil {
+	pos, err := parseCommand(fs, args, "FILE")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
-	}
+	dst := pos[0]
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}

@@ -15,12 +15,23 @@ import (
 )
 
 func ops(args []string, stdout, stderr io.Writer) error {
+	const use = "usage: idemgate ops list [--tenant T] [--state S] [--limit N] [--cursor C] [--json] | idemgate ops show KEY [--tenant T] [--limit N] [--json]"
+	if err := groupHelp("ops", use, args, stderr); err != nil {
+		return err
+	}
 	if len(args) == 0 || (args[0] != "list" && args[0] != "show") {
-		return usageError{errors.New("usage: idemgate ops list [--tenant T] [--state S] [--limit N] [--cursor C] [--json] | idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
+		return usageError{errors.New(use)}
 	}
 	sub := args[0]
 	fs := flag.NewFlagSet("ops "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	want := []string{}
+	if sub == "show" {
+		want = []string{"KEY"}
+		setUsage(fs, "ops show KEY [flags]", "Shows one operation's record and its whole history from the audit log.")
+	} else {
+		setUsage(fs, "ops list [flags]", "Lists recent operations, newest first, a page at a time.")
+	}
 	var lf settings
 	lf.register(fs)
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant (\"\" with list: every tenant)")
@@ -28,16 +39,13 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	limit := fs.Int("limit", 50, "list: at most this many records; show: the newest this many history entries (1-10000; show's default 1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	cursor := fs.String("cursor", "", "list: continue after the page that printed this next_cursor (same --tenant and --state)")
-	rest := args[1:]
+	pos, err := parseCommand(fs, args[1:], want...)
+	if err != nil {
+		return err
+	}
 	var key string
 	if sub == "show" {
-		if len(rest) == 0 || len(rest[0]) == 0 || rest[0][0] == '-' {
-			return usageError{errors.New("usage: idemgate ops show KEY [--tenant T] [--limit N] [--json]")}
-		}
-		key, rest = rest[0], rest[1:]
-	}
-	if err := fs.Parse(rest); err != nil {
-		return err
+		key = pos[0]
 	}
 	if sub == "show" && !flagSet(fs, "limit") {
 		*limit = 1000

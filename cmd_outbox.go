@@ -17,21 +17,23 @@ import (
 // once the gateway is fixed; a running server delivers it.
 func outboxCmd(args []string, stdout, stderr io.Writer) error {
 	const use = "usage: idemgate outbox requeue MESSAGE_ID [--principal P] [--db PATH]"
-	if len(args) < 2 || args[0] != "requeue" || strings.HasPrefix(args[1], "-") {
+	if err := groupHelp("outbox", use, args, stderr); err != nil {
+		return err
+	}
+	if len(args) == 0 || args[0] != "requeue" {
 		return usageError{errors.New(use)}
 	}
-	id := args[1]
 	fs := flag.NewFlagSet("outbox requeue", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, "outbox requeue MESSAGE_ID [flags]", "Puts a dead-lettered notification back in the queue; a running server delivers it.")
 	var lf settings
 	lf.register(fs)
 	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", osUser()), "who requeues, for the audit log (env IDEMGATE_PRINCIPAL; default: the operating system's user name)")
-	if err := fs.Parse(args[2:]); err != nil {
+	pos, err := parseCommand(fs, args[1:], "MESSAGE_ID")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
-	}
+	id := pos[0]
 	if p := strings.TrimSpace(*principal); p == "" || len(p) > 200 || !utf8.ValidString(p) {
 		return usageError{fmt.Errorf("--principal must be 1-200 bytes of text, got %q", clipArg(*principal))}
 	}

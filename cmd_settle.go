@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"idemgate/approvals"
@@ -11,19 +10,20 @@ import (
 	"idemgate/server"
 	"idemgate/tools"
 	"io"
-	"strings"
 )
 
 // settleCmd runs reconcile_operation or resolve_operation from a
 // terminal, through the same code as the tools.
 func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
-	use := "usage: idemgate reconcile KEY [--db PATH] [--orders-api URL] [--tenant T] | idemgate resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--tenant T] [--token TOKEN] [--db PATH] [--orders-api URL]"
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usageError{errors.New(use)}
-	}
-	key, rest := args[0], args[1:]
 	fs := flag.NewFlagSet(sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	if sub == "resolve" {
+		setUsage(fs, "resolve KEY --outcome succeeded|not_executed --evidence TEXT [--downstream-ref R] --principal P [--token TOKEN] [flags]",
+			"Settles an unknown operation by hand, as an approver, with the evidence recorded in the audit log.")
+	} else {
+		setUsage(fs, "reconcile KEY [flags]",
+			"Asks the order API (--orders-api, or [orders_api] in --config) what became of an unknown operation, and settles it when the answer decides.")
+	}
 	var lf settings
 	lf.register(fs)
 	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", "operator"), "who acts (env IDEMGATE_PRINCIPAL); resolve needs an approver's name")
@@ -33,12 +33,11 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 	ref := fs.String("downstream-ref", "", "resolve: the order system's id for what was done")
 	var tf tokenFlags
 	tf.register(fs)
-	if err := fs.Parse(rest); err != nil {
+	pos, err := parseCommand(fs, args, "KEY")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments %q; %s", fs.Args(), use)}
-	}
+	key := pos[0]
 	if err := lf.load(); err != nil {
 		return err
 	}

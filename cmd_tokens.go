@@ -12,11 +12,15 @@ import (
 // tokensCmd creates bearer tokens for the HTTP transport.
 func tokensCmd(args []string, stdout, stderr io.Writer) error {
 	const use = "usage: idemgate tokens add --principal P --tenant T --role agent|approver [--on-behalf-of USER] [--model MODEL] [--tokens FILE] [--note TEXT]"
+	if err := groupHelp("tokens", use, args, stderr); err != nil {
+		return err
+	}
 	if len(args) == 0 || args[0] != "add" {
 		return usageError{errors.New(use)}
 	}
 	fs := flag.NewFlagSet("tokens add", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, "tokens add --principal P --tenant T --role agent|approver [flags]", "Creates a bearer token for serve --http and the console; the token is printed once and stored hashed.")
 	var id server.Identity
 	fs.StringVar(&id.Principal, "principal", "", "who the token acts for")
 	fs.StringVar(&id.Tenant, "tenant", "default", "the token's tenant")
@@ -25,7 +29,7 @@ func tokensCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&id.Model, "model", "", "the model driving the token's agent, recorded on its audit entries (at most 128 bytes)")
 	file := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "tokens file (default: tokens.json beside the default ledger)")
 	note := fs.String("note", "", "what the token is for (at most 200 characters)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if _, err := parseCommand(fs, args[1:]); err != nil {
 		return err
 	}
 	if *file == "" {

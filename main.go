@@ -52,7 +52,8 @@ Usage:
   idemgate version
 
 Every command that opens the ledger takes --db PATH, or a postgres:// URL
-(env IDEMGATE_DB), and --config FILE. Run "idemgate COMMAND -h" for a command's flags.
+(env IDEMGATE_DB), and --config FILE. Run "idemgate COMMAND --help" (or
+"idemgate help COMMAND") for a command's flags.
 `
 
 func main() {
@@ -99,8 +100,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":
+		if len(args) > 1 && isHelpArg(args[1]) {
+			fmt.Fprint(stderr, "usage: idemgate version\n\nPrints idemgate's version.\n")
+			return 0
+		}
 		fmt.Fprintln(stdout, "idemgate", server.Version)
-	case "help", "-h", "--help":
+	case "help", "-h", "--help", "-help":
+		if len(args) > 1 && args[0] == "help" && !isHelpArg(args[1]) {
+			// idemgate help CMD [SUB] is idemgate CMD [SUB] --help.
+			return run(append(args[1:len(args):len(args)], "--help"), stdin, stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 	default:
 		fmt.Fprintf(stderr, "idemgate: unknown command %q\n\n%s", args[0], usage)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -15,10 +16,12 @@ type synopsis struct {
 	calls []synCall // one per subcommand (or one for the command itself)
 }
 
-// synCall is one invocation the synopsis describes: the words to run it
-// (positional placeholders replaced by "X") and the flags it shows.
+// synCall is one invocation the synopsis describes: the command and
+// subcommand words, its positional arguments (placeholders replaced by
+// "X", a choice by its first value) and the flags it shows.
 type synCall struct {
 	argv  []string
+	args  []string
 	flags []string
 }
 
@@ -80,16 +83,16 @@ func readmeSynopses(t *testing.T) []synopsis {
 			case prevFlag:
 				// the flag's value
 			case subRe.MatchString(w):
-				if subs > 0 || len(cur.flags) > 0 || len(cur.argv) > 1 {
+				if subs > 0 || len(cur.flags) > 0 || len(cur.args) > 0 {
 					syn.calls = append(syn.calls, cur)
 				}
 				subs++
 				cur = synCall{argv: []string{words[1], w}}
 				positional = true
 			case placeholderRe.MatchString(w) && positional:
-				cur.argv = append(cur.argv, "X")
+				cur.args = append(cur.args, "X")
 			case choiceRe.MatchString(w) && positional:
-				cur.argv = append(cur.argv, strings.Split(w, "|")[0])
+				cur.args = append(cur.args, strings.Split(w, "|")[0])
 			}
 		}
 		syn.calls = append(syn.calls, cur)
@@ -98,25 +101,49 @@ func readmeSynopses(t *testing.T) []synopsis {
 	return out
 }
 
-// helpFlags runs `idemgate ARGS -h` and returns the flags its help lists.
-func helpFlags(t *testing.T, argv []string) map[string]bool {
-	t.Helper()
+// runHelp runs `idemgate ARGV...` in process, as a user types it, and
+// returns its exit code and everything it printed.
+func runHelp(argv ...string) (int, string) {
 	var stdout, stderr bytes.Buffer
-	if code := run(append(append([]string{}, argv...), "-h"), strings.NewReader(""), &stdout, &stderr); code != 0 {
-		t.Fatalf("idemgate %s -h: exit %d (is the command or subcommand real?)\n%s%s", strings.Join(argv, " "), code, stdout.String(), stderr.String())
+	code := run(argv, strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String() + stderr.String()
+}
+
+// helpFlags runs `idemgate CMD [SUB] --help`, the form a user types, and
+// returns the flags its help lists. The help must be the same with -h and
+// with the command's positional arguments given (`idemgate reconcile KEY
+// --help`), and exit 0 in every form.
+func helpFlags(t *testing.T, c synCall) map[string]bool {
+	t.Helper()
+	name := strings.Join(c.argv, " ")
+	code, help := runHelp(append(slices.Clip(c.argv), "--help")...)
+	if code != 0 {
+		t.Fatalf("idemgate %s --help: exit %d, want 0 (is the command or subcommand real?)\n%s", name, code, help)
+	}
+	for _, argv := range [][]string{
+		append(slices.Clip(c.argv), "-h"),
+		append(append(slices.Clip(c.argv), c.args...), "--help"),
+	} {
+		if code, other := runHelp(argv...); code != 0 || other != help {
+			t.Errorf("idemgate %s: exit %d, printed\n%s\nwant exit 0 and the same help as idemgate %s --help:\n%s", strings.Join(argv, " "), code, other, name, help)
+		}
 	}
 	flags := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z][a-z0-9-]*)\b`).FindAllStringSubmatch(stderr.String()+stdout.String(), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z][a-z0-9-]*)\b`).FindAllStringSubmatch(help, -1) {
 		flags[m[1]] = true
+	}
+	if len(flags) == 0 && name != "version" {
+		t.Errorf("idemgate %s --help lists no flags:\n%s", name, help)
 	}
 	return flags
 }
 
 // TestReadmeSynopsisMatchesHelp: every command and subcommand of the
-// README's command reference exists, every flag it shows is one the
-// command's -h lists, every command that opens a ledger shows --db (and
-// those that ask the order API show --orders-api), and every command is in
-// the usage text.
+// README's command reference exists, every flag it shows is one that
+// `idemgate CMD [SUB] --help` lists (the same help with -h and with the
+// command's arguments given, exit 0), every command that opens a ledger
+// shows --db (and those that ask the order API show --orders-api), and
+// every command is in the usage text.
 func TestReadmeSynopsisMatchesHelp(t *testing.T) {
 	syns := readmeSynopses(t)
 	if len(syns) < 10 {
@@ -135,11 +162,11 @@ func TestReadmeSynopsisMatchesHelp(t *testing.T) {
 				need[f] = true
 			}
 			for _, c := range syn.calls {
-				help := helpFlags(t, c.argv)
+				help := helpFlags(t, c)
 				for _, f := range c.flags {
 					shown[f] = true
 					if !help[f] {
-						t.Errorf("README: `idemgate %s` shows -%s, which `idemgate %s -h` does not list\n  %s", strings.Join(c.argv, " "), f, strings.Join(c.argv, " "), syn.line)
+						t.Errorf("README: `idemgate %s` shows -%s, which `idemgate %s --help` does not list\n  %s", strings.Join(c.argv, " "), f, strings.Join(c.argv, " "), syn.line)
 					}
 				}
 				if help["db"] {
@@ -152,5 +179,66 @@ func TestReadmeSynopsisMatchesHelp(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHelpWithoutArguments: a command family alone with --help (or -h,
+// or help) lists its subcommands and exits 0; `idemgate help CMD SUB` is
+// `idemgate CMD SUB --help`; a command missing its positional argument
+// exits 2 saying which, with the whole flag list, not a one-line usage.
+func TestHelpWithoutArguments(t *testing.T) {
+	for _, tc := range []struct {
+		family string
+		subs   []string
+	}{
+		{"ops", []string{"list", "show"}},
+		{"approvals", []string{"list", "show", "approve", "reject", "require-token"}},
+		{"audit", []string{"verify", "tail", "export", "prune"}},
+		{"tokens", []string{"add"}},
+		{"outbox", []string{"requeue"}},
+	} {
+		for _, h := range []string{"--help", "-h", "help"} {
+			code, out := runHelp(tc.family, h)
+			if code != 0 {
+				t.Errorf("idemgate %s %s: exit %d, want 0\n%s", tc.family, h, code, out)
+			}
+			for _, s := range tc.subs {
+				if !strings.Contains(out, " "+s) {
+					t.Errorf("idemgate %s %s does not name the subcommand %s:\n%s", tc.family, h, s, out)
+				}
+			}
+		}
+		if code, out := runHelp(tc.family); code != 2 {
+			t.Errorf("idemgate %s alone: exit %d, want 2 (a usage error)\n%s", tc.family, code, out)
+		}
+	}
+
+	_, direct := runHelp("ops", "show", "--help")
+	if code, out := runHelp("help", "ops", "show"); code != 0 || out != direct {
+		t.Errorf("idemgate help ops show: exit %d, printed\n%s\nwant exit 0 and idemgate ops show --help's\n%s", code, out, direct)
+	}
+
+	for _, tc := range []struct {
+		argv    []string
+		missing string
+		flags   []string
+	}{
+		{[]string{"reconcile"}, "KEY", []string{"-config", "-tokens", "-db", "-orders-api"}},
+		{[]string{"resolve", "--outcome", "succeeded"}, "KEY", []string{"-config", "-tokens", "-evidence"}},
+		{[]string{"ops", "show"}, "KEY", []string{"-db", "-limit"}},
+		{[]string{"approvals", "approve", "--comment", "ok"}, "ID", []string{"-principal", "-token"}},
+		{[]string{"backup"}, "FILE", []string{"-db"}},
+		{[]string{"outbox", "requeue"}, "MESSAGE_ID", []string{"-principal", "-db"}},
+	} {
+		name := strings.Join(tc.argv, " ")
+		code, out := runHelp(tc.argv...)
+		if code != 2 || !strings.Contains(out, "needs "+tc.missing) {
+			t.Errorf("idemgate %s: exit %d, want 2 saying it needs %s\n%s", name, code, tc.missing, out)
+		}
+		for _, f := range tc.flags {
+			if !strings.Contains(out, "  "+f+" ") {
+				t.Errorf("idemgate %s: the usage it prints does not list %s\n%s", name, f, out)
+			}
+		}
 	}
 }
