@@ -79,7 +79,7 @@ func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 		e.Fingerprint, e.StateBefore, e.Downstream = "", "", ""
 	}
 	if d.Kind == DecisionMismatch {
-		e.ErrorCode = "key_reused_with_different_request"
+		e.ErrorCode = string(CodeKeyReused)
 	}
 	return e
 }

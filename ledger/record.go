@@ -32,7 +32,8 @@ func (s State) Final() bool {
 // a result it does not understand.
 const ResultFormat = 1
 
-// OpError is a saved, model-facing error of an operation.
+// OpError is a saved, model-facing error of an operation. Code is one
+// of the documented codes (Codes); test it with Code.Is.
 type OpError struct {
 	Code    string          `json:"code"`
 	Message string          `json:"message"`

@@ -153,7 +153,7 @@ func (c *StatsCounter) add(e AuditEntry) {
 		c.freed[kk] = true
 	case "call":
 		if e.Is(AuditRefused) {
-			if e.ErrorCode == "invalid_arguments" {
+			if e.ErrorCode == string(CodeInvalidArguments) {
 				d.InvalidRefused++
 			}
 			break // refused before the ledger: no operation to count it against

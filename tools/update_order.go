@@ -152,5 +152,5 @@ func staleOutcome(key string, o *orders.Order, id string, expected int) ledger.O
 	}
 	r := preconditionFailed(key, o, expected, ledger.StateFailed)
 	r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
-	return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: "precondition_failed"}
+	return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: string(CodePreconditionFailed)}
 }
