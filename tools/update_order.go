@@ -22,7 +22,8 @@ var specUpdateOrder = Spec{
 // updateOrderTool changes an order at the version the caller read.
 func updateOrderTool() descriptor {
 	return define(specUpdateOrder, (*Service).updateOrder, &sideEffect[updateOrderArgs]{
-		apply: (*Service).applyUpdateOrder,
+		alwaysApprove: true,
+		apply:         (*Service).applyUpdateOrder,
 		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a updateOrderArgs) (*orders.Order, error) {
 			return api.Update(ctx, tenant, ref, a.request())
 		},
