@@ -99,7 +99,7 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 		if err := setApproverTokenRule(ctx, store, id == "on"); err != nil {
 			return err
 		}
-		store.Audit(ledger.AuditEntry{Event: "call", Actor: actor, Decision: "require_approver_token " + id})
+		store.Audit(ledger.AuditEntry{Event: ledger.EventCall, Actor: actor, Decision: ledger.AuditDecision("require_approver_token " + id)})
 		fmt.Fprintf(stdout, "require_approver_token: %s (recorded in the ledger; every process on it enforces it)\n", id)
 		return nil
 	case "show":

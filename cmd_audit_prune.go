@@ -37,17 +37,6 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
-// auditChainVerifier is the ledger's verification with anchors and
-// archives (every backend's store is a *ledger.Ledger underneath).
-type auditChainVerifier interface {
-	VerifyAuditChain(ctx context.Context, from *ledger.AuditChain) (ledger.AuditVerification, error)
-}
-
-// auditPruner is the ledger's audit retention.
-type auditPruner interface {
-	PruneAudit(ctx context.Context, before time.Time, actor ledger.Actor, archive ledger.AuditArchive) (ledger.AuditPruned, error)
-}
-
 // Bounds of --audit-retention: less than an hour is a mistake (the entries
 // of calls still running), more than a century is "never".
 const (
@@ -58,10 +47,6 @@ const (
 // auditVerify checks the archives (in order) and then the ledger's kept
 // log, and says what was proven from where.
 func auditVerify(ctx context.Context, store ledger.Store, archives []string, stdout io.Writer) error {
-	v, ok := store.(auditChainVerifier)
-	if !ok {
-		return fmt.Errorf("this ledger cannot verify its audit chain")
-	}
 	var chain *ledger.AuditChain
 	if len(archives) > 0 {
 		chain = &ledger.AuditChain{}
@@ -83,7 +68,7 @@ func auditVerify(ctx context.Context, store ledger.Store, archives []string, std
 			fmt.Fprintf(stdout, "note: the archives start at entry %d; entries before it are taken as given (pass their archives first to check them)\n", chain.First)
 		}
 	}
-	res, err := v.VerifyAuditChain(ctx, chain)
+	res, err := store.VerifyAuditChain(ctx, chain)
 	if err != nil {
 		return fmt.Errorf("audit chain broken after %d good entries: %w", res.Entries, err)
 	}
@@ -192,16 +177,12 @@ func auditPrune(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer store.Close()
-	p, ok := store.(auditPruner)
-	if !ok {
-		return fmt.Errorf("this ledger cannot prune its audit log")
-	}
 	var la ledger.AuditArchive
 	if archive != nil {
 		la = archive
 	}
 	actor := ledger.Actor{Principal: "audit-prune", ClientName: "idemgate", ClientVersion: server.Version}
-	res, err := p.PruneAudit(context.Background(), cutoff, actor, la)
+	res, err := store.PruneAudit(context.Background(), cutoff, actor, la)
 	if archive != nil && res.Entries == 0 {
 		archive.remove() // nothing went into it
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"idemgate/loadgen"
+	"idemgate/server"
 )
 
 // noopServerArg makes `idemgate bench` serve the no-op floor's MCP server
@@ -40,7 +41,7 @@ const defaultMix = "create_order=8,get_order=1,send_notification=1"
 // correctness failed.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 1 && args[0] == noopServerArg {
-		return loadgen.ServeNoop()
+		return server.ServeNoop(loadgen.NoopTool)
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -233,17 +233,17 @@ func model(a ledger.Actor) string {
 func what(e ledger.AuditEntry) string {
 	var s string
 	switch e.Event {
-	case "transition":
-		s = oneLine(e.Decision, 60) + ": " + orDash(string(e.StateBefore)) + " → " + string(e.StateAfter)
-	case "answer":
+	case ledger.EventTransition:
+		s = oneLine(string(e.Decision), 60) + ": " + orDash(string(e.StateBefore)) + " → " + string(e.StateAfter)
+	case ledger.EventAnswer:
 		s = string(e.StateAfter)
 		if e.Replayed {
 			s += " (replayed)"
 		}
 	default:
-		s = e.Decision
+		s = string(e.Decision)
 	}
-	if e.ErrorCode != "" && e.Event != "answer" {
+	if e.ErrorCode != "" && e.Event != ledger.EventAnswer {
 		s += " " + e.ErrorCode
 	}
 	return s
@@ -255,7 +255,7 @@ func answer(e ledger.AuditEntry) string {
 		return "-"
 	}
 	s := ""
-	if e.Event == "answer" && e.ErrorCode != "" {
+	if e.Event == ledger.EventAnswer && e.ErrorCode != "" {
 		s = e.ErrorCode + " "
 	}
 	s += "sha256:" + e.ResponseSHA256[:min(12, len(e.ResponseSHA256))]
@@ -298,7 +298,7 @@ func detail(e ledger.AuditEntry) string {
 		d += fmt.Sprintf(" (attempt %d, %.1fms)", c.Attempt, c.DurationMS)
 		parts = append(parts, d)
 	}
-	if e.Event == "call" && e.Decision == "refused" && e.Detail != "" {
+	if e.Event == ledger.EventCall && e.Is(ledger.AuditRefused) && e.Detail != "" {
 		parts = append(parts, oneLine(e.Detail, 80))
 	}
 	return orDash(strings.Join(parts, "; "))

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
 func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -164,7 +163,9 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
 	} else {
 		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
-		err = serveStdio(ctx, server.New(svc, id, logger, nil), stdin, stdout, *workers, grace, logger)
+		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), server.StdioConfig{
+			In: stdin, Out: stdout, Workers: *workers, Grace: grace, Logger: logger,
+		})
 	}
 	bg.Stop() // the deliverer's last pass ends before the answer is returned
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
@@ -235,35 +236,4 @@ func reconcileLoop(ctx context.Context, svc *tools.Service, lease time.Duration,
 // for the ledger writes around them.
 func shutdownGrace(callTimeout, wait time.Duration) time.Duration {
 	return callTimeout + wait + 5*time.Second
-}
-
-// serveStdio serves s on stdin/stdout until the input ends or ctx is done
-// (a signal); then it stops reading, waits up to grace for every request
-// already read to be answered, and returns.
-func serveStdio(ctx context.Context, s *mcpserver.MCPServer, stdin io.Reader, stdout io.Writer, workers int, grace time.Duration, logger *slog.Logger) error {
-	drain := server.NewStdioDrain(stdin, stdout)
-	// Not cancelled by the signal: mcp-go would cancel the calls in flight.
-	listen, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- server.ServeStdio(listen, s, drain.Reader(), drain.Writer(), workers, logger) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		logger.Info("shutting down: answering the calls in flight", "grace", grace)
-	case <-drain.InputDone():
-	}
-	wait, stopWait := context.WithTimeout(context.Background(), grace)
-	defer stopWait()
-	if left := drain.Drain(wait); left > 0 {
-		logger.Error("shutdown: calls still running after the grace were not answered (their operations are recorded and reconciled)", "calls", left, "grace", grace)
-	}
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(5 * time.Second):
-		cancel()
-		return <-errc
-	}
 }

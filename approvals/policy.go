@@ -19,7 +19,10 @@ import (
 // start from Default. It is read-only after loading and safe for
 // concurrent use.
 type Policy struct {
-	// AlwaysApprove lists tools that always need approval.
+	// AlwaysApprove, when set (always_approve in the config file), lists
+	// the tools that always need approval, in place of what the tools say
+	// of themselves (Facts.AlwaysApprove: update_order and cancel_order
+	// do). nil leaves it to the tools.
 	AlwaysApprove []string `toml:"always_approve"`
 	// CreateOrderThresholdMinor: a create_order whose total (minor units)
 	// is at or above this needs approval. 0 disables the rule.
@@ -60,7 +63,6 @@ func (d *Duration) UnmarshalText(b []byte) error {
 // Default is the policy with nothing configured.
 func Default() Policy {
 	return Policy{
-		AlwaysApprove:             []string{"update_order", "cancel_order"},
 		CreateOrderThresholdMinor: 100_000,
 		MaxRecipients:             10,
 		SuspectedDuplicates:       true,
@@ -142,6 +144,10 @@ type Facts struct {
 	// email, sms or webhook, and the recipients as written.
 	Channel    string
 	Recipients []string
+	// AlwaysApprove says that every request of the tool needs a human
+	// approver (the tool's descriptor says so: update_order, cancel_order),
+	// unless the policy lists the tools that do (Policy.AlwaysApprove).
+	AlwaysApprove bool
 }
 
 // Evaluate decides for one validated request of principal to tool, from
@@ -167,7 +173,11 @@ func (p Policy) Evaluate(principal, tool string, f Facts) Verdict {
 			}
 		}
 	}
-	if slices.Contains(p.AlwaysApprove, tool) {
+	always := f.AlwaysApprove
+	if p.AlwaysApprove != nil {
+		always = slices.Contains(p.AlwaysApprove, tool)
+	}
+	if always {
 		return Verdict{Approve, "always_approve", tool + " always needs a human approver"}
 	}
 	if f.HasAmount && p.CreateOrderThresholdMinor > 0 && f.Amount >= p.CreateOrderThresholdMinor {

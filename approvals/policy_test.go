@@ -25,9 +25,9 @@ func TestEvaluate(t *testing.T) {
 		{"at the threshold needs approval", "a", "create_order", order("EUR", 100, 1000), Approve, "amount_threshold"},
 		{"above the threshold needs approval", "a", "create_order", order("EUR", 1000, 1000), Approve, "amount_threshold"},
 		{"currency not accepted", "a", "create_order", order("USD", 1, 1), Deny, "currency_not_allowed"},
-		{"cancel always needs approval", "a", "cancel_order", Facts{}, Approve, "always_approve"},
-		{"update always needs approval", "a", "update_order", Facts{}, Approve, "always_approve"},
-		{"denied tool wins over approval", "intern", "cancel_order", Facts{}, Deny, "denied_tool"},
+		{"cancel always needs approval", "a", "cancel_order", always, Approve, "always_approve"},
+		{"update always needs approval", "a", "update_order", always, Approve, "always_approve"},
+		{"denied tool wins over approval", "intern", "cancel_order", always, Deny, "denied_tool"},
 		{"allowed e-mail domain", "a", "send_notification", email("Ann <ann@example.com>"), Allow, "default_allow"},
 		{"recipient domain not allowed", "a", "send_notification", email("x@evil.test"), Deny, "recipient_domain_not_allowed"},
 		{"a list in one recipient fails closed", "a", "send_notification", email("a@evil.test, b@example.com"), Deny, "recipient_domain_not_allowed"},
@@ -54,6 +54,54 @@ func TestEvaluate(t *testing.T) {
 	}
 }
 
+// always is the facts of a tool that says it always needs approval
+// (cancel_order, update_order).
+var always = Facts{AlwaysApprove: true}
+
+// TestAlwaysApproveConfigured: always_approve in the config file, when
+// set, is the list of tools that always need approval, in place of what
+// the tools say of themselves; the defaults leave it to the tools.
+func TestAlwaysApproveConfigured(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		list   []string
+		tool   string
+		facts  Facts
+		action string
+	}{
+		{"defaults: the tool says so", nil, "cancel_order", always, Approve},
+		{"defaults: the tool does not", nil, "create_order", order("EUR", 1, 1), Allow},
+		{"the README's list", []string{"update_order", "cancel_order"}, "cancel_order", always, Approve},
+		{"a list that adds a tool", []string{"update_order", "cancel_order", "create_order"}, "create_order", order("EUR", 1, 1), Approve},
+		{"a list without the tool", []string{"create_order"}, "cancel_order", always, Allow},
+		{"an empty list", []string{}, "update_order", always, Allow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Default()
+			p.AlwaysApprove = tc.list
+			if got := p.Evaluate("a", tc.tool, tc.facts); got.Action != tc.action {
+				t.Errorf("Evaluate(%s) with always_approve %v = %+v, want %s", tc.tool, tc.list, got, tc.action)
+			}
+		})
+	}
+	p, err := Load(writePolicy(t, "always_approve = []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.AlwaysApprove == nil || p.Evaluate("a", "cancel_order", always).Action != Allow {
+		t.Errorf("always_approve = [] loaded as %#v: the tools' own word still applies", p.AlwaysApprove)
+	}
+}
+
+func writePolicy(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "policy.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func email(to string) Facts {
 	return Facts{Channel: "email", Recipients: []string{to}}
 }
@@ -71,14 +119,7 @@ func manyRecipients(n int) []string {
 }
 
 func TestLoad(t *testing.T) {
-	write := func(t *testing.T, body string) string {
-		t.Helper()
-		p := filepath.Join(t.TempDir(), "policy.toml")
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := writePolicy
 	t.Run("overrides defaults", func(t *testing.T) {
 		p, err := Load(write(t, "create_order_threshold_minor = 5000\napproval_ttl = \"2h\"\n[denied_tools]\n\"bot\" = [\"cancel_order\"]\n"))
 		if err != nil {
@@ -132,11 +173,11 @@ func TestDeniedToolsMatchPrincipalCaseInsensitively(t *testing.T) {
 	p := Default()
 	p.DeniedTools = map[string][]string{"Intern-Bot": {"cancel_order"}}
 	for _, name := range []string{"intern-bot", "INTERN-BOT", "Intern-Bot"} {
-		if v := p.Evaluate(name, "cancel_order", Facts{}); v.Action != Deny {
+		if v := p.Evaluate(name, "cancel_order", always); v.Action != Deny {
 			t.Errorf("Evaluate(%q, cancel_order) = %+v, want deny", name, v)
 		}
 	}
-	if v := p.Evaluate("intern-bot-2", "cancel_order", Facts{}); v.Action == Deny {
+	if v := p.Evaluate("intern-bot-2", "cancel_order", always); v.Action == Deny {
 		t.Errorf("another principal denied: %+v", v)
 	}
 }

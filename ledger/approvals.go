@@ -68,7 +68,7 @@ func (s *Ledger) decideLocked(tx *ltx, r DecideRequest, apply ApplyFunc) (Decisi
 		if r.Comment != "" {
 			msg += " Comment: " + r.Comment
 		}
-		rec.Error = &OpError{Code: "forbidden", Message: msg}
+		rec.Error = &OpError{Code: string(CodeForbidden), Message: msg}
 		rec.Summary = "rejected by " + r.Approver.Principal
 		rec.CompletedAt = now
 		if err := s.saveTransition(tx, r.Approver, rec, StateAwaitingApproval, AuditRejectedBy+AuditDecision(r.Approver.Principal), now); err != nil {

@@ -14,34 +14,30 @@ import (
 // sent. Seq, PrevHash and Hash are set by the store when the entry is
 // appended.
 //
-// Events:
-//   - "call": what the ledger (or, with decision "refused", the policy or
-//     argument validation) decided for a call that changed nothing.
-//   - "transition": a state change of an operation, written in the
-//     transaction that made it.
-//   - "answer": the end of a side-effecting tool call: what the client was
-//     sent (status, error code, SHA-256 of the result's JSON text) and how
-//     long the call took.
+// Its Event is one of the AuditEvent constants (EventCall, EventTransition,
+// EventAnswer, and the sweep's, the operator's and the prune's own), its
+// Decision an AuditDecision; code that classifies entries compares them
+// with those constants (and AuditEntry.Is), never with other text.
 //
 // Every field added after the first release is omitted when empty, so the
 // JSON of an entry written before — and with it the hash chain — is
 // unchanged.
 type AuditEntry struct {
-	Seq         uint64    `json:"seq"`
-	At          time.Time `json:"at"`
-	Event       string    `json:"event"` // call, transition
-	Actor       Actor     `json:"actor"`
-	Tool        string    `json:"tool,omitempty"`
-	Key         string    `json:"key,omitempty"`
-	Fingerprint string    `json:"fingerprint,omitempty"`
-	Decision    string    `json:"decision,omitempty"` // what the ledger or policy decided
-	StateBefore State     `json:"state_before,omitempty"`
-	StateAfter  State     `json:"state_after,omitempty"`
-	Attempt     int       `json:"attempt,omitempty"`
-	Downstream  string    `json:"downstream,omitempty"`
-	DurationMS  float64   `json:"duration_ms,omitempty"`
-	ErrorCode   string    `json:"error_code,omitempty"`
-	Detail      string    `json:"detail,omitempty"`
+	Seq         uint64        `json:"seq"`
+	At          time.Time     `json:"at"`
+	Event       AuditEvent    `json:"event"`
+	Actor       Actor         `json:"actor"`
+	Tool        string        `json:"tool,omitempty"`
+	Key         string        `json:"key,omitempty"`
+	Fingerprint string        `json:"fingerprint,omitempty"`
+	Decision    AuditDecision `json:"decision,omitempty"` // what the ledger or policy decided
+	StateBefore State         `json:"state_before,omitempty"`
+	StateAfter  State         `json:"state_after,omitempty"`
+	Attempt     int           `json:"attempt,omitempty"`
+	Downstream  string        `json:"downstream,omitempty"`
+	DurationMS  float64       `json:"duration_ms,omitempty"`
+	ErrorCode   string        `json:"error_code,omitempty"`
+	Detail      string        `json:"detail,omitempty"`
 	// PolicyRule and PolicyAction are the policy check of the call: the
 	// rule that decided and its action (allow, approve, deny).
 	PolicyRule   string `json:"policy_rule,omitempty"`
@@ -139,8 +135,8 @@ func (e AuditEntry) verifyChain(prevHash string) error {
 // transitionEntry is the audit entry of a state change of rec.
 func transitionEntry(now time.Time, a Actor, rec *Record, before State, decision AuditDecision) AuditEntry {
 	e := AuditEntry{
-		At: now, Event: "transition", Actor: a, Tool: rec.Tool, Key: rec.Key,
-		Fingerprint: rec.Fingerprint, Decision: string(decision), StateBefore: before,
+		At: now, Event: EventTransition, Actor: a, Tool: rec.Tool, Key: rec.Key,
+		Fingerprint: rec.Fingerprint, Decision: decision, StateBefore: before,
 		StateAfter: rec.State, Attempt: rec.Attempts,
 	}
 	e.Actor.Tenant = rec.Tenant

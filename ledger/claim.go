@@ -65,7 +65,7 @@ func (s *Ledger) answer(rec *Record, kind DecisionKind) Decision {
 }
 
 func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
-	e := AuditEntry{At: s.opts.Now(), Event: "call", Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: string(d.Kind)}
+	e := AuditEntry{At: s.opts.Now(), Event: EventCall, Actor: c.Actor, Tool: c.Tool, Key: c.Key, Fingerprint: c.Fingerprint, Decision: AuditDecision(d.Kind)}
 	c.policyOf(&e)
 	if d.Record != nil {
 		e.StateBefore, e.StateAfter, e.Attempt = d.Record.State, d.Record.State, d.Record.Attempts
@@ -79,7 +79,7 @@ func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 		e.Fingerprint, e.StateBefore, e.Downstream = "", "", ""
 	}
 	if d.Kind == DecisionMismatch {
-		e.ErrorCode = "key_reused_with_different_request"
+		e.ErrorCode = string(CodeKeyReused)
 	}
 	return e
 }

@@ -8,7 +8,7 @@ import (
 
 // EventDeleted is the audit event of a tombstone deleted by the sweep:
 // from then on its key is free, and a call under it is a new operation.
-const EventDeleted = "deleted"
+const EventDeleted AuditEvent = "deleted"
 
 // clockState is what this process knows of the ledger's clocks.
 type clockState struct {

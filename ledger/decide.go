@@ -175,9 +175,9 @@ func (o Options) expireTransition(rec *Record, now, high time.Time) (State, Audi
 	case rec.State == StateAwaitingApproval && rec.Approval != nil && !later(now, high).Before(rec.Approval.ExpiresAt):
 		rec.State = StateRejected
 		a := *rec.Approval
-		a.Status = "expired"
+		a.Status = ApprovalExpired
 		rec.Approval = &a
-		rec.Error = &OpError{Code: "approval_required", Message: "the approval request expired before anyone decided it (approval_expired); nothing was executed"}
+		rec.Error = &OpError{Code: string(CodeApprovalRequired), Message: "the approval request expired before anyone decided it (approval_expired); nothing was executed"}
 		rec.Summary = "approval_expired"
 		at := rec.Approval.ExpiresAt // when it happened, however late it is noticed
 		rec.UpdatedAt, rec.CompletedAt = at, at

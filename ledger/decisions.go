@@ -2,6 +2,26 @@ package ledger
 
 import "strings"
 
+// AuditEvent is what kind of thing an audit entry records (AuditEntry.Event).
+type AuditEvent string
+
+// The events of tool calls and operations. The sweep, the operator's
+// actions and the audit prune have their own (EventDeleted, EventOperator,
+// EventAuditPruned).
+const (
+	// EventCall: what the ledger (or, with decision AuditRefused, the
+	// policy or argument validation) decided for a call that changed
+	// nothing.
+	EventCall AuditEvent = "call"
+	// EventTransition: a state change of an operation, written in the
+	// transaction that made it.
+	EventTransition AuditEvent = "transition"
+	// EventAnswer: the end of a side-effecting tool call: what the client
+	// was sent (status, error code, SHA-256 of the result's JSON text) and
+	// how long the call took.
+	EventAnswer AuditEvent = "answer"
+)
+
 // AuditDecision is what an audit entry says was decided (AuditEntry.Decision):
 // for a call, its DecisionKind or AuditRefused; for a transition, one of
 // the words below, a prefix below followed by a name, or a settlement's
@@ -43,11 +63,11 @@ func (e AuditEntry) Is(d AuditDecision) bool {
 	switch d {
 	case AuditSuspectedDuplicate:
 		// Entries of every build start with the bare word.
-		return strings.HasPrefix(e.Decision, "suspected_duplicate")
+		return strings.HasPrefix(string(e.Decision), "suspected_duplicate")
 	case AuditHeld, AuditApprovedBy, AuditRejectedBy:
-		return strings.HasPrefix(e.Decision, string(d))
+		return strings.HasPrefix(string(e.Decision), string(d))
 	}
-	return e.Decision == string(d)
+	return e.Decision == d
 }
 
 // Settlement is how an operation whose outcome was unknown was settled,
@@ -80,7 +100,7 @@ func (e AuditEntry) SettledHow() Settlement {
 	if e.Settled != "" {
 		return e.Settled
 	}
-	return legacySettlement(e.Decision)
+	return legacySettlement(string(e.Decision))
 }
 
 // legacySettlement classifies the decision text of a settlement written

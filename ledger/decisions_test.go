@@ -9,7 +9,7 @@ import (
 // Settled field its entry carries, whatever its decision text says.
 func TestSettledHowReadsTheTypedField(t *testing.T) {
 	for _, tc := range []struct {
-		decision string
+		decision AuditDecision
 		settled  Settlement
 	}{
 		{"found it by asking the warehouse", SettledReconciledFound},
@@ -29,7 +29,7 @@ func TestSettledHowReadsTheTypedField(t *testing.T) {
 // classified as those builds' metrics classified them, and their hash
 // chain still verifies.
 func TestSettledHowLegacyEntries(t *testing.T) {
-	for decision, want := range map[string]Settlement{
+	for decision, want := range map[AuditDecision]Settlement{
 		"reconciled: the order system has order ord_9 for this key":                            SettledReconciledFound,
 		"reconciled: the order system has nothing for this key, and same-key retries are safe": SettledReconciledAbsentRetry,
 		"reconciled: absent at the order system; re-run needs approval":                        SettledReconciledAbsentNeedsApproval,
@@ -60,7 +60,7 @@ func TestSettledHowLegacyEntries(t *testing.T) {
 // TestAuditDecisionIs: the prefixes match entries that start with them,
 // the words only themselves.
 func TestAuditDecisionIs(t *testing.T) {
-	e := AuditEntry{Decision: string(AuditApprovedBy) + "bob"}
+	e := AuditEntry{Decision: AuditApprovedBy + "bob"}
 	if !e.Is(AuditApprovedBy) || e.Is(AuditRejectedBy) || e.Is(AuditClaimed) {
 		t.Errorf("Is on %q is wrong", e.Decision)
 	}

@@ -44,7 +44,12 @@
 // buffered and written with the next write transaction (or by the periodic
 // flush), so a replay never waits for an fsync; a crash can lose at most
 // the replay and refusal entries of the last flush interval. Entries form a
-// SHA-256 hash chain that [Store.VerifyAudit] checks.
+// SHA-256 hash chain that [Store.VerifyAudit] checks. [Store.PruneAudit]
+// removes the oldest entries (after archiving them) and leaves an anchor
+// the kept part starts from; [Store.VerifyAuditChain] checks the chain from
+// that anchor, or from the archives. An entry's Event and Decision are
+// typed (AuditEvent, AuditDecision), as are the error codes of outcomes
+// (Code): classify entries by them, never by other text.
 //
 // # Backends
 //

@@ -5,7 +5,7 @@ import "errors"
 // EventOperator is the audit event of an operator's action that is not a
 // state change of an operation — a dead-lettered message put back in the
 // queue (decision AuditRequeued). ComputeStats counts none of them.
-const EventOperator = "operator"
+const EventOperator AuditEvent = "operator"
 
 // AuditRequeued is the decision of an EventOperator entry that records a
 // requeue; Detail names the message, Call.MessageIDs holds its id.

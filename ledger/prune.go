@@ -29,7 +29,7 @@ import (
 // anchor it names were removed from the ledger (after being archived, or
 // discarded on the operator's word). Its Detail has the form written by
 // prunedDetail.
-const EventAuditPruned = "audit_pruned"
+const EventAuditPruned AuditEvent = "audit_pruned"
 
 // keyAuditAnchor is the meta key of the AuditAnchor JSON.
 var keyAuditAnchor = []byte("audit_anchor")

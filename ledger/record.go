@@ -32,7 +32,8 @@ func (s State) Final() bool {
 // a result it does not understand.
 const ResultFormat = 1
 
-// OpError is a saved, model-facing error of an operation.
+// OpError is a saved, model-facing error of an operation. Code is one
+// of the documented codes (Codes); test it with Code.Is.
 type OpError struct {
 	Code    string          `json:"code"`
 	Message string          `json:"message"`
@@ -396,6 +397,19 @@ type Store interface {
 	// VerifyAudit checks the whole hash chain and returns the number of
 	// entries, or an error naming the first entry that does not verify.
 	VerifyAudit(ctx context.Context) (int, error)
+	// VerifyAuditChain checks the hash chain of the entries the store
+	// keeps: from entry 1, or from the anchor of a pruned log; from, when
+	// not nil, is the chain of archives checked before, which the kept
+	// part must continue exactly. It returns what it proved, or an error
+	// naming the first entry that does not verify ([Ledger.VerifyAuditChain]).
+	VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error)
+	// PruneAudit removes the oldest audit entries written before before,
+	// handing each batch to archive first (nil: they are discarded), in
+	// small transactions that each move the anchor and append an
+	// EventAuditPruned entry; it refuses to prune a part that does not
+	// verify. Errors: ErrAuditPruneConflict, an archive's error, a
+	// before in the future, a read-only store ([Ledger.PruneAudit]).
+	PruneAudit(ctx context.Context, before time.Time, actor Actor, archive AuditArchive) (AuditPruned, error)
 	// Health reports whether the store can be read and can commit.
 	Health(ctx context.Context) Health
 	// Close flushes buffered audit entries and releases the store.

@@ -142,7 +142,7 @@ func (c *StatsCounter) add(e AuditEntry) {
 	}
 	var d Stats // what e adds
 	kk := statsKey{e.Actor.Tenant, e.Key}
-	if e.Event == "transition" && e.StateBefore == "" && c.freed[kk] {
+	if e.Event == EventTransition && e.StateBefore == "" && c.freed[kk] {
 		c.incarnation[kk]++
 		delete(c.freed, kk)
 	}
@@ -151,9 +151,9 @@ func (c *StatsCounter) add(e AuditEntry) {
 	switch e.Event {
 	case EventDeleted:
 		c.freed[kk] = true
-	case "call":
+	case EventCall:
 		if e.Is(AuditRefused) {
-			if e.ErrorCode == "invalid_arguments" {
+			if e.ErrorCode == string(CodeInvalidArguments) {
 				d.InvalidRefused++
 			}
 			break // refused before the ledger: no operation to count it against
@@ -170,7 +170,7 @@ func (c *StatsCounter) add(e AuditEntry) {
 		case DecisionExpired:
 			d.LateReplays++
 		}
-	case "transition":
+	case EventTransition:
 		if !c.ops[k] {
 			c.ops[k] = true
 			d.Operations++

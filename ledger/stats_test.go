@@ -29,11 +29,11 @@ func (a *auditOnly) AuditLog(_ context.Context, after uint64, limit int) ([]Audi
 func statsLog(h0 time.Time) []AuditEntry {
 	h := func(n int, m int) time.Time { return h0.Add(time.Duration(n)*time.Hour + time.Duration(m)*time.Minute) }
 	a := Actor{Tenant: "t1", Principal: "agent"}
-	tr := func(at time.Time, key string, before, after State, decision string) AuditEntry {
+	tr := func(at time.Time, key string, before, after State, decision AuditDecision) AuditEntry {
 		return AuditEntry{At: at, Event: "transition", Actor: a, Key: key, StateBefore: before, StateAfter: after, Decision: decision}
 	}
 	call := func(at time.Time, key string, d DecisionKind) AuditEntry {
-		return AuditEntry{At: at, Event: "call", Actor: a, Key: key, Decision: string(d)}
+		return AuditEntry{At: at, Event: "call", Actor: a, Key: key, Decision: AuditDecision(d)}
 	}
 	log := []AuditEntry{
 		tr(h(0, 1), "a", "", StateInProgress, "claimed"),
@@ -52,7 +52,7 @@ func statsLog(h0 time.Time) []AuditEntry {
 		tr(h(2, 3), "c", StateSucceeded, StateInProgress, "bug"),
 		tr(h(2, 4), "c", StateInProgress, StateSucceeded, "completed"), // a second execution: a duplicate side effect
 		call(h(2, 5), "e", DecisionExpired),
-		{At: h(2, 6), Event: "call", Actor: Actor{Tenant: "t2"}, Key: "x", Decision: string(DecisionReplay)},
+		{At: h(2, 6), Event: "call", Actor: Actor{Tenant: "t2"}, Key: "x", Decision: AuditDecision(DecisionReplay)},
 	}
 	for i := range log {
 		log[i].Seq = uint64(i + 1)
@@ -127,7 +127,7 @@ func TestStatsCounterKeepsBoundedBuckets(t *testing.T) {
 	h0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var log []AuditEntry
 	for i := range 2000 {
-		log = append(log, AuditEntry{Seq: uint64(i + 1), At: h0.Add(time.Duration(i) * time.Hour), Event: "call", Actor: Actor{Tenant: "t1"}, Key: "k", Decision: string(DecisionReplay)})
+		log = append(log, AuditEntry{Seq: uint64(i + 1), At: h0.Add(time.Duration(i) * time.Hour), Event: "call", Actor: Actor{Tenant: "t1"}, Key: "k", Decision: AuditDecision(DecisionReplay)})
 	}
 	c := NewStatsCounter("")
 	if err := c.Update(context.Background(), &auditOnly{entries: log}); err != nil {

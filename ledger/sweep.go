@@ -227,7 +227,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 					deletedEntries = append(deletedEntries, AuditEntry{At: now, Event: EventDeleted,
 						Actor: Actor{Tenant: rec.Tenant, Principal: "ledger-sweep"}, Tool: rec.Tool, Key: rec.Key,
 						Fingerprint: rec.Fingerprint, StateBefore: rec.State,
-						Decision: string(AuditTombstoneDeleted), Detail: "incarnation " + rec.Incarnation})
+						Decision: AuditTombstoneDeleted, Detail: "incarnation " + rec.Incarnation})
 					d++
 				}
 			}

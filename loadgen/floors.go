@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mark3labs/mcp-go/mcp"
-	"github.com/mark3labs/mcp-go/server"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -31,21 +29,9 @@ type Floors struct {
 	CommitP50End   float64 `json:"commit_p50_end_us"`   //
 }
 
-// NoopTool is the one tool of the no-op server.
+// NoopTool is the one tool of the no-op server (server.ServeNoop, which
+// the command line serves with this name).
 const NoopTool = "noop"
-
-// ServeNoop serves the no-op floor's MCP server over stdio: one tool,
-// "noop", answering a constant envelope, on the process's stdin and
-// stdout. It returns when stdin closes.
-func ServeNoop() error {
-	s := server.NewMCPServer("idemgate-bench-noop", "1", server.WithToolCapabilities(false))
-	t := mcp.NewTool(NoopTool, mcp.WithDescription("Returns a constant."), mcp.WithReadOnlyHintAnnotation(true))
-	s.AddTool(t, func(context.Context, mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		return mcp.NewToolResultStructured(map[string]any{"status": "succeeded", "replayed": false, "next_action": "none"},
-			`{"status":"succeeded","replayed":false,"next_action":"none"}`), nil
-	})
-	return server.ServeStdio(s, server.WithWorkerPoolSize(64))
-}
 
 // NoopLatency makes sequential no-op calls through c for up to d (at most
 // max calls) and returns their p50 in µs.

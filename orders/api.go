@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+
+	"idemgate/ledger"
 )
 
 // API is the HTTP order API downstream: orders live in another
@@ -82,8 +84,8 @@ const (
 // APIError is a failed call to the order API, classified.
 type APIError struct {
 	Class  string
-	Status int    // HTTP status, 0 when none was received
-	Code   string // the ledger error code for a definitive failure
+	Status int         // HTTP status, 0 when none was received
+	Code   ledger.Code // the error code of a definitive failure
 	Msg    string
 	// RetryAfter is the delay the API asked for with Retry-After on a 429
 	// or 503 (0 when it named none).
@@ -192,9 +194,9 @@ func (a *API) do(ctx context.Context, method, path string, query url.Values, hea
 		}
 		return nil
 	case s == http.StatusNotFound:
-		return &APIError{Class: Definitive, Status: s, Code: "not_found", Msg: snippet(b)}
+		return &APIError{Class: Definitive, Status: s, Code: ledger.CodeNotFound, Msg: snippet(b)}
 	case s == http.StatusPreconditionFailed:
-		return &APIError{Class: Definitive, Status: s, Code: "precondition_failed", Msg: snippet(b)}
+		return &APIError{Class: Definitive, Status: s, Code: ledger.CodePreconditionFailed, Msg: snippet(b)}
 	case s == http.StatusTooManyRequests:
 		return &APIError{Class: NotSent, Status: s, Msg: snippet(b), RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	case s == http.StatusServiceUnavailable:
@@ -202,7 +204,7 @@ func (a *API) do(ctx context.Context, method, path string, query url.Values, hea
 	case s == http.StatusConflict || s >= 500:
 		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b)}
 	default:
-		return &APIError{Class: Definitive, Status: s, Code: "downstream_error", Msg: snippet(b)}
+		return &APIError{Class: Definitive, Status: s, Code: ledger.CodeDownstreamError, Msg: snippet(b)}
 	}
 }
 

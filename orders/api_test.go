@@ -73,7 +73,7 @@ func TestOrderAPIClassification(t *testing.T) {
 			if tt.class == "" && (o == nil || o.OrderID != "o1") {
 				t.Errorf("Create = %+v, want order o1", o)
 			}
-			if tt.class == Definitive && ae.Code != tt.code {
+			if tt.class == Definitive && string(ae.Code) != tt.code {
 				t.Errorf("definitive failure code %q, want %q", ae.Code, tt.code)
 			}
 			if n := hits.Load(); n != 1 {

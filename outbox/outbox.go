@@ -546,7 +546,7 @@ func (d *Deliverer) Requeue(ctx context.Context, messageID string, by ledger.Act
 		}
 		return ledger.AppendAudit(tx, ledger.AuditEntry{
 			Event: ledger.EventOperator, Actor: a, Key: cur.OperationKey,
-			Decision: string(ledger.AuditRequeued), Detail: detail,
+			Decision: ledger.AuditRequeued, Detail: detail,
 			Call: &ledger.DownstreamCall{System: "outbox", MessageIDs: []string{cur.MessageID}},
 		})
 	})

@@ -68,28 +68,42 @@ type schemaInfo struct {
 // New compiles every embedded schema (draft 2020-12, with "format"
 // asserted, so a malformed uuid or date is an error, not an annotation).
 // It fails only if a schema file is broken.
-func New() (*Validator, error) {
-	entries, err := fs.ReadDir(files, ".")
-	if err != nil {
-		return nil, err
-	}
+func New() (*Validator, error) { return NewWith(nil) }
+
+// NewWith is New with more tools' input schemas: the *.json files at the
+// top of extra (nil: none), each named after its tool like the embedded
+// ones, which it must not repeat. It is for tests that define a tool no
+// build ships; tools/list publishes the embedded files only (InputSchema).
+func NewWith(extra fs.FS) (*Validator, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
 	raws := map[string][]byte{}
-	for _, e := range entries {
-		raw, err := files.ReadFile(e.Name())
+	for _, fsys := range []fs.FS{files, extra} {
+		if fsys == nil {
+			continue
+		}
+		names, err := fs.Glob(fsys, "*.json")
 		if err != nil {
 			return nil, err
 		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-		if err != nil {
-			return nil, fmt.Errorf("schemas: %s: %w", e.Name(), err)
+		for _, name := range names {
+			if _, dup := raws[name]; dup {
+				return nil, fmt.Errorf("schemas: %s: defined twice", name)
+			}
+			raw, err := fs.ReadFile(fsys, name)
+			if err != nil {
+				return nil, err
+			}
+			doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+			if err != nil {
+				return nil, fmt.Errorf("schemas: %s: %w", name, err)
+			}
+			if err := c.AddResource(baseURL+name, doc); err != nil {
+				return nil, fmt.Errorf("schemas: %s: %w", name, err)
+			}
+			raws[name] = raw
 		}
-		if err := c.AddResource(baseURL+e.Name(), doc); err != nil {
-			return nil, fmt.Errorf("schemas: %s: %w", e.Name(), err)
-		}
-		raws[e.Name()] = raw
 	}
 
 	v := &Validator{tools: map[string]*jsonschema.Schema{}, info: map[string]schemaInfo{}}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 )
 
 // testKey is a random v4 UUID that appears in no documentation.
@@ -650,5 +651,35 @@ func TestMissingIsData(t *testing.T) {
 	}
 	if len(verr.Missing) != 0 {
 		t.Errorf("Missing = %v for a nested missing property; want none (only top-level arguments)", verr.Missing)
+	}
+}
+
+// TestNewWith: the extra schemas validate their tools like the embedded
+// ones, publish nothing (InputSchema), and cannot replace an embedded one.
+func TestNewWith(t *testing.T) {
+	toy := `{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+		"properties": {"word": {"type": "string", "maxLength": 8}, "operation_key": {"type": "string", "format": "uuid", "maxLength": 36}},
+		"required": ["operation_key", "word"], "additionalProperties": false}`
+	v, err := NewWith(fstest.MapFS{"toy_word.json": &fstest.MapFile{Data: []byte(toy)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(v.Tools(), "toy_word") || !slices.Contains(v.Tools(), "create_order") {
+		t.Errorf("Tools() = %v, want the embedded tools and toy_word", v.Tools())
+	}
+	if req := mustPrepare(t, v, "toy_word", `{"operation_key":"`+testKey+`","word":"hi"}`); req.OperationKey != testKey || req.Fingerprint == "" {
+		t.Errorf("Prepare(toy_word) = %+v", req)
+	}
+	var ve *ValidationError
+	if _, err := v.Prepare("toy_word", json.RawMessage(`{"operation_key":"`+testKey+`","word":"far too long"}`)); !errors.As(err, &ve) {
+		t.Errorf("Prepare(toy_word, long word) = %v, want a ValidationError", err)
+	}
+	if _, ok := InputSchema("toy_word"); ok {
+		t.Error("InputSchema(toy_word) ok: an extra schema was published")
+	}
+	for _, name := range []string{"create_order.json", "result.json"} {
+		if _, err := NewWith(fstest.MapFS{name: &fstest.MapFile{Data: []byte(toy)}}); err == nil {
+			t.Errorf("NewWith(%s) succeeded, want an error: it would replace an embedded schema", name)
+		}
 	}
 }

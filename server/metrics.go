@@ -114,9 +114,9 @@ func (m *Metrics) observeCall(tool string, resp *tools.Response, took time.Durat
 // ObserveAudit counts one audit entry; it is ledger.Options.Observe.
 func (m *Metrics) ObserveAudit(e ledger.AuditEntry) {
 	switch e.Event {
-	case "call":
-		if e.Decision == "refused" {
-			if e.ErrorCode == "invalid_arguments" {
+	case ledger.EventCall:
+		if e.Is(ledger.AuditRefused) {
+			if e.ErrorCode == string(ledger.CodeInvalidArguments) {
 				m.invalid.Inc()
 			}
 			return
@@ -133,7 +133,7 @@ func (m *Metrics) ObserveAudit(e ledger.AuditEntry) {
 		case ledger.DecisionExpired:
 			m.lateReplays.Inc()
 		}
-	case "transition":
+	case ledger.EventTransition:
 		if e.StateBefore == "" {
 			m.operations.Inc()
 		}

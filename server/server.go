@@ -11,8 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"regexp"
 	"time"
@@ -182,18 +180,6 @@ func toResult(resp *tools.Response) *mcp.CallToolResult {
 	r := mcp.NewToolResultStructured(json.RawMessage(b), string(b))
 	r.IsError = resp.IsError
 	return r
-}
-
-// ServeStdio serves s on in/out until in is closed or ctx is done.
-// workers bounds concurrent tool calls (mcp-go's default is 5); a message
-// larger than MaxMessageBytes is answered with a parse error and dropped.
-func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, in io.Reader, out io.Writer, workers int, logger *slog.Logger) error {
-	std := mcpserver.NewStdioServer(s)
-	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
-	mcpserver.WithWorkerPoolSize(workers)(std)
-	mcpserver.WithQueueSize(1000)(std)
-	in, out = stdioStreams(in, out)
-	return std.Listen(ctx, in, out)
 }
 
 // slogWriter sends mcp-go's log lines to slog (stderr).

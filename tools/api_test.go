@@ -119,8 +119,8 @@ func TestEffectFacts(t *testing.T) {
 			approvals.Facts{HasAmount: true, Amount: 950, Currency: "EUR"}},
 		{"send_notification", `{"channel":"email","to":["a@example.com","b@example.com"],"body":"hi"}`,
 			approvals.Facts{Channel: "email", Recipients: []string{"a@example.com", "b@example.com"}}},
-		{"update_order", `{"order_id":"o1","expected_version":1,"changes":{"note":"x"}}`, approvals.Facts{}},
-		{"cancel_order", `{"order_id":"o1","expected_version":1,"reason":"x"}`, approvals.Facts{}},
+		{"update_order", `{"order_id":"o1","expected_version":1,"changes":{"note":"x"}}`, approvals.Facts{AlwaysApprove: true}},
+		{"cancel_order", `{"order_id":"o1","expected_version":1,"reason":"x"}`, approvals.Facts{AlwaysApprove: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.tool, func(t *testing.T) {

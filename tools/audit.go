@@ -36,7 +36,7 @@ func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
 		return
 	}
 	e := ledger.AuditEntry{
-		Event: "answer", Actor: c.actor, Tool: tool, Key: resp.OperationKey,
+		Event: ledger.EventAnswer, Actor: c.actor, Tool: tool, Key: resp.OperationKey,
 		StateAfter: resp.Status, Attempt: resp.Attempts, Replayed: resp.Replayed,
 		DurationMS: ms(time.Since(c.started)),
 	}
@@ -57,7 +57,7 @@ func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
 		e.ResponseSHA256 = hex.EncodeToString(sum[:])
 	}
 	if r := c.refused; r != nil {
-		e.Event, e.Decision, e.ErrorCode, e.Detail = "call", "refused", string(r.code), clipDetail(r.detail)
+		e.Event, e.Decision, e.ErrorCode, e.Detail = ledger.EventCall, ledger.AuditRefused, string(r.code), clipDetail(r.detail)
 		e.Key, e.StateAfter, e.Attempt = r.key, "", 0
 	}
 	a.Audit(e)

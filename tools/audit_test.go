@@ -40,7 +40,7 @@ func history(t *testing.T, svc *Service, key string) []ledger.AuditEntry {
 }
 
 // find returns the entries of event with decision ("" matches any).
-func find(entries []ledger.AuditEntry, event, decision string) []ledger.AuditEntry {
+func find(entries []ledger.AuditEntry, event ledger.AuditEvent, decision ledger.AuditDecision) []ledger.AuditEntry {
 	var out []ledger.AuditEntry
 	for _, e := range entries {
 		if e.Event == event && (decision == "" || e.Decision == decision) {

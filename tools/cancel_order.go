@@ -20,7 +20,8 @@ var specCancelOrder = Spec{
 // cancelOrderTool cancels an order at the version the caller read.
 func cancelOrderTool() descriptor {
 	return define(specCancelOrder, (*Service).cancelOrder, &sideEffect[cancelOrderArgs]{
-		apply: (*Service).applyCancelOrder,
+		alwaysApprove: true,
+		apply:         (*Service).applyCancelOrder,
 		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a cancelOrderArgs) (*orders.Order, error) {
 			return api.Cancel(ctx, tenant, ref, a.request())
 		},

@@ -3,34 +3,30 @@ package tools
 import "idemgate/ledger"
 
 // Code is an error code of an answer: the error.code enum of the published
-// output schema (schemas/result.json, DESIGN §4). Callers branch on it,
-// never on a message.
-type Code string
+// output schema (schemas/result.json, DESIGN §4). The codes are defined
+// once, in package ledger, which writes some of them into saved outcomes
+// itself; Code and the constants below are those. Callers branch on a
+// code, never on a message.
+type Code = ledger.Code
 
 // The documented error codes, all of them (TestCodesAreTheSchemas keeps
 // this list and the schema's enum equal).
 const (
-	CodeInvalidArguments   Code = "invalid_arguments"
-	CodeKeyReused          Code = "key_reused_with_different_request"
-	CodeForbidden          Code = "forbidden"
-	CodeNotFound           Code = "not_found"
-	CodePreconditionFailed Code = "precondition_failed"
-	CodeInProgress         Code = "operation_in_progress"
-	CodeOutcomeUnknown     Code = "outcome_unknown"
-	CodeKeyExpired         Code = "key_expired"
-	CodeApprovalRequired   Code = "approval_required"
-	CodeDownstreamError    Code = "downstream_error"
-	CodeInternal           Code = "internal"
+	CodeInvalidArguments   = ledger.CodeInvalidArguments
+	CodeKeyReused          = ledger.CodeKeyReused
+	CodeForbidden          = ledger.CodeForbidden
+	CodeNotFound           = ledger.CodeNotFound
+	CodePreconditionFailed = ledger.CodePreconditionFailed
+	CodeInProgress         = ledger.CodeInProgress
+	CodeOutcomeUnknown     = ledger.CodeOutcomeUnknown
+	CodeKeyExpired         = ledger.CodeKeyExpired
+	CodeApprovalRequired   = ledger.CodeApprovalRequired
+	CodeDownstreamError    = ledger.CodeDownstreamError
+	CodeInternal           = ledger.CodeInternal
 )
 
 // Codes lists every documented error code, in the schema's order.
-func Codes() []Code {
-	return []Code{CodeInvalidArguments, CodeKeyReused, CodeForbidden, CodeNotFound, CodePreconditionFailed,
-		CodeInProgress, CodeOutcomeUnknown, CodeKeyExpired, CodeApprovalRequired, CodeDownstreamError, CodeInternal}
-}
-
-// Is reports whether e carries code c (false for a nil e).
-func (c Code) Is(e *ledger.OpError) bool { return e != nil && e.Code == string(c) }
+func Codes() []Code { return ledger.Codes() }
 
 // opError is the error of an answer or a saved outcome.
 func opError(code Code, msg string) *ledger.OpError {

@@ -89,7 +89,7 @@ func TestCreateCommitCosts(t *testing.T) {
 	kinds := map[string]int{}
 	size := 0
 	for _, e := range entries {
-		kinds[e.Event+" "+e.Decision]++
+		kinds[string(e.Event)+" "+string(e.Decision)]++
 		b, _ := json.Marshal(e)
 		size += len(b)
 	}

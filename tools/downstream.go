@@ -164,13 +164,13 @@ func outcomeOf(o *orders.Order, err error, summary string) ledger.Outcome {
 	}
 	switch ae.Class {
 	case orders.NotSent:
-		e := &ledger.OpError{Code: "downstream_error", Message: "The order system could not take the request, and it was never delivered or acted on (" + ae.Error() + "). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments."}
+		e := opError(CodeDownstreamError, "The order system could not take the request, and it was never delivered or acted on ("+ae.Error()+"). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments.")
 		withRetryAfter(e, ae.RetryAfter, "call again")
 		return ledger.Outcome{State: ledger.StateRetryable, Error: e}
 	case orders.Definitive:
-		return ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: ae.Code, Message: "The order system refused the request: " + ae.Error() + ". Nothing was changed."}, Summary: ae.Code}
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(ae.Code, "The order system refused the request: "+ae.Error()+". Nothing was changed."), Summary: string(ae.Code)}
 	}
-	e := &ledger.OpError{Code: "outcome_unknown", Message: "The order system may or may not have done it (" + ae.Error() + "). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key."}
+	e := opError(CodeOutcomeUnknown, "The order system may or may not have done it ("+ae.Error()+"). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key.")
 	withRetryAfter(e, ae.RetryAfter, "call again with the same operation_key")
 	return ledger.Outcome{State: ledger.StateUnknown, Error: e}
 }

@@ -140,7 +140,7 @@ func TestReplayCallEntryIsLean(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range entries {
-			if entries[i].Event == "call" && entries[i].Decision == string(ledger.DecisionReplay) {
+			if entries[i].Event == "call" && entries[i].Decision == ledger.AuditDecision(ledger.DecisionReplay) {
 				call = &entries[i]
 			}
 		}

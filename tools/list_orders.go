@@ -46,7 +46,7 @@ func (s *Service) listOrders(ctx context.Context, c *call, a listOrdersArgs) *Re
 	}
 	page, next, err := s.orders.List(ctx, c.actor.Tenant, customer, limit, after)
 	if err == nil && s.remote != nil && len(next) > maxAPICursor {
-		err = &orders.APIError{Class: orders.Definitive, Code: "downstream_error", Msg: fmt.Sprintf("the order API's next_cursor is %d bytes; at most %d are carried", len(next), maxAPICursor)}
+		err = &orders.APIError{Class: orders.Definitive, Code: CodeDownstreamError, Msg: fmt.Sprintf("the order API's next_cursor is %d bytes; at most %d are carried", len(next), maxAPICursor)}
 	}
 	if err != nil {
 		return s.downstreamError(c, err)

@@ -20,7 +20,8 @@ var specSendNotification = Spec{
 // sendNotificationTool queues a message in the outbox.
 func sendNotificationTool() descriptor {
 	return define(specSendNotification, (*Service).sendNotification, &sideEffect[sendNotificationArgs]{
-		noun: "notification",
+		noun:       "notification",
+		downstream: "outbox",
 		facts: func(a sendNotificationArgs) approvals.Facts {
 			return approvals.Facts{Channel: a.Channel, Recipients: a.To}
 		},

@@ -86,7 +86,9 @@ type Service struct {
 
 // registry lists every tool's descriptor. Adding a tool is its own file
 // (spec, typed arguments, handler and, for a side-effecting tool, its
-// effect and policy facts) and one line here.
+// effect and policy facts), its input schema schemas/<name>.json (the
+// published contract, which stays with the other schemas: see the
+// README's "Adding a tool"), and one line here.
 func registry() []descriptor {
 	return []descriptor{
 		createOrderTool(),
@@ -137,6 +139,16 @@ type Progress func(progress, total float64, message string)
 
 // New returns a Service. The deliverer of the outbox is started by Run.
 func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, error) {
+	return newWith(store, v, opts, registry())
+}
+
+// newWith is New with the tools ts (registry's, or a test's with its
+// own), each checked: a name of its own, an input schema v knows, and —
+// for a side-effecting tool — a downstream named.
+func newWith(store ledger.Store, v *schemas.Validator, opts Options, ts []descriptor) (*Service, error) {
+	if v == nil {
+		return nil, errors.New("tools: a schemas.Validator is required")
+	}
 	if opts.WaitInProgress <= 0 {
 		opts.WaitInProgress = 5 * time.Second
 	}
@@ -179,12 +191,16 @@ func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, erro
 	// least 5 s), as an operation is owned by one executor.
 	s.outbox.ClaimLease = max(opts.Lease, 5*time.Second)
 	s.tools = map[string]descriptor{}
-	for _, t := range registry() {
-		if _, ok := schemas.InputSchema(t.Name); !ok {
+	known := v.Tools()
+	for _, t := range ts {
+		if !slices.Contains(known, t.Name) {
 			return nil, fmt.Errorf("tools: no schema for tool %q", t.Name)
 		}
 		if _, dup := s.tools[t.Name]; dup {
 			return nil, fmt.Errorf("tools: tool %q registered twice", t.Name)
+		}
+		if e := t.effect; e != nil && !e.onOrders() && e.writesTo() == "" {
+			return nil, fmt.Errorf("tools: tool %q names no downstream for its effect", t.Name)
 		}
 		s.tools[t.Name] = t
 	}
@@ -473,14 +489,19 @@ func decisionFor(rec *ledger.Record) ledger.Decision {
 	return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}
 }
 
-// downstream names where tool's side effect goes from this process: the
-// embedded store, or the order API at its base URL. Notifications always go
-// through the outbox.
+// downstream names where tool's side effect goes from this process: for
+// an order tool the order system's name (the embedded store, or the order
+// API at its base URL), for another the one its descriptor names
+// (notifications: the outbox); "" for no such tool.
 func (s *Service) downstream(tool string) string {
-	if e := s.effectOf(tool); e != nil && e.onOrders() {
+	e := s.effectOf(tool)
+	switch {
+	case e == nil:
+		return ""
+	case e.onOrders():
 		return s.orders.Downstream()
 	}
-	return "outbox"
+	return e.writesTo()
 }
 
 // ledgerError maps a ledger error to a response; unknown errors are logged

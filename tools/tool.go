@@ -13,8 +13,8 @@ import (
 // Spec (name, texts, behaviour hints; its input schema is the schemas
 // package's file of the same name, checked by New), the handler of its
 // typed arguments, and — for a tool that changes something through the
-// ledger — its effect. Adding a tool is a file with its descriptor and one
-// line in registry.
+// ledger — its effect. Adding a tool is a file with its descriptor, its
+// schema file, and one line in registry.
 type descriptor struct {
 	Spec
 	// run answers one call whose arguments were validated.
@@ -60,8 +60,16 @@ type sideEffect[A any] struct {
 	// noun is what answers call one such operation ("order"); "" for
 	// the tool's name.
 	noun string
-	// facts is what the approval policy evaluates.
+	// facts is what the approval policy evaluates (nil: no facts but
+	// alwaysApprove).
 	facts func(a A) approvals.Facts
+	// alwaysApprove says every request of the tool needs a human approver
+	// (approvals.Facts.AlwaysApprove).
+	alwaysApprove bool
+	// downstream names the system apply writes to, in the ledger's
+	// records and the audit ("outbox"), for a tool without remote; an
+	// order tool's is the order system's own (Orders.Downstream).
+	downstream string
 	// apply is the effect inside the ledger's transaction; an order tool
 	// reaches the embedded order store as s.local.
 	apply func(s *Service, tenant string, a A) (ledger.ApplyFunc, error)
@@ -92,6 +100,8 @@ type effect interface {
 	applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
 	// onOrders reports whether the effect goes to the order system.
 	onOrders() bool
+	// writesTo is the downstream of an effect not onOrders.
+	writesTo() string
 	// remoteWrite builds the write to a remote order system (only when
 	// onOrders), to be sent with the operation's reference, and the
 	// summary that names its success.
@@ -111,10 +121,15 @@ func (e *sideEffect[A]) human() string { return e.noun }
 
 func (e *sideEffect[A]) policyFacts(args json.RawMessage) (approvals.Facts, error) {
 	a, err := e.decode(args)
-	if err != nil || e.facts == nil {
+	if err != nil {
 		return approvals.Facts{}, err
 	}
-	return e.facts(a), nil
+	var f approvals.Facts
+	if e.facts != nil {
+		f = e.facts(a)
+	}
+	f.AlwaysApprove = e.alwaysApprove
+	return f, nil
 }
 
 func (e *sideEffect[A]) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
@@ -126,6 +141,8 @@ func (e *sideEffect[A]) applier(s *Service, tenant string, args json.RawMessage)
 }
 
 func (e *sideEffect[A]) onOrders() bool { return e.remote != nil }
+
+func (e *sideEffect[A]) writesTo() string { return e.downstream }
 
 func (e *sideEffect[A]) remoteWrite(api RemoteOrders, tenant string, args json.RawMessage) (func(ctx context.Context, ref string) (*orders.Order, error), string, error) {
 	a, err := e.decode(args)

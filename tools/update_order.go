@@ -22,7 +22,8 @@ var specUpdateOrder = Spec{
 // updateOrderTool changes an order at the version the caller read.
 func updateOrderTool() descriptor {
 	return define(specUpdateOrder, (*Service).updateOrder, &sideEffect[updateOrderArgs]{
-		apply: (*Service).applyUpdateOrder,
+		alwaysApprove: true,
+		apply:         (*Service).applyUpdateOrder,
 		remote: func(ctx context.Context, api RemoteOrders, tenant, ref string, a updateOrderArgs) (*orders.Order, error) {
 			return api.Update(ctx, tenant, ref, a.request())
 		},
@@ -152,5 +153,5 @@ func staleOutcome(key string, o *orders.Order, id string, expected int) ledger.O
 	}
 	r := preconditionFailed(key, o, expected, ledger.StateFailed)
 	r.Error.Message += " Nothing was applied. Re-read the order and, if still wanted, request the change again under a new operation_key with the current version."
-	return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: "precondition_failed"}
+	return ledger.Outcome{State: ledger.StateFailed, Error: r.Error, Summary: string(CodePreconditionFailed)}
 }

@@ -19,7 +19,7 @@ import (
 func summary(entries []ledger.AuditEntry) []string {
 	var out []string
 	for _, e := range entries {
-		out = append(out, e.Actor.Tenant+"/"+e.Key+":"+e.Event+":"+e.Decision)
+		out = append(out, e.Actor.Tenant+"/"+e.Key+":"+string(e.Event)+":"+string(e.Decision))
 	}
 	return out
 }
@@ -52,7 +52,7 @@ func TestAuditForKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"executed", "replay", "mismatch"}
+	want := []ledger.AuditDecision{"executed", "replay", "mismatch"}
 	if total != len(want) || len(got) != len(want) {
 		t.Fatalf("AuditForKey(t1, a) = %d of %d: %v, want %v", len(got), total, summary(got), want)
 	}

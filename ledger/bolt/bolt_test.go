@@ -170,7 +170,7 @@ func TestBoltReplayAuditedAcrossClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	count := map[string]int{}
+	count := map[ledger.AuditDecision]int{}
 	for _, e := range entries {
 		if e.Event == "call" && e.Key == c.Key {
 			count[e.Decision]++

@@ -1479,7 +1479,7 @@ func contractAudit(t *testing.T, open func(t *testing.T, o ledger.Options) ledge
 		before, after ledger.State
 	}
 	var transitions []tr
-	calls := map[string][]string{} // decision → keys
+	calls := map[ledger.AuditDecision][]string{} // decision → keys
 	prev := ""
 	for i, en := range entries {
 		if en.Seq != uint64(i+1) {
@@ -1496,11 +1496,11 @@ func contractAudit(t *testing.T, open func(t *testing.T, o ledger.Options) ledge
 			t.Errorf("entry %d: At %v, Tool %q", en.Seq, en.At, en.Tool)
 		}
 		switch en.Event {
-		case "transition":
+		case ledger.EventTransition:
 			transitions = append(transitions, tr{en.Key, en.StateBefore, en.StateAfter})
-		case "call":
+		case ledger.EventCall:
 			calls[en.Decision] = append(calls[en.Decision], en.Key)
-			if en.Decision == string(ledger.DecisionMismatch) && (en.ErrorCode != "key_reused_with_different_request" || en.Fingerprint != "fp-other") {
+			if en.Decision == ledger.AuditDecision(ledger.DecisionMismatch) && (en.ErrorCode != "key_reused_with_different_request" || en.Fingerprint != "fp-other") {
 				t.Errorf("mismatch entry: error code %q, fingerprint %q", en.ErrorCode, en.Fingerprint)
 			}
 		default:
@@ -1527,10 +1527,10 @@ func contractAudit(t *testing.T, open func(t *testing.T, o ledger.Options) ledge
 			t.Errorf("transitions of %s = %v, want %v", key, got, want)
 		}
 	}
-	if got := calls[string(ledger.DecisionReplay)]; !slices.Contains(got, k1.Key) {
+	if got := calls[ledger.AuditDecision(ledger.DecisionReplay)]; !slices.Contains(got, k1.Key) {
 		t.Errorf("no replay call entry for %s (replay entries: %v)", k1.Key, got)
 	}
-	if got := calls[string(ledger.DecisionMismatch)]; !slices.Equal(got, []string{k1.Key}) {
+	if got := calls[ledger.AuditDecision(ledger.DecisionMismatch)]; !slices.Equal(got, []string{k1.Key}) {
 		t.Errorf("mismatch call entries = %v, want [%s]", got, k1.Key)
 	}
 

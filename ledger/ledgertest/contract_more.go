@@ -571,7 +571,7 @@ func contractSettleHowAudited(t *testing.T, open func(t *testing.T, o ledger.Opt
 // and the entry is neither lost nor written twice.
 func contractAuditBufferSurvivesPanic(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	e := newEnv(t, open, nil)
-	e.s.Audit(ledger.AuditEntry{Event: "call", Actor: testActor("t1"), Key: "buffered-key", Decision: string(ledger.DecisionReplay)})
+	e.s.Audit(ledger.AuditEntry{Event: "call", Actor: testActor("t1"), Key: "buffered-key", Decision: ledger.AuditDecision(ledger.DecisionReplay)})
 	func() {
 		defer func() {
 			if r := recover(); r == nil {
