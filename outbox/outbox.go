@@ -167,6 +167,29 @@ func OfOperation(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, err
 	return out, err
 }
 
+// DeadLetters returns up to limit of tenant's dead-lettered messages (see
+// Requeue), in message id order. There is no index of dead letters: it
+// reads the messages of every tenant until it has limit of them, so its
+// cost grows with the outbox. A message that is not valid JSON is an
+// error.
+func DeadLetters(tx ledger.Tx, tenant string, limit int) ([]*Message, error) {
+	var out []*Message
+	if limit <= 0 {
+		return out, nil
+	}
+	err := tx.Scan(Collection, "", false, func(id string, v []byte) (bool, error) {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return false, fmt.Errorf("outbox message %s: %w", id, err)
+		}
+		if m.Tenant == tenant && m.State == MessageDead {
+			out = append(out, &m)
+		}
+		return len(out) < limit, nil
+	})
+	return out, err
+}
+
 // deliveryPayload is what every sink hands over for a message: the file
 // the directory sink writes, the body the webhook sink POSTs.
 type deliveryPayload struct {

@@ -346,3 +346,53 @@ func TestPassSyncsAndCreateModes(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadLetters: DeadLetters lists the tenant's dead-lettered messages
+// only — not its queued or delivered ones, not another tenant's — and at
+// most limit of them.
+func TestDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	want := map[string]bool{}
+	for i, c := range []struct{ tenant, state string }{
+		{"t1", MessageDead}, {"t1", MessageQueued}, {"t1", MessageDelivered}, {"t2", MessageDead}, {"t1", MessageDead},
+	} {
+		m := &Message{Tenant: c.tenant, OperationKey: fmt.Sprintf("k%d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hi"}
+		if err := s.Update(ctx, func(tx ledger.Tx) error {
+			if err := Enqueue(tx, m); err != nil {
+				return err
+			}
+			m.State = c.state
+			return putMessage(tx, m)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if c.tenant == "t1" && c.state == MessageDead {
+			want[m.MessageID] = true
+		}
+	}
+	var all, one []*Message
+	if err := s.View(ctx, func(tx ledger.Tx) error {
+		var err error
+		if all, err = DeadLetters(tx, "t1", 10); err != nil {
+			return err
+		}
+		one, err = DeadLetters(tx, "t1", 1)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range all {
+		got[m.MessageID] = true
+		if m.Tenant != "t1" || m.State != MessageDead {
+			t.Errorf("listed %s of %s in state %s", m.MessageID, m.Tenant, m.State)
+		}
+	}
+	if len(all) != len(want) || len(got) != len(want) {
+		t.Errorf("DeadLetters(t1) = %v, want %v", got, want)
+	}
+	if len(one) != 1 || !want[one[0].MessageID] {
+		t.Errorf("DeadLetters(t1, limit 1) = %d messages, want one of t1's dead letters", len(one))
+	}
+}
