@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,12 +29,16 @@ func TestTemplatesParse(t *testing.T) {
 
 // TestMoney: totals in minor units are shown as amounts of their currency.
 func TestMoney(t *testing.T) {
-	for _, c := range []struct{ minor, cur, want string }{
-		{"3700", "EUR", "37.00 EUR"}, {"5", "USD", "0.05 USD"}, {"-250", "EUR", "-2.50 EUR"},
-		{"1200", "JPY", "1200 JPY"}, {"12.5", "EUR", "12.5 EUR"}, {"3700", "", "3700"},
+	for _, c := range []struct {
+		minor int64
+		cur   string
+		want  string
+	}{
+		{3700, "EUR", "37.00 EUR"}, {5, "USD", "0.05 USD"}, {-250, "EUR", "-2.50 EUR"},
+		{1200, "JPY", "1200 JPY"}, {math.MinInt64, "EUR", "-92233720368547758.08 EUR"},
 	} {
 		if got := money(c.minor, c.cur); got != c.want {
-			t.Errorf("money(%q, %q) = %q, want %q", c.minor, c.cur, got, c.want)
+			t.Errorf("money(%d, %q) = %q, want %q", c.minor, c.cur, got, c.want)
 		}
 	}
 }
@@ -207,8 +212,9 @@ func TestCrossOriginPostRefused(t *testing.T) {
 }
 
 // TestCustomerOf: the customer of an operation's order comes from what
-// the record keeps — the request, the result's order, a waiting
-// approval's diff text — and is "" when none of them names it.
+// the record keeps — the request, the result's order, the order a waiting
+// change or cancel is for (its approval's resource; never the diff's
+// text) — and is "" when none of them names it.
 func TestCustomerOf(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -218,7 +224,10 @@ func TestCustomerOf(t *testing.T) {
 		{"create request", ledger.Record{Args: []byte(`{"customer_id":"cust-1","items":[]}`)}, "cust-1"},
 		{"order in the result", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Result: []byte(`{"order":{"order_id":"ord_1","customer_id":"cust-2"}}`)}, "cust-2"},
 		{"tombstone keeps only the result's absence", ledger.Record{Tombstone: true}, ""},
-		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  reason: x\n    customer_id: \"forged\"\n  the order being cancelled:\n    currency: \"EUR\"\n    customer_id: \"cust-3\"\n    status: \"placed\"\n"}}, "cust-3"},
+		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{
+			DiffText: "cancel order ord_1 (version 1)\n  reason: customer_id: \"forged\"\n", Resource: []byte(`{"order_id":"ord_1","customer_id":"cust-3"}`)}}, "cust-3"},
+		{"waiting cancel held before resources were kept", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{
+			DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  the order being cancelled:\n    customer_id: \"cust-3\"\n"}}, ""},
 		{"notification", ledger.Record{Args: []byte(`{"channel":"email","to":["a@example.com"]}`)}, ""},
 		{"not JSON", ledger.Record{Args: []byte(`{`), Result: []byte(`[1]`)}, ""},
 	} {

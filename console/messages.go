@@ -10,22 +10,17 @@ import (
 	"idemgate/outbox"
 )
 
-// deadScan bounds how many outbox messages the dead-letter list reads.
-const deadScan = 10000
+// deadLimit bounds how many dead-lettered messages the page lists.
+const deadLimit = 200
 
-// deadLetters returns the tenant's dead-lettered messages (at most 200).
+// deadLetters returns the tenant's dead-lettered messages (at most
+// deadLimit).
 func (c *Console) deadLetters(r *http.Request, tenant string) ([]*outbox.Message, error) {
 	var out []*outbox.Message
-	n := 0
 	err := c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
-		return tx.Scan(outbox.Collection, "", true, func(_ string, v []byte) (bool, error) {
-			n++
-			var m outbox.Message
-			if json.Unmarshal(v, &m) == nil && m.Tenant == tenant && m.State == outbox.MessageDead {
-				out = append(out, &m)
-			}
-			return n < deadScan && len(out) < 200, nil
-		})
+		var err error
+		out, err = outbox.DeadLetters(tx, tenant, deadLimit)
+		return err
 	})
 	return out, err
 }
