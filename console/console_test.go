@@ -44,17 +44,41 @@ func TestMoney(t *testing.T) {
 }
 
 // testConsole is a console over a new ledger whose tokens are the map
-// (token → identity) and whose clock the test moves.
+// (token → identity) and whose clock the test moves: the console's (now)
+// and the ledger's (the real time plus skew) apart, so that records keep
+// real times for the charts unless a test moves the ledger too.
 type testConsole struct {
 	*Console
 	mu     sync.Mutex
 	tokens map[string]Identity
 	now    time.Time
+	skew   time.Duration
 }
 
-func newTestConsole(t *testing.T) *testConsole {
+// testOptions configure newTestConsoleWith.
+type testOptions struct {
+	tools     tools.Options // OutboxDir is set when empty
+	publicURL string
+	checkHost bool
+	// wrap, when set, is the store the console reads (around the
+	// service's).
+	wrap func(ledger.Store) ledger.Store
+}
+
+func newTestConsole(t *testing.T) *testConsole { return newTestConsoleWith(t, testOptions{}) }
+
+func newTestConsoleWith(t *testing.T, o testOptions) *testConsole {
 	t.Helper()
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	tc := &testConsole{tokens: map[string]Identity{
+		"boss-token":  {Principal: "boss", Tenant: "acme", Role: RoleApprover},
+		"agent-token": {Principal: "alice", Tenant: "acme", Role: "agent"},
+		"zed-token":   {Principal: "zed", Tenant: "globex", Role: RoleApprover},
+	}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{ApprovalTTL: time.Hour, Now: func() time.Time {
+		tc.mu.Lock()
+		defer tc.mu.Unlock()
+		return time.Now().Add(tc.skew)
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,15 +87,19 @@ func newTestConsole(t *testing.T) *testConsole {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := tools.New(store, v, tools.Options{OutboxDir: t.TempDir()})
+	if o.tools.OutboxDir == "" {
+		o.tools.OutboxDir = t.TempDir()
+	}
+	svc, err := tools.New(store, v, o.tools)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testConsole{tokens: map[string]Identity{
-		"boss-token":  {Principal: "boss", Tenant: "acme", Role: RoleApprover},
-		"agent-token": {Principal: "alice", Tenant: "acme", Role: "agent"},
-	}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	tc.Console = New(Config{Service: svc, Store: store, SessionTTL: time.Hour,
+	t.Cleanup(svc.Close)
+	var read ledger.Store = store
+	if o.wrap != nil {
+		read = o.wrap(store)
+	}
+	tc.Console = New(Config{Service: svc, Store: read, SessionTTL: time.Hour, PublicURL: o.publicURL, CheckHost: o.checkHost,
 		Lookup: func(tok string) (Identity, bool) {
 			tc.mu.Lock()
 			defer tc.mu.Unlock()
@@ -85,6 +113,13 @@ func newTestConsole(t *testing.T) *testConsole {
 		},
 	})
 	return tc
+}
+
+// setNow sets the console's clock.
+func (tc *testConsole) setNow(t time.Time) {
+	tc.mu.Lock()
+	tc.now = t
+	tc.mu.Unlock()
 }
 
 // do serves one request and returns the response.

@@ -213,6 +213,12 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 	approvalID := r.PathValue("id")
 	resp := c.cfg.Service.Decide(r.Context(), actor(id), tools.DecideRequest{ApprovalID: approvalID, Decision: decision, Comment: comment})
+	if resp.Error != nil && resp.Error.Code == string(tools.CodeNotFound) {
+		// No such approval in the session's tenant (another tenant's, or
+		// none): nothing was decided, and there is no outcome to show.
+		c.errorPage(w, r, &id, http.StatusNotFound, resp.Error.Message)
+		return
+	}
 	if c.cfg.AfterDecide != nil {
 		c.cfg.AfterDecide(r.Context())
 	}
