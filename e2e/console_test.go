@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -380,14 +381,24 @@ func TestConsoleAccess(t *testing.T) {
 // returns its base URL and the one-time login link it printed.
 func consoleServer(t *testing.T, db, tokens string, extra ...string) (base, link string) {
 	t.Helper()
+	args := append([]string{"--db", db, "--tokens", tokens, "--principal", "boss", "--tenant", aprTenant, "--log-level", "warn"}, extra...)
+	base, out := startConsole(t, args, regexp.MustCompile(`http://\S+/ui/login\?once=\S+`))
+	return base, out[0]
+}
+
+// startConsole starts `idemgate console --listen ADDR args…` on a free
+// loopback port and returns its base URL and the first len(want) lines
+// of its stderr that match want, in order (each line its match), once
+// they are printed; it is stopped with SIGINT at the end of the test.
+func startConsole(t *testing.T, args []string, want ...*regexp.Regexp) (base string, matches []string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := append([]string{"console", "--listen", addr, "--db", db, "--tokens", tokens, "--principal", "boss", "--tenant", aprTenant, "--log-level", "warn"}, extra...)
-	cmd := exec.Command(idemgate, args...)
+	cmd := exec.Command(idemgate, append([]string{"console", "--listen", addr}, args...)...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -409,26 +420,88 @@ func consoleServer(t *testing.T, db, tokens string, extra ...string) (base, link
 			t.Logf("console stderr:\n%s", stderr.String())
 		}
 	})
-	found := make(chan string, 1)
+	found := make(chan []string, 1)
 	go func() {
-		re := regexp.MustCompile(`http://\S+/ui/login\?once=\S+`)
+		var got []string
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			fmt.Fprintln(stderr, sc.Text())
-			if m := re.FindString(sc.Text()); m != "" {
-				select {
-				case found <- m:
-				default:
+			if len(got) < len(want) {
+				if m := want[len(got)].FindString(sc.Text()); m != "" {
+					if got = append(got, m); len(got) == len(want) {
+						found <- got
+					}
 				}
 			}
 		}
 	}()
 	select {
-	case link = <-found:
+	case matches = <-found:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("idemgate console printed no login link within 10 s:\n%s", stderr.String())
+		t.Fatalf("idemgate console did not print %q within 10 s:\n%s", want, stderr.String())
 	}
-	return "http://" + addr, link
+	return "http://" + addr, matches
+}
+
+// TestConsoleStandaloneLoginPage: `idemgate console` without --principal
+// or --token prints the login page's address (no one-time link: nobody
+// was named to log in as) — and, with --public-url, the same page there —
+// and that address opens the login page, where an approver's token logs
+// in. The public URL is https, so the session cookie is Secure although
+// the console itself speaks plain HTTP (TLS ends at a proxy in front),
+// and a request carrying the public URL's host is served on the loopback
+// listener while another host is refused.
+func TestConsoleStandaloneLoginPage(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, toks := consoleTokens(t, dir)
+	agent := startAgent(t, mcpGoModern, db)
+	placeOrder(t, agent, "cust-login-page") // the ledger exists and has entries
+	base, printed := startConsole(t, []string{"--db", db, "--tokens", tokens, "--public-url", "https://gate.example.com", "--log-level", "warn"},
+		regexp.MustCompile(`^\s+http://\S+$`), regexp.MustCompile(`^\s+https://gate\.example\.com\S*$`))
+	local, public := strings.TrimSpace(printed[0]), strings.TrimSpace(printed[1])
+	if local != base+"/ui/login" || public != "https://gate.example.com/ui/login" {
+		t.Fatalf("printed %q and %q, want %s/ui/login and https://gate.example.com/ui/login", local, public, base)
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `id="token"`) || strings.Contains(string(body), "ended") {
+		t.Fatalf("the printed address: status %d, want the login page with no notice\n%s", resp.StatusCode, body)
+	}
+	resp, err = noRedirect.PostForm(base+"/ui/login", url.Values{"token": {toks["boss"]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "idemgate_console" {
+			session = c
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || session == nil {
+		t.Fatalf("login with boss's token: status %d, cookies %v; want 303 and a session", resp.StatusCode, resp.Cookies())
+	}
+	if !session.Secure || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode {
+		t.Errorf("session cookie %+v: want Secure (the public URL is https), HttpOnly, SameSite=Strict", session)
+	}
+	for host, want := range map[string]int{"gate.example.com": http.StatusOK, "attacker.example": http.StatusForbidden} {
+		req, _ := http.NewRequest("GET", base+"/ui/login", nil)
+		req.Host = host
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != want {
+			t.Errorf("Host %s on the loopback listener: status %d, want %d", host, r.StatusCode, want)
+		}
+	}
 }
 
 // TestConsoleStandaloneCrossSiteAndExpiry: `idemgate console` serves the
