@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 )
 
 // chromiumPath finds the browser, or skips (fails under CI=true).
@@ -1093,5 +1094,102 @@ func TestOutboxRequeueCLIAudited(t *testing.T) {
 	}
 	if n := len(operatorEntries()); n != 1 {
 		t.Errorf("%d operator entries after refused requeues, want still 1", n)
+	}
+}
+
+// pageWidth is how wide the page is laid out, in CSS pixels: more than
+// the viewport means the page scrolls sideways.
+func pageWidth(t *testing.T, ctx context.Context) int {
+	t.Helper()
+	w, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)`))
+	if err != nil {
+		t.Fatalf("browser: page width: %v", err)
+	}
+	return w
+}
+
+// activeID is the id (or, without one, the tag and class) of the element
+// that has the keyboard focus.
+func activeID(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(function(){var a=document.activeElement; if(!a) return ""; return a.id || (a.tagName.toLowerCase()+"."+a.className)})()`))
+	if err != nil {
+		t.Fatalf("browser: focused element: %v", err)
+	}
+	return s
+}
+
+// TestConsolePhoneAndKeyboard: at a phone's width (390 px) the approvals
+// page with a held update_order — whose diff carries the items before and
+// after, the longest values a card shows — the operations list and one
+// operation's page (record, request, history) lay out without sideways
+// scrolling. Then, at desktop width and with the keyboard alone, the
+// approver moves with Tab to the request's comment, types it, moves on to
+// Approve and presses Enter: the change is made once and the outcome
+// shown.
+func TestConsolePhoneAndKeyboard(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	created := newKey()
+	o := resultOrder(t, agent.mustSucceed(t, "create_order", orderArgs(created, "cust-phone-and-keyboard", coffee, map[string]any{"notify_customer": false})))
+	key := newKey()
+	id := agent.mustHold(t, "update_order", map[string]any{"operation_key": key, "order_id": o.OrderID, "expected_version": 1, "changes": map[string]any{
+		"items": []map[string]any{{"sku": "coffee-1kg", "quantity": 3, "unit_price_minor": 1850}, {"sku": "tea-earl-grey-250g", "quantity": 2, "unit_price_minor": 900}},
+		"note":  "leave the parcel with the neighbour at number 12 if nobody answers the door",
+	}}).Approval.ApprovalID
+	card := "#apr-" + id
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	do(t, ctx, "see the change", chromedp.WaitVisible(chromedp.CSS(card+" table.diff")))
+	if got := textOf(t, ctx, card+" .total"); got != "73.50 EUR" {
+		t.Errorf("the update's total = %q, want 73.50 EUR", got)
+	}
+	screenshot(t, ctx, "update-order")
+
+	do(t, ctx, "phone width", chromedp.EmulateViewport(390, 844))
+	for _, p := range []struct{ name, path, ready string }{
+		{"approvals", "/ui/approvals", card + " button.approve"},
+		{"operations", "/ui/operations", "#ops"},
+		{"operation", "/ui/operations/" + created, "#audit"},
+	} {
+		do(t, ctx, p.name+" at phone width", chromedp.Navigate(base+p.path), chromedp.WaitVisible(chromedp.CSS(p.ready)))
+		if w := pageWidth(t, ctx); w > 390 {
+			t.Errorf("at phone width %s is %d px wide, want no sideways scrolling (at most 390)", p.path, w)
+		}
+		screenshot(t, ctx, p.name+"-phone")
+	}
+	do(t, ctx, "desktop width", chromedp.EmulateViewport(1100, 900))
+
+	// The keyboard alone: Tab from the top of the page to the comment.
+	do(t, ctx, "open the approvals", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" button.approve")))
+	reached := false
+	for range 60 {
+		do(t, ctx, "Tab", chromedp.KeyEvent(kb.Tab))
+		if activeID(t, ctx) == "comment-"+id {
+			reached = true
+			break
+		}
+	}
+	if !reached {
+		t.Fatalf("Tab never reached the comment of the request (stopped at %q)", activeID(t, ctx))
+	}
+	do(t, ctx, "type the comment", chromedp.KeyEvent("checked with the customer by phone"))
+	do(t, ctx, "Tab to Approve", chromedp.KeyEvent(kb.Tab))
+	if got := activeID(t, ctx); got != "button.approve" {
+		t.Fatalf("after the comment Tab is on %q, want the Approve button", got)
+	}
+	do(t, ctx, "Enter", chromedp.KeyEvent(kb.Enter), chromedp.WaitVisible(chromedp.CSS("#outcome-status")))
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("outcome of the keyboard's approve = %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	if got := getOrder(t, agent, o.OrderID); got.Version != 2 || got.TotalMinor != 7350 {
+		t.Errorf("order after the approve = %+v, want version 2 with total 7350 (changed once)", got)
+	}
+	do(t, ctx, "the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, card+" .comment"); got != "checked with the customer by phone" {
+		t.Errorf("the comment typed with the keyboard = %q", got)
 	}
 }
