@@ -42,7 +42,7 @@ func (tc *testConsole) call(t *testing.T, a ledger.Actor, tool string, args map[
 // listedKeys are the operation keys of the operations table of body.
 func listedKeys(body string) []string {
 	var out []string
-	for _, m := range regexp.MustCompile(`<tr><td><a href="/ui/operations/([^"]+)"><code>`).FindAllStringSubmatch(section(body, "ops"), -1) {
+	for _, m := range regexp.MustCompile(`<tr><td[^>]*><a href="/ui/operations/([^"]+)"><code>`).FindAllStringSubmatch(section(body, "ops"), -1) {
 		out = append(out, m[1])
 	}
 	slices.Sort(out)
