@@ -879,7 +879,8 @@ func TestConsoleRequeueDeadLetter(t *testing.T) {
 // the console, the Overview shows exactly the numbers `idemgate stats`
 // prints for the tenant (read by that command from the same ledger file
 // while the server runs), draws the replay in the current hour's bar,
-// verifies the audit chain on request, and reads at phone width without
+// shows the audit chain verified at the console's start without a press
+// and verifies it again on request, and reads at phone width without
 // sideways scrolling. Operations filtered by customer list that
 // customer's orders only.
 func TestConsoleOverview(t *testing.T) {
@@ -946,6 +947,17 @@ func TestConsoleOverview(t *testing.T) {
 	label, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#chart-duplicates svg").getAttribute("aria-label")`))
 	if err != nil || !strings.Contains(label, "Duplicate side effects") || !strings.Contains(label, "none in this window") {
 		t.Errorf("the duplicates chart's label = %q (%v)", label, err)
+	}
+	// The console checked the chain by itself when the server started:
+	// the status shows without a press (reloaded while that check runs).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if st, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("verify-status") || {}).textContent || ""`)); strings.HasPrefix(strings.TrimSpace(st), "Intact") && strings.Contains(st, "when the console started") {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the overview shows no verification of the chain from the console's start: %q", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+		do(t, ctx, "reload the overview", chromedp.Navigate(base+"/ui/overview"), chromedp.WaitVisible(chromedp.CSS("#audit-chain")))
 	}
 	do(t, ctx, "verify the audit chain",
 		chromedp.Click(chromedp.CSS("#verify")),
@@ -1126,7 +1138,8 @@ func activeID(t *testing.T, ctx context.Context) string {
 // scrolling. Then, at desktop width and with the keyboard alone, the
 // approver moves with Tab to the request's comment, types it, moves on to
 // Approve and presses Enter: the change is made once and the outcome
-// shown.
+// shown. The history with the decided card, "Needs a person" and the
+// Overview read at phone width as well.
 func TestConsolePhoneAndKeyboard(t *testing.T) {
 	ctx := newBrowser(t)
 	dir := t.TempDir()
@@ -1191,5 +1204,13 @@ func TestConsolePhoneAndKeyboard(t *testing.T) {
 	do(t, ctx, "the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
 	if got := textOf(t, ctx, card+" .comment"); got != "checked with the customer by phone" {
 		t.Errorf("the comment typed with the keyboard = %q", got)
+	}
+	// The decided card in the history, and the other sections, at phone width too.
+	do(t, ctx, "phone width again", chromedp.EmulateViewport(390, 844))
+	for _, p := range []struct{ path, ready string }{{"/ui/history", card}, {"/ui/attention", "#dead-count"}, {"/ui/overview", "#chart-late"}} {
+		do(t, ctx, p.path+" at phone width", chromedp.Navigate(base+p.path), chromedp.WaitVisible(chromedp.CSS(p.ready)))
+		if w := pageWidth(t, ctx); w > 390 {
+			t.Errorf("at phone width %s is %d px wide, want no sideways scrolling (at most 390)", p.path, w)
+		}
 	}
 }
