@@ -1,7 +1,6 @@
 package console
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
@@ -32,12 +31,9 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request, id Identity) {
 	msgID := r.PathValue("id")
 	var m *outbox.Message
 	err := c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
-		v, err := tx.Get(outbox.Collection, msgID)
-		if err != nil || v == nil {
-			return err
-		}
-		m = new(outbox.Message)
-		return json.Unmarshal(v, m)
+		var err error
+		m, err = outbox.Get(tx, msgID)
+		return err
 	})
 	if err != nil {
 		c.apiError(w, r, id, err)

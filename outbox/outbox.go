@@ -140,6 +140,9 @@ func Enqueue(tx ledger.Tx, m *Message) error {
 	return tx.Put(collByOp, m.Tenant+"\x00"+m.OperationKey+"\x00"+m.Step, []byte(m.MessageID))
 }
 
+// Get returns the message with the id, or nil when there is none.
+func Get(tx ledger.Tx, id string) (*Message, error) { return getMessage(tx, id) }
+
 func getMessage(tx ledger.Tx, id string) (*Message, error) {
 	v, err := tx.Get(Collection, id)
 	if err != nil || v == nil {

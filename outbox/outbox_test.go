@@ -396,3 +396,27 @@ func TestDeadLetters(t *testing.T) {
 		t.Errorf("DeadLetters(t1, limit 1) = %d messages, want one of t1's dead letters", len(one))
 	}
 }
+
+// TestGet: Get returns a message by its id as stored, and nil for an id
+// with no message.
+func TestGet(t *testing.T) {
+	s := mustOpen(t)
+	m := queue(t, s, "k1")
+	var got, none *Message
+	if err := s.View(context.Background(), func(tx ledger.Tx) error {
+		var err error
+		if got, err = Get(tx, m.MessageID); err != nil {
+			return err
+		}
+		none, err = Get(tx, "msg_doesnotexist")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.MessageID != m.MessageID || got.Tenant != "t1" || got.State != MessageQueued || got.Body != m.Body {
+		t.Errorf("Get = %+v, want the queued message %s", got, m.MessageID)
+	}
+	if none != nil {
+		t.Errorf("Get of no message = %+v, want nil", none)
+	}
+}
