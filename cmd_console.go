@@ -22,10 +22,14 @@ import (
 )
 
 // newConsole is the web console over store and svc; tokens (may be nil)
-// log people in. standalone: the console checks Host itself (under serve
-// --http the transport does) and delivers what a decision queued.
-func newConsole(store ledger.Store, svc *tools.Service, tokens *server.Tokens, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
-	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone}
+// log people in; publicURL ("" for none) is where people open it (an
+// https one makes the session cookie Secure). standalone: the console
+// checks Host itself (under serve --http the transport does) and delivers
+// what a decision queued. The console's one background task, verifying
+// the audit chain once at its start, runs in bg, which the caller joins
+// before closing store (closeAfter).
+func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
+	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL}
 	if tokens != nil {
 		cfg.Lookup = func(token string) (console.Identity, bool) {
 			id, ok, err := tokens.Lookup(token)
@@ -41,18 +45,21 @@ func newConsole(store ledger.Store, svc *tools.Service, tokens *server.Tokens, l
 	if standalone {
 		cfg.AfterDecide = func(ctx context.Context) { svc.Deliverer().DeliverPending(ctx) }
 	}
-	return console.New(cfg)
+	c := console.New(cfg)
+	bg.Go(c.VerifyAtStart)
+	return c
 }
 
 // consoleCmd serves the web console alone, over the same ledger the
-// agents' servers use, and prints a one-time login link to stderr.
-func consoleCmd(args []string, stderr io.Writer) error {
+// agents' servers use, and prints to stderr a one-time login link (with
+// --principal or --token) or the login page's address.
+func consoleCmd(args []string, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("console", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var lf settings
 	lf.register(fs)
 	listen := fs.String("listen", env("IDEMGATE_CONSOLE_LISTEN", "127.0.0.1:8081"), "address to serve the console on (env IDEMGATE_CONSOLE_LISTEN)")
-	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver the one-time login link logs in as (env IDEMGATE_PRINCIPAL); without it (and without --token) no link is printed and people log in with their tokens")
+	principal := fs.String("principal", env("IDEMGATE_PRINCIPAL", ""), "the approver the one-time login link logs in as (env IDEMGATE_PRINCIPAL); without it (and without --token) the login page's address is printed and people log in with their tokens")
 	tenant := fs.String("tenant", env("IDEMGATE_TENANT", "default"), "tenant of --principal (env IDEMGATE_TENANT)")
 	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
 	ttl := fs.Duration("session-ttl", console.DefaultSessionTTL, "how long a console session lasts")
@@ -113,20 +120,23 @@ func consoleCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	c := newConsole(store, svc, tokens, logger, true, ttl)
+	// Like serve: the background task and the service's detached work end
+	// before the ledger closes.
+	bg := newLoops()
+	defer func() {
+		if cerr := closeAfter(bg, svc, store); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	publicURL := lf.file.Console.PublicURL
+	c := newConsole(bg, publicURL, store, svc, tokens, logger, true, ttl)
 	mux := http.NewServeMux()
 	mux.Handle("/ui", c)
 	mux.Handle("/ui/", c)
 	mux.Handle("/{$}", http.RedirectHandler("/ui/approvals", http.StatusSeeOther))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	base := "http://" + displayAddr(ln.Addr().String())
-	if link != nil {
-		fmt.Fprintf(stderr, "idemgate console: open this link to log in as %s (tenant %s); it works once, within 15 minutes:\n\n    %s%s\n\n", link.Principal, link.Tenant, base, c.LoginLink(console.Identity{Principal: link.Principal, Tenant: link.Tenant, Role: link.Role}, 15*time.Minute))
-	} else {
-		fmt.Fprintf(stderr, "idemgate console: serving at %s/ui (log in with an approver's token)\n", base)
-	}
+	printLogin(stderr, "http://"+displayAddr(ln.Addr().String()), publicURL, c, link)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -143,6 +153,25 @@ func consoleCmd(args []string, stderr io.Writer) error {
 		err = e
 	}
 	return err
+}
+
+// printLogin tells the person who started the console how to log in:
+// with link (the --principal or --token approver), a one-time login link
+// valid for 15 minutes; without, the login page, where people log in
+// with their own tokens (a link logging in by itself would have to choose
+// one of the tokens file's approvers for whoever reads this). base is the
+// local address; publicURL, when set, is given too.
+func printLogin(w io.Writer, base, publicURL string, c *console.Console, link *server.Identity) {
+	path := console.Prefix + "/login"
+	if link != nil {
+		path = c.LoginLink(console.Identity{Principal: link.Principal, Tenant: link.Tenant, Role: link.Role}, 15*time.Minute)
+		fmt.Fprintf(w, "idemgate console: open this link to log in as %s (tenant %s); it works once, within 15 minutes:\n\n    %s%s\n\n", link.Principal, link.Tenant, base, path)
+	} else {
+		fmt.Fprintf(w, "idemgate console: open the login page and log in with an approver's token (idemgate tokens add --role approver):\n\n    %s%s\n\n(give --principal P --tenant T, or --token, for a one-time link that logs in by itself)\n", base, path)
+	}
+	if publicURL != "" {
+		fmt.Fprintf(w, "or the same through --public-url:\n\n    %s%s\n\n", publicURL, path)
+	}
 }
 
 // displayAddr is a listen address as a browser should open it: an

@@ -147,7 +147,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: *bodyTimeout,
-			UI: newConsole(store, svc, tokens, logger, false, nil),
+			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, logger, false, nil),
 			Health: func(ctx context.Context) (bool, any) {
 				h := store.Health(ctx)
 				status := "ok"

@@ -11,7 +11,8 @@
 // Guarantees:
 //   - every page but the login page needs a session; a session is made
 //     only from a valid token of the tokens file (or a one-time login link)
-//     and carried by an HttpOnly, SameSite=Strict cookie (Secure over TLS);
+//     and carried by an HttpOnly, SameSite=Strict cookie (Secure over TLS,
+//     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
 //     removed from the tokens file;
 //   - only the approver role sees anything: other roles get 403;
@@ -19,7 +20,8 @@
 //   - every state-changing request (POST) from another origin is refused
 //     with 403 (net/http.CrossOriginProtection) before it is read;
 //   - with Config.CheckHost, a request reaching a loopback listener with a
-//     Host that is not a loopback name is refused (DNS rebinding).
+//     Host that is not a loopback name (nor Config.PublicURL's host) is
+//     refused (DNS rebinding).
 package console
 
 import (
@@ -34,6 +36,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -82,9 +85,15 @@ type Config struct {
 	// Secure marks the cookie Secure (set it when served over TLS; a
 	// request that arrived over TLS gets it anyway).
 	Secure bool
-	// CheckHost refuses requests whose Host is not a loopback name when
-	// they arrive on a loopback address (the standalone console; under
-	// serve --http the transport checks it already).
+	// PublicURL is the console's address as people open it (--public-url,
+	// approvals.CheckPublicURL), "" when not configured. When it is
+	// https the cookie is Secure even on requests that arrive over plain
+	// HTTP (TLS ends at a proxy in front), and its host passes CheckHost.
+	PublicURL string
+	// CheckHost refuses requests whose Host is not a loopback name (nor
+	// PublicURL's host) when they arrive on a loopback address (the
+	// standalone console; under serve --http the transport checks it
+	// already).
 	CheckHost bool
 	// AfterDecide, when set, runs after each decision (the standalone
 	// console delivers the messages an approved operation queued).
@@ -107,6 +116,8 @@ type Console struct {
 	once     map[string]onceLink // by sha256 of the code
 
 	overview overviewState
+	// publicHost is PublicURL's host[:port], "" without one.
+	publicHost string
 }
 
 type session struct {
@@ -135,7 +146,16 @@ func New(cfg Config) *Console {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}}
+	var publicHost string
+	if cfg.PublicURL != "" {
+		u, err := url.Parse(cfg.PublicURL)
+		if err != nil || u.Host == "" {
+			panic("console.New: Config.PublicURL is not an absolute URL: " + cfg.PublicURL)
+		}
+		cfg.Secure = cfg.Secure || strings.EqualFold(u.Scheme, "https")
+		publicHost = u.Host
+	}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, publicHost: publicHost}
 	c.pages = parsePages()
 	static, _ := fs.Sub(staticFS, "static")
 	c.mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", cacheStatic(http.FileServerFS(static))))
@@ -173,7 +193,7 @@ func New(cfg Config) *Console {
 
 // ServeHTTP implements http.Handler.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if c.cfg.CheckHost && !hostOK(r) {
+	if c.cfg.CheckHost && !c.hostOK(r) {
 		http.Error(w, "Host "+clip(r.Host)+" is not allowed on a loopback address (DNS rebinding protection): open the console at localhost or 127.0.0.1", http.StatusForbidden)
 		return
 	}
@@ -197,13 +217,14 @@ func (c *Console) LoginLink(id Identity, ttl time.Duration) string {
 }
 
 // hostOK reports whether r may be served: not on a loopback listener, or
-// with a loopback Host.
-func hostOK(r *http.Request) bool {
+// with a loopback Host, or with the public URL's host (a proxy in front
+// that passes the Host people used).
+func (c *Console) hostOK(r *http.Request) bool {
 	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 	if !ok || local == nil || !isLoopback(local.String()) {
 		return true
 	}
-	return isLoopback(r.Host)
+	return isLoopback(r.Host) || (c.publicHost != "" && strings.EqualFold(r.Host, c.publicHost))
 }
 
 // isLoopback reports whether hostport names a loopback host.

@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -28,28 +29,56 @@ func TestTemplatesParse(t *testing.T) {
 
 // TestMoney: totals in minor units are shown as amounts of their currency.
 func TestMoney(t *testing.T) {
-	for _, c := range []struct{ minor, cur, want string }{
-		{"3700", "EUR", "37.00 EUR"}, {"5", "USD", "0.05 USD"}, {"-250", "EUR", "-2.50 EUR"},
-		{"1200", "JPY", "1200 JPY"}, {"12.5", "EUR", "12.5 EUR"}, {"3700", "", "3700"},
+	for _, c := range []struct {
+		minor int64
+		cur   string
+		want  string
+	}{
+		{3700, "EUR", "37.00 EUR"}, {5, "USD", "0.05 USD"}, {-250, "EUR", "-2.50 EUR"},
+		{1200, "JPY", "1200 JPY"}, {math.MinInt64, "EUR", "-92233720368547758.08 EUR"},
 	} {
 		if got := money(c.minor, c.cur); got != c.want {
-			t.Errorf("money(%q, %q) = %q, want %q", c.minor, c.cur, got, c.want)
+			t.Errorf("money(%d, %q) = %q, want %q", c.minor, c.cur, got, c.want)
 		}
 	}
 }
 
 // testConsole is a console over a new ledger whose tokens are the map
-// (token → identity) and whose clock the test moves.
+// (token → identity) and whose clock the test moves: the console's (now)
+// and the ledger's (the real time plus skew) apart, so that records keep
+// real times for the charts unless a test moves the ledger too.
 type testConsole struct {
 	*Console
 	mu     sync.Mutex
 	tokens map[string]Identity
 	now    time.Time
+	skew   time.Duration
 }
 
-func newTestConsole(t *testing.T) *testConsole {
+// testOptions configure newTestConsoleWith.
+type testOptions struct {
+	tools     tools.Options // OutboxDir is set when empty
+	publicURL string
+	checkHost bool
+	// wrap, when set, is the store the console reads (around the
+	// service's).
+	wrap func(ledger.Store) ledger.Store
+}
+
+func newTestConsole(t *testing.T) *testConsole { return newTestConsoleWith(t, testOptions{}) }
+
+func newTestConsoleWith(t *testing.T, o testOptions) *testConsole {
 	t.Helper()
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	tc := &testConsole{tokens: map[string]Identity{
+		"boss-token":  {Principal: "boss", Tenant: "acme", Role: RoleApprover},
+		"agent-token": {Principal: "alice", Tenant: "acme", Role: "agent"},
+		"zed-token":   {Principal: "zed", Tenant: "globex", Role: RoleApprover},
+	}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{ApprovalTTL: time.Hour, Now: func() time.Time {
+		tc.mu.Lock()
+		defer tc.mu.Unlock()
+		return time.Now().Add(tc.skew)
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,15 +87,19 @@ func newTestConsole(t *testing.T) *testConsole {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := tools.New(store, v, tools.Options{OutboxDir: t.TempDir()})
+	if o.tools.OutboxDir == "" {
+		o.tools.OutboxDir = t.TempDir()
+	}
+	svc, err := tools.New(store, v, o.tools)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testConsole{tokens: map[string]Identity{
-		"boss-token":  {Principal: "boss", Tenant: "acme", Role: RoleApprover},
-		"agent-token": {Principal: "alice", Tenant: "acme", Role: "agent"},
-	}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	tc.Console = New(Config{Service: svc, Store: store, SessionTTL: time.Hour,
+	t.Cleanup(svc.Close)
+	var read ledger.Store = store
+	if o.wrap != nil {
+		read = o.wrap(store)
+	}
+	tc.Console = New(Config{Service: svc, Store: read, SessionTTL: time.Hour, PublicURL: o.publicURL, CheckHost: o.checkHost,
 		Lookup: func(tok string) (Identity, bool) {
 			tc.mu.Lock()
 			defer tc.mu.Unlock()
@@ -80,6 +113,13 @@ func newTestConsole(t *testing.T) *testConsole {
 		},
 	})
 	return tc
+}
+
+// setNow sets the console's clock.
+func (tc *testConsole) setNow(t time.Time) {
+	tc.mu.Lock()
+	tc.now = t
+	tc.mu.Unlock()
 }
 
 // do serves one request and returns the response.
@@ -207,8 +247,9 @@ func TestCrossOriginPostRefused(t *testing.T) {
 }
 
 // TestCustomerOf: the customer of an operation's order comes from what
-// the record keeps — the request, the result's order, a waiting
-// approval's diff text — and is "" when none of them names it.
+// the record keeps — the request, the result's order, the order a waiting
+// change or cancel is for (its approval's resource; never the diff's
+// text) — and is "" when none of them names it.
 func TestCustomerOf(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -218,7 +259,10 @@ func TestCustomerOf(t *testing.T) {
 		{"create request", ledger.Record{Args: []byte(`{"customer_id":"cust-1","items":[]}`)}, "cust-1"},
 		{"order in the result", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Result: []byte(`{"order":{"order_id":"ord_1","customer_id":"cust-2"}}`)}, "cust-2"},
 		{"tombstone keeps only the result's absence", ledger.Record{Tombstone: true}, ""},
-		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  reason: x\n    customer_id: \"forged\"\n  the order being cancelled:\n    currency: \"EUR\"\n    customer_id: \"cust-3\"\n    status: \"placed\"\n"}}, "cust-3"},
+		{"waiting cancel", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{
+			DiffText: "cancel order ord_1 (version 1)\n  reason: customer_id: \"forged\"\n", Resource: []byte(`{"order_id":"ord_1","customer_id":"cust-3"}`)}}, "cust-3"},
+		{"waiting cancel held before resources were kept", ledger.Record{Args: []byte(`{"order_id":"ord_1"}`), Approval: &ledger.Approval{
+			DiffText: "cancel order ord_1 (version 1): status \"placed\" → cancelled\n  the order being cancelled:\n    customer_id: \"cust-3\"\n"}}, ""},
 		{"notification", ledger.Record{Args: []byte(`{"channel":"email","to":["a@example.com"]}`)}, ""},
 		{"not JSON", ledger.Record{Args: []byte(`{`), Result: []byte(`[1]`)}, ""},
 	} {

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
@@ -10,22 +9,17 @@ import (
 	"idemgate/outbox"
 )
 
-// deadScan bounds how many outbox messages the dead-letter list reads.
-const deadScan = 10000
+// deadLimit bounds how many dead-lettered messages the page lists.
+const deadLimit = 200
 
-// deadLetters returns the tenant's dead-lettered messages (at most 200).
+// deadLetters returns the tenant's dead-lettered messages (at most
+// deadLimit).
 func (c *Console) deadLetters(r *http.Request, tenant string) ([]*outbox.Message, error) {
 	var out []*outbox.Message
-	n := 0
 	err := c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
-		return tx.Scan(outbox.Collection, "", true, func(_ string, v []byte) (bool, error) {
-			n++
-			var m outbox.Message
-			if json.Unmarshal(v, &m) == nil && m.Tenant == tenant && m.State == outbox.MessageDead {
-				out = append(out, &m)
-			}
-			return n < deadScan && len(out) < 200, nil
-		})
+		var err error
+		out, err = outbox.DeadLetters(tx, tenant, deadLimit)
+		return err
 	})
 	return out, err
 }
@@ -37,12 +31,9 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request, id Identity) {
 	msgID := r.PathValue("id")
 	var m *outbox.Message
 	err := c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
-		v, err := tx.Get(outbox.Collection, msgID)
-		if err != nil || v == nil {
-			return err
-		}
-		m = new(outbox.Message)
-		return json.Unmarshal(v, m)
+		var err error
+		m, err = outbox.Get(tx, msgID)
+		return err
 	})
 	if err != nil {
 		c.apiError(w, r, id, err)

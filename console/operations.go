@@ -42,14 +42,13 @@ type opRow struct {
 	Customer string
 }
 
-// customerOf is the customer of rec's order, derived from what the record
-// already keeps — no field was added for it, so files of every build show
-// it: the request's customer_id (create_order), the result's
+// customerOf is the customer of rec's order, from what the record keeps:
+// the request's customer_id (create_order), the result's
 // order.customer_id (an order written, updated or cancelled), or the
-// customer_id line of the cancelled order in an approval's diff text (a
-// cancel still waiting, whose request names only the order). "" when none
-// of them says: a notification, an update still waiting or a failed one
-// (its request names only the order, its diff only the changes), or a
+// customer_id of the order a change or a cancel is for (its approval's
+// Resource: it is there while the request waits, and after a rejection
+// or a failure). "" when none of them says: a notification, a change or a
+// cancel held before approvals kept their resource and not done, or a
 // tombstone (retention removed its request and result).
 func customerOf(rec *ledger.Record) string {
 	var v struct {
@@ -58,7 +57,11 @@ func customerOf(rec *ledger.Record) string {
 			CustomerID string `json:"customer_id"`
 		} `json:"order"`
 	}
-	for _, raw := range []json.RawMessage{rec.Args, rec.Result} {
+	raws := []json.RawMessage{rec.Args, rec.Result}
+	if rec.Approval != nil {
+		raws = append(raws, rec.Approval.Resource)
+	}
+	for _, raw := range raws {
 		v.CustomerID, v.Order.CustomerID = "", ""
 		if len(raw) > 0 && json.Unmarshal(raw, &v) == nil {
 			if v.CustomerID != "" {
@@ -66,19 +69,6 @@ func customerOf(rec *ledger.Record) string {
 			}
 			if v.Order.CustomerID != "" {
 				return v.Order.CustomerID
-			}
-		}
-	}
-	if a := rec.Approval; a != nil {
-		// The order's fields follow the last marker, each value as JSON;
-		// the reason before it is the agent's free text and is not read.
-		const marker = "the order being cancelled:\n"
-		if i := strings.LastIndex(a.DiffText, marker); i >= 0 {
-			for _, line := range strings.Split(a.DiffText[i+len(marker):], "\n") {
-				var c string
-				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "customer_id: "); ok && json.Unmarshal([]byte(v), &c) == nil {
-					return c
-				}
 			}
 		}
 	}

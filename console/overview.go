@@ -1,10 +1,12 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +21,11 @@ import (
 // by the console and updated on each view with the audit entries appended
 // since the previous view — the first view reads the whole log once (as
 // `idemgate stats` does), later ones only what is new. The chain is
-// verified only when someone presses Verify, at most once a minute per
-// console (a press within a minute of the last check shows that check),
-// one check at a time; its result is kept with the time it was made.
+// verified once when the console starts (VerifyAtStart, in the
+// background, for at most startVerifyTimeout: pages never wait for it),
+// and again when someone presses Verify, at most once a minute per
+// console (a press within a minute of the last press shows that check),
+// one check at a time; the last result is kept with the time it was made.
 
 // overviewWindows are the chart windows a page may ask for.
 var overviewWindows = map[string]struct {
@@ -36,6 +40,9 @@ var overviewWindows = map[string]struct {
 // verifyEvery is how often the chain may be verified again on request.
 const verifyEvery = time.Minute
 
+// startVerifyTimeout bounds the verification made when the console starts.
+const startVerifyTimeout = time.Minute
+
 // overviewState is the console's part of the Overview: the tenants'
 // counters and the last verification of the audit chain.
 type overviewState struct {
@@ -44,23 +51,71 @@ type overviewState struct {
 
 	verifyMu sync.Mutex // held while the chain is verified: one check at a time
 
-	resultMu sync.Mutex // guards checked (a page never waits for a check)
+	resultMu sync.Mutex // guards the fields below (a page never waits for a check)
 	checked  verifyResult
+	running  time.Time // when the check under way started; zero: none
+	pressed  time.Time // when the last check made on request started
 }
 
-// lastCheck is the last verification's result.
-func (o *overviewState) lastCheck() verifyResult {
+// lastCheck is the last verification's result, and when the check under
+// way (if any) started.
+func (o *overviewState) lastCheck() (verifyResult, time.Time) {
 	o.resultMu.Lock()
 	defer o.resultMu.Unlock()
-	return o.checked
+	return o.checked, o.running
 }
 
 // verifyResult is the outcome of one verification of the audit chain.
 type verifyResult struct {
 	At      time.Time // zero: never checked by this console
+	By      string    // who asked: a principal, or "" for the console's start
 	Entries int
 	Took    time.Duration
-	Err     string
+	Err     string // the chain does not verify, or could not be read
+	// Unfinished: the check ended before it reached the end of the log
+	// (its time bound, or a shutdown); it proved nothing.
+	Unfinished bool
+}
+
+// VerifyAtStart verifies the audit chain once, as Verify now does, so the
+// Overview shows the chain's status without anyone asking; a page shown
+// meanwhile says a check is under way. It gives up after
+// startVerifyTimeout, or when ctx is done (the Overview then says the
+// check did not finish), and returns when the check has ended. The caller
+// runs it in a goroutine it owns and waits for before closing the store.
+func (c *Console) VerifyAtStart(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, startVerifyTimeout)
+	defer cancel()
+	c.checkChain(ctx, "")
+}
+
+// checkChain verifies the whole audit chain (ledger.Store.VerifyAudit),
+// one check at a time, and keeps its result; by is who asked ("": the
+// console's start).
+func (c *Console) checkChain(ctx context.Context, by string) verifyResult {
+	o := &c.overview
+	o.verifyMu.Lock()
+	defer o.verifyMu.Unlock()
+	o.resultMu.Lock()
+	o.running = c.cfg.Now()
+	o.resultMu.Unlock()
+	start := time.Now()
+	n, err := c.cfg.Store.VerifyAudit(ctx)
+	res := verifyResult{At: c.cfg.Now(), By: by, Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		res.Unfinished = true
+		c.cfg.Logger.Warn("console: the audit chain's verification did not finish", "err", err, "took", res.Took, "by", by)
+	case err != nil:
+		res.Err = err.Error()
+		c.cfg.Logger.Error("console: the audit chain does not verify", "err", err, "by", by)
+	default:
+		c.cfg.Logger.Info("console: audit chain verified", "entries", n, "took", res.Took, "by", by)
+	}
+	o.resultMu.Lock()
+	o.checked, o.running = res, time.Time{}
+	o.resultMu.Unlock()
+	return res
 }
 
 // overviewPage is the data of the Overview page.
@@ -72,11 +127,22 @@ type overviewPage struct {
 	Label   string
 	Charts  []chart
 	Verify  verifyResult
+	// Verifying is when the check under way started (zero: none).
+	Verifying time.Time
 }
 
 type settledRow struct {
-	How string
-	N   int
+	How   string // the ledger.Settlement
+	Label string // How as a person reads it
+	N     int
+}
+
+// settledLabels say how an unknown outcome was settled (ledger.Settlement).
+var settledLabels = map[string]string{
+	string(ledger.SettledReconciledFound):               "reconciled: the order system had done it",
+	string(ledger.SettledReconciledAbsentRetry):         "reconciled: not done, sent again (the API takes same-key retries)",
+	string(ledger.SettledReconciledAbsentNeedsApproval): "reconciled: not done, its re-run held for approval",
+	string(ledger.SettledResolvedByHand):                "resolved by a person, with evidence",
 }
 
 // tenantStats brings the tenant's counter up to date and returns its
@@ -112,48 +178,52 @@ func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request, id Identi
 	}
 	p := overviewPage{page: page{Title: "Overview", Who: &id, Nav: "overview"}, Stats: st, Window: window, Label: win.label}
 	for how, n := range st.Settled {
-		p.Settled = append(p.Settled, settledRow{how, n})
+		label := settledLabels[how]
+		if label == "" {
+			label = how
+		}
+		p.Settled = append(p.Settled, settledRow{how, label, n})
 	}
-	slices.SortFunc(p.Settled, func(a, b settledRow) int { return b.N - a.N })
+	slices.SortFunc(p.Settled, func(a, b settledRow) int {
+		if a.N != b.N {
+			return b.N - a.N
+		}
+		return strings.Compare(a.How, b.How)
+	})
 	p.Charts = overviewCharts(series, win.width)
-	p.Verify = c.overview.lastCheck()
+	p.Verify, p.Verifying = c.overview.lastCheck()
 	switch r.URL.Query().Get("verified") {
 	case "1":
 		p.Notice = "The audit chain was verified."
 	case "recent":
 		p.Notice = "The audit chain was verified less than a minute ago: that check is shown."
+	case "running":
+		p.Notice = "A check of the audit chain is under way: reload this page for its result."
 	}
 	p.Now = now
 	c.renderAny(w, http.StatusOK, "overview", p)
 }
 
-// verify checks the whole audit chain (ledger.Store.VerifyAudit), unless
-// it was checked less than verifyEvery ago, and shows the Overview.
+// verify checks the whole audit chain, unless it was checked on request
+// less than verifyEvery ago, and shows the Overview.
 func (c *Console) verify(w http.ResponseWriter, r *http.Request, id Identity) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	window := validWindow(r.PostFormValue("window"))
 	o := &c.overview
-	o.verifyMu.Lock()
-	last := o.lastCheck()
-	recent := !last.At.IsZero() && c.cfg.Now().Sub(last.At) < verifyEvery
-	if !recent {
-		start := time.Now()
-		n, err := c.cfg.Store.VerifyAudit(r.Context())
-		res := verifyResult{At: c.cfg.Now(), Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
-		if err != nil {
-			res.Err = err.Error()
-			c.cfg.Logger.Error("console: the audit chain does not verify", "err", err, "principal", id.Principal, "tenant", id.Tenant)
-		} else {
-			c.cfg.Logger.Info("console: audit chain verified", "entries", n, "took", res.Took, "principal", id.Principal, "tenant", id.Tenant)
-		}
-		o.resultMu.Lock()
-		o.checked = res
-		o.resultMu.Unlock()
-	}
-	o.verifyMu.Unlock()
+	now := c.cfg.Now()
+	o.resultMu.Lock()
 	q := "1"
-	if recent {
+	switch {
+	case !o.running.IsZero():
+		q = "running" // its result is as fresh as a new one's
+	case !o.pressed.IsZero() && now.Sub(o.pressed) < verifyEvery && !o.checked.Unfinished:
 		q = "recent"
+	default:
+		o.pressed = now
+	}
+	o.resultMu.Unlock()
+	if q == "1" {
+		c.checkChain(r.Context(), id.Principal)
 	}
 	http.Redirect(w, r, Prefix+"/overview?verified="+q+"&window="+window, http.StatusSeeOther)
 }

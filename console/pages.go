@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -213,6 +213,12 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 	approvalID := r.PathValue("id")
 	resp := c.cfg.Service.Decide(r.Context(), actor(id), tools.DecideRequest{ApprovalID: approvalID, Decision: decision, Comment: comment})
+	if resp.Error != nil && resp.Error.Code == string(tools.CodeNotFound) {
+		// No such approval in the session's tenant (another tenant's, or
+		// none): nothing was decided, and there is no outcome to show.
+		c.errorPage(w, r, &id, http.StatusNotFound, resp.Error.Message)
+		return
+	}
 	if c.cfg.AfterDecide != nil {
 		c.cfg.AfterDecide(r.Context())
 	}
@@ -275,8 +281,9 @@ func derefTime(p *time.Time, or time.Time) time.Time {
 	return *p
 }
 
-// item prepares one approval for the pages: its diff as rows, the order's
-// total, and the earlier operation of a suspected duplicate.
+// item prepares one approval for the pages: its diff as rows, the order
+// it is for, the order's total, and the earlier operation of a suspected
+// duplicate — all from the approvals API's structured fields.
 func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) approvalItem {
 	now := c.cfg.Now()
 	it := approvalItem{ApprovalView: a, Waiting: roughly(now.Sub(a.CreatedAt)), Left: roughly(a.ExpiresAt.Sub(now))}
@@ -284,35 +291,17 @@ func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) appro
 	if len(a.Diff) > 0 && json.Unmarshal(a.Diff, &changes) == nil {
 		for _, ch := range changes {
 			it.Changes = append(it.Changes, changeRow{ch.Path, show(ch.Before), show(ch.After)})
-			if ch.Path == "total_minor" {
-				it.Total = show(firstNonNil(ch.After, ch.Before))
-			}
 		}
 	}
-	// A cancel's diff text lists the order being cancelled, field by field.
-	if _, rest, ok := strings.Cut(a.DiffText, "the order being cancelled:\n"); ok {
-		for _, line := range strings.Split(rest, "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(line), ": ")
-			if !ok {
-				continue
-			}
-			it.Order = append(it.Order, changeRow{Path: k, Before: v})
-			if k == "total_minor" && it.Total == "" {
-				it.Total = v
-			}
+	// The order a change or a cancel is for, field by field, as it was.
+	var order map[string]any
+	if len(a.Resource) > 0 && json.Unmarshal(a.Resource, &order) == nil {
+		for _, k := range slices.Sorted(maps.Keys(order)) {
+			it.Order = append(it.Order, changeRow{Path: k, Before: show(order[k])})
 		}
 	}
-	if it.Total != "" {
-		for _, row := range append(slices.Clone(it.Order), it.Changes...) {
-			if row.Path == "currency" {
-				cur := row.Before
-				if row.After != "" && row.After != "—" {
-					cur = row.After
-				}
-				it.Total = money(it.Total, strings.Trim(cur, `"`))
-				break
-			}
-		}
+	if t := a.Total; t != nil {
+		it.Total = money(t.AmountMinor, t.Currency)
 	}
 	if a.EarlierOperationKey != "" {
 		e := &earlierOp{Key: a.EarlierOperationKey}
@@ -325,13 +314,6 @@ func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) appro
 		it.Earlier = e
 	}
 	return it
-}
-
-func firstNonNil(a, b any) any {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // show renders a diff value on one line: "—" for none.
@@ -364,19 +346,15 @@ func pretty(raw json.RawMessage) string {
 // noMinorUnit are the currencies whose amounts have no decimals.
 var noMinorUnit = map[string]bool{"JPY": true, "KRW": true, "VND": true, "CLP": true, "ISK": true, "UGX": true, "XAF": true, "XOF": true}
 
-// money shows an amount in minor units with its currency: "37.00 EUR"
-// (or "3700 ?" as given when it is not a whole number).
-func money(minor, currency string) string {
-	n, err := strconv.ParseInt(minor, 10, 64)
-	if err != nil || currency == "" {
-		return strings.TrimSpace(minor + " " + currency)
-	}
+// money shows an amount in minor units with its currency: "37.00 EUR",
+// "1200 JPY".
+func money(minor int64, currency string) string {
 	if noMinorUnit[strings.ToUpper(currency)] {
-		return fmt.Sprintf("%d %s", n, currency)
+		return fmt.Sprintf("%d %s", minor, currency)
 	}
-	sign := ""
-	if n < 0 {
-		sign, n = "-", -n
+	sign, n := "", uint64(minor)
+	if minor < 0 {
+		sign, n = "-", uint64(-minor) // -MinInt64 wraps to its own magnitude as uint64
 	}
 	return fmt.Sprintf("%s%d.%02d %s", sign, n/100, n%100, currency)
 }

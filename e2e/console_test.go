@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 )
 
 // chromiumPath finds the browser, or skips (fails under CI=true).
@@ -380,14 +382,24 @@ func TestConsoleAccess(t *testing.T) {
 // returns its base URL and the one-time login link it printed.
 func consoleServer(t *testing.T, db, tokens string, extra ...string) (base, link string) {
 	t.Helper()
+	args := append([]string{"--db", db, "--tokens", tokens, "--principal", "boss", "--tenant", aprTenant, "--log-level", "warn"}, extra...)
+	base, out := startConsole(t, args, regexp.MustCompile(`http://\S+/ui/login\?once=\S+`))
+	return base, out[0]
+}
+
+// startConsole starts `idemgate console --listen ADDR args…` on a free
+// loopback port and returns its base URL and the first len(want) lines
+// of its stderr that match want, in order (each line its match), once
+// they are printed; it is stopped with SIGINT at the end of the test.
+func startConsole(t *testing.T, args []string, want ...*regexp.Regexp) (base string, matches []string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := append([]string{"console", "--listen", addr, "--db", db, "--tokens", tokens, "--principal", "boss", "--tenant", aprTenant, "--log-level", "warn"}, extra...)
-	cmd := exec.Command(idemgate, args...)
+	cmd := exec.Command(idemgate, append([]string{"console", "--listen", addr}, args...)...)
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -409,26 +421,88 @@ func consoleServer(t *testing.T, db, tokens string, extra ...string) (base, link
 			t.Logf("console stderr:\n%s", stderr.String())
 		}
 	})
-	found := make(chan string, 1)
+	found := make(chan []string, 1)
 	go func() {
-		re := regexp.MustCompile(`http://\S+/ui/login\?once=\S+`)
+		var got []string
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			fmt.Fprintln(stderr, sc.Text())
-			if m := re.FindString(sc.Text()); m != "" {
-				select {
-				case found <- m:
-				default:
+			if len(got) < len(want) {
+				if m := want[len(got)].FindString(sc.Text()); m != "" {
+					if got = append(got, m); len(got) == len(want) {
+						found <- got
+					}
 				}
 			}
 		}
 	}()
 	select {
-	case link = <-found:
+	case matches = <-found:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("idemgate console printed no login link within 10 s:\n%s", stderr.String())
+		t.Fatalf("idemgate console did not print %q within 10 s:\n%s", want, stderr.String())
 	}
-	return "http://" + addr, link
+	return "http://" + addr, matches
+}
+
+// TestConsoleStandaloneLoginPage: `idemgate console` without --principal
+// or --token prints the login page's address (no one-time link: nobody
+// was named to log in as) — and, with --public-url, the same page there —
+// and that address opens the login page, where an approver's token logs
+// in. The public URL is https, so the session cookie is Secure although
+// the console itself speaks plain HTTP (TLS ends at a proxy in front),
+// and a request carrying the public URL's host is served on the loopback
+// listener while another host is refused.
+func TestConsoleStandaloneLoginPage(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens, toks := consoleTokens(t, dir)
+	agent := startAgent(t, mcpGoModern, db)
+	placeOrder(t, agent, "cust-login-page") // the ledger exists and has entries
+	base, printed := startConsole(t, []string{"--db", db, "--tokens", tokens, "--public-url", "https://gate.example.com", "--log-level", "warn"},
+		regexp.MustCompile(`^\s+http://\S+$`), regexp.MustCompile(`^\s+https://gate\.example\.com\S*$`))
+	local, public := strings.TrimSpace(printed[0]), strings.TrimSpace(printed[1])
+	if local != base+"/ui/login" || public != "https://gate.example.com/ui/login" {
+		t.Fatalf("printed %q and %q, want %s/ui/login and https://gate.example.com/ui/login", local, public, base)
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `id="token"`) || strings.Contains(string(body), "ended") {
+		t.Fatalf("the printed address: status %d, want the login page with no notice\n%s", resp.StatusCode, body)
+	}
+	resp, err = noRedirect.PostForm(base+"/ui/login", url.Values{"token": {toks["boss"]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "idemgate_console" {
+			session = c
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || session == nil {
+		t.Fatalf("login with boss's token: status %d, cookies %v; want 303 and a session", resp.StatusCode, resp.Cookies())
+	}
+	if !session.Secure || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode {
+		t.Errorf("session cookie %+v: want Secure (the public URL is https), HttpOnly, SameSite=Strict", session)
+	}
+	for host, want := range map[string]int{"gate.example.com": http.StatusOK, "attacker.example": http.StatusForbidden} {
+		req, _ := http.NewRequest("GET", base+"/ui/login", nil)
+		req.Host = host
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != want {
+			t.Errorf("Host %s on the loopback listener: status %d, want %d", host, r.StatusCode, want)
+		}
+	}
 }
 
 // TestConsoleStandaloneCrossSiteAndExpiry: `idemgate console` serves the
@@ -805,7 +879,8 @@ func TestConsoleRequeueDeadLetter(t *testing.T) {
 // the console, the Overview shows exactly the numbers `idemgate stats`
 // prints for the tenant (read by that command from the same ledger file
 // while the server runs), draws the replay in the current hour's bar,
-// verifies the audit chain on request, and reads at phone width without
+// shows the audit chain verified at the console's start without a press
+// and verifies it again on request, and reads at phone width without
 // sideways scrolling. Operations filtered by customer list that
 // customer's orders only.
 func TestConsoleOverview(t *testing.T) {
@@ -872,6 +947,17 @@ func TestConsoleOverview(t *testing.T) {
 	label, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#chart-duplicates svg").getAttribute("aria-label")`))
 	if err != nil || !strings.Contains(label, "Duplicate side effects") || !strings.Contains(label, "none in this window") {
 		t.Errorf("the duplicates chart's label = %q (%v)", label, err)
+	}
+	// The console checked the chain by itself when the server started:
+	// the status shows without a press (reloaded while that check runs).
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if st, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("verify-status") || {}).textContent || ""`)); strings.HasPrefix(strings.TrimSpace(st), "Intact") && strings.Contains(st, "when the console started") {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the overview shows no verification of the chain from the console's start: %q", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+		do(t, ctx, "reload the overview", chromedp.Navigate(base+"/ui/overview"), chromedp.WaitVisible(chromedp.CSS("#audit-chain")))
 	}
 	do(t, ctx, "verify the audit chain",
 		chromedp.Click(chromedp.CSS("#verify")),
@@ -1020,5 +1106,111 @@ func TestOutboxRequeueCLIAudited(t *testing.T) {
 	}
 	if n := len(operatorEntries()); n != 1 {
 		t.Errorf("%d operator entries after refused requeues, want still 1", n)
+	}
+}
+
+// pageWidth is how wide the page is laid out, in CSS pixels: more than
+// the viewport means the page scrolls sideways.
+func pageWidth(t *testing.T, ctx context.Context) int {
+	t.Helper()
+	w, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)`))
+	if err != nil {
+		t.Fatalf("browser: page width: %v", err)
+	}
+	return w
+}
+
+// activeID is the id (or, without one, the tag and class) of the element
+// that has the keyboard focus.
+func activeID(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(function(){var a=document.activeElement; if(!a) return ""; return a.id || (a.tagName.toLowerCase()+"."+a.className)})()`))
+	if err != nil {
+		t.Fatalf("browser: focused element: %v", err)
+	}
+	return s
+}
+
+// TestConsolePhoneAndKeyboard: at a phone's width (390 px) the approvals
+// page with a held update_order — whose diff carries the items before and
+// after, the longest values a card shows — the operations list and one
+// operation's page (record, request, history) lay out without sideways
+// scrolling. Then, at desktop width and with the keyboard alone, the
+// approver moves with Tab to the request's comment, types it, moves on to
+// Approve and presses Enter: the change is made once and the outcome
+// shown. The history with the decided card, "Needs a person" and the
+// Overview read at phone width as well.
+func TestConsolePhoneAndKeyboard(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	created := newKey()
+	o := resultOrder(t, agent.mustSucceed(t, "create_order", orderArgs(created, "cust-phone-and-keyboard", coffee, map[string]any{"notify_customer": false})))
+	key := newKey()
+	id := agent.mustHold(t, "update_order", map[string]any{"operation_key": key, "order_id": o.OrderID, "expected_version": 1, "changes": map[string]any{
+		"items": []map[string]any{{"sku": "coffee-1kg", "quantity": 3, "unit_price_minor": 1850}, {"sku": "tea-earl-grey-250g", "quantity": 2, "unit_price_minor": 900}},
+		"note":  "leave the parcel with the neighbour at number 12 if nobody answers the door",
+	}}).Approval.ApprovalID
+	card := "#apr-" + id
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	do(t, ctx, "see the change", chromedp.WaitVisible(chromedp.CSS(card+" table.diff")))
+	if got := textOf(t, ctx, card+" .total"); got != "73.50 EUR" {
+		t.Errorf("the update's total = %q, want 73.50 EUR", got)
+	}
+	screenshot(t, ctx, "update-order")
+
+	do(t, ctx, "phone width", chromedp.EmulateViewport(390, 844))
+	for _, p := range []struct{ name, path, ready string }{
+		{"approvals", "/ui/approvals", card + " button.approve"},
+		{"operations", "/ui/operations", "#ops"},
+		{"operation", "/ui/operations/" + created, "#audit"},
+	} {
+		do(t, ctx, p.name+" at phone width", chromedp.Navigate(base+p.path), chromedp.WaitVisible(chromedp.CSS(p.ready)))
+		if w := pageWidth(t, ctx); w > 390 {
+			t.Errorf("at phone width %s is %d px wide, want no sideways scrolling (at most 390)", p.path, w)
+		}
+		screenshot(t, ctx, p.name+"-phone")
+	}
+	do(t, ctx, "desktop width", chromedp.EmulateViewport(1100, 900))
+
+	// The keyboard alone: Tab from the top of the page to the comment.
+	do(t, ctx, "open the approvals", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" button.approve")))
+	reached := false
+	for range 60 {
+		do(t, ctx, "Tab", chromedp.KeyEvent(kb.Tab))
+		if activeID(t, ctx) == "comment-"+id {
+			reached = true
+			break
+		}
+	}
+	if !reached {
+		t.Fatalf("Tab never reached the comment of the request (stopped at %q)", activeID(t, ctx))
+	}
+	do(t, ctx, "type the comment", chromedp.KeyEvent("checked with the customer by phone"))
+	do(t, ctx, "Tab to Approve", chromedp.KeyEvent(kb.Tab))
+	if got := activeID(t, ctx); got != "button.approve" {
+		t.Fatalf("after the comment Tab is on %q, want the Approve button", got)
+	}
+	do(t, ctx, "Enter", chromedp.KeyEvent(kb.Enter), chromedp.WaitVisible(chromedp.CSS("#outcome-status")))
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("outcome of the keyboard's approve = %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	if got := getOrder(t, agent, o.OrderID); got.Version != 2 || got.TotalMinor != 7350 {
+		t.Errorf("order after the approve = %+v, want version 2 with total 7350 (changed once)", got)
+	}
+	do(t, ctx, "the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, card+" .comment"); got != "checked with the customer by phone" {
+		t.Errorf("the comment typed with the keyboard = %q", got)
+	}
+	// The decided card in the history, and the other sections, at phone width too.
+	do(t, ctx, "phone width again", chromedp.EmulateViewport(390, 844))
+	for _, p := range []struct{ path, ready string }{{"/ui/history", card}, {"/ui/attention", "#dead-count"}, {"/ui/overview", "#chart-late"}} {
+		do(t, ctx, p.path+" at phone width", chromedp.Navigate(base+p.path), chromedp.WaitVisible(chromedp.CSS(p.ready)))
+		if w := pageWidth(t, ctx); w > 390 {
+			t.Errorf("at phone width %s is %d px wide, want no sideways scrolling (at most 390)", p.path, w)
+		}
 	}
 }

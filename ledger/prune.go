@@ -269,7 +269,8 @@ type AuditVerification struct {
 // (AuditChain): the ledger must continue it exactly — its anchor is the
 // archive's last entry, or the ledger was never pruned and the archive is
 // a copy of its first entries. It returns what it proved, or an error
-// naming the first entry that does not verify.
+// naming the first entry that does not verify, or ctx's error when ctx
+// ends first (then nothing was proved).
 func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
 	var res AuditVerification
 	err := s.view(func(tx *ltx) error {
@@ -294,6 +295,9 @@ func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditV
 		c := tx.Bucket(bucketAudit).Cursor()
 		var newestPrune *AuditEntry
 		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if res.Entries%1024 == 0 && ctx.Err() != nil { // a long log is one long read: it stops when asked to
+				return ctx.Err()
+			}
 			var e AuditEntry
 			if err := json.Unmarshal(v, &e); err != nil {
 				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)

@@ -59,6 +59,12 @@ type Approval struct {
 	DecidedBy       string          `json:"decided_by,omitempty"`
 	DecidedAt       time.Time       `json:"decided_at,omitzero"`
 	Comment         string          `json:"comment,omitempty"`
+	// Resource is the resource the operation acts on as it was when the
+	// approval was asked, as JSON — for a change or a cancel, the order at
+	// ResourceVersion — so approvers see it as data, not only in DiffText.
+	// Empty when there is none (a create's diff is the whole new order)
+	// and in approvals recorded before it was kept.
+	Resource json.RawMessage `json:"resource,omitempty"`
 }
 
 // Approval statuses.

@@ -140,6 +140,9 @@ func Enqueue(tx ledger.Tx, m *Message) error {
 	return tx.Put(collByOp, m.Tenant+"\x00"+m.OperationKey+"\x00"+m.Step, []byte(m.MessageID))
 }
 
+// Get returns the message with the id, or nil when there is none.
+func Get(tx ledger.Tx, id string) (*Message, error) { return getMessage(tx, id) }
+
 func getMessage(tx ledger.Tx, id string) (*Message, error) {
 	v, err := tx.Get(Collection, id)
 	if err != nil || v == nil {
@@ -163,6 +166,29 @@ func OfOperation(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, err
 			out = append(out, m)
 		}
 		return true, err
+	})
+	return out, err
+}
+
+// DeadLetters returns up to limit of tenant's dead-lettered messages (see
+// Requeue), in message id order. There is no index of dead letters: it
+// reads the messages of every tenant until it has limit of them, so its
+// cost grows with the outbox. A message that is not valid JSON is an
+// error.
+func DeadLetters(tx ledger.Tx, tenant string, limit int) ([]*Message, error) {
+	var out []*Message
+	if limit <= 0 {
+		return out, nil
+	}
+	err := tx.Scan(Collection, "", false, func(id string, v []byte) (bool, error) {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return false, fmt.Errorf("outbox message %s: %w", id, err)
+		}
+		if m.Tenant == tenant && m.State == MessageDead {
+			out = append(out, &m)
+		}
+		return len(out) < limit, nil
 	})
 	return out, err
 }

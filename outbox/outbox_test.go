@@ -346,3 +346,77 @@ func TestPassSyncsAndCreateModes(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadLetters: DeadLetters lists the tenant's dead-lettered messages
+// only — not its queued or delivered ones, not another tenant's — and at
+// most limit of them.
+func TestDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	want := map[string]bool{}
+	for i, c := range []struct{ tenant, state string }{
+		{"t1", MessageDead}, {"t1", MessageQueued}, {"t1", MessageDelivered}, {"t2", MessageDead}, {"t1", MessageDead},
+	} {
+		m := &Message{Tenant: c.tenant, OperationKey: fmt.Sprintf("k%d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hi"}
+		if err := s.Update(ctx, func(tx ledger.Tx) error {
+			if err := Enqueue(tx, m); err != nil {
+				return err
+			}
+			m.State = c.state
+			return putMessage(tx, m)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if c.tenant == "t1" && c.state == MessageDead {
+			want[m.MessageID] = true
+		}
+	}
+	var all, one []*Message
+	if err := s.View(ctx, func(tx ledger.Tx) error {
+		var err error
+		if all, err = DeadLetters(tx, "t1", 10); err != nil {
+			return err
+		}
+		one, err = DeadLetters(tx, "t1", 1)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range all {
+		got[m.MessageID] = true
+		if m.Tenant != "t1" || m.State != MessageDead {
+			t.Errorf("listed %s of %s in state %s", m.MessageID, m.Tenant, m.State)
+		}
+	}
+	if len(all) != len(want) || len(got) != len(want) {
+		t.Errorf("DeadLetters(t1) = %v, want %v", got, want)
+	}
+	if len(one) != 1 || !want[one[0].MessageID] {
+		t.Errorf("DeadLetters(t1, limit 1) = %d messages, want one of t1's dead letters", len(one))
+	}
+}
+
+// TestGet: Get returns a message by its id as stored, and nil for an id
+// with no message.
+func TestGet(t *testing.T) {
+	s := mustOpen(t)
+	m := queue(t, s, "k1")
+	var got, none *Message
+	if err := s.View(context.Background(), func(tx ledger.Tx) error {
+		var err error
+		if got, err = Get(tx, m.MessageID); err != nil {
+			return err
+		}
+		none, err = Get(tx, "msg_doesnotexist")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.MessageID != m.MessageID || got.Tenant != "t1" || got.State != MessageQueued || got.Body != m.Body {
+		t.Errorf("Get = %+v, want the queued message %s", got, m.MessageID)
+	}
+	if none != nil {
+		t.Errorf("Get of no message = %+v, want nil", none)
+	}
+}

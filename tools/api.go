@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"idemgate/approvals"
 	"idemgate/ledger"
 )
 
@@ -52,10 +53,18 @@ type ApprovalView struct {
 	OperationKey        string          `json:"operation_key"`
 	Reason              string          `json:"reason"`
 	RequestedBy         string          `json:"requested_by"`
-	ResourceVersion     int             `json:"resource_version,omitempty"`
-	Rule                string          `json:"rule"`
-	Status              string          `json:"status"`
-	Tool                string          `json:"tool"`
+	// Resource is what the operation acts on as it was when asked: the
+	// order a change or a cancel is for (ledger.Approval.Resource).
+	Resource        json.RawMessage `json:"resource,omitempty"`
+	ResourceVersion int             `json:"resource_version,omitempty"`
+	Rule            string          `json:"rule"`
+	Status          string          `json:"status"`
+	Tool            string          `json:"tool"`
+	// Total is the order's total once the operation is done: a create's,
+	// a change's new total, the total of the order a cancel is for. Nil
+	// when the operation has no order total, or when it is not known (a
+	// change or a cancel recorded before Resource was kept).
+	Total *approvals.Total `json:"total,omitempty"`
 }
 
 // approvalView is what an approver sees of rec (which holds an approval).
@@ -67,12 +76,55 @@ func approvalView(rec *ledger.Record) ApprovalView {
 		CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt,
 		Diff: a.Diff, DiffText: a.DiffText,
 		ResourceVersion: a.ResourceVersion, EarlierOperationKey: a.EarlierKey,
+		Resource: a.Resource, Total: approvalTotal(a),
 	}
 	if a.DecidedBy != "" {
 		at, comment := a.DecidedAt, a.Comment
 		v.DecidedBy, v.DecidedAt, v.Comment = a.DecidedBy, &at, &comment
 	}
 	return v
+}
+
+// approvalTotal is the order total a decides on, read from its structured
+// diff and resource: the diff's new total_minor and currency (a create, a
+// change of the items), else the resource's (a cancel, a change that
+// keeps the total). Nil when neither says both.
+func approvalTotal(a *ledger.Approval) *approvals.Total {
+	var (
+		amount   *int64
+		currency string
+	)
+	var res struct {
+		TotalMinor *int64 `json:"total_minor"`
+		Currency   string `json:"currency"`
+	}
+	if len(a.Resource) > 0 && json.Unmarshal(a.Resource, &res) == nil {
+		amount, currency = res.TotalMinor, res.Currency
+	}
+	var changes []struct {
+		Path  string          `json:"path"`
+		After json.RawMessage `json:"after"`
+	}
+	if len(a.Diff) > 0 && json.Unmarshal(a.Diff, &changes) == nil {
+		for _, c := range changes {
+			switch c.Path {
+			case "total_minor":
+				var n int64
+				if json.Unmarshal(c.After, &n) == nil && string(c.After) != "null" {
+					amount = &n
+				}
+			case "currency":
+				var cur string
+				if json.Unmarshal(c.After, &cur) == nil && cur != "" {
+					currency = cur
+				}
+			}
+		}
+	}
+	if amount == nil || currency == "" {
+		return nil
+	}
+	return &approvals.Total{AmountMinor: *amount, Currency: currency}
 }
 
 // ListApprovalsRequest asks for one page of the pending approvals.

@@ -33,6 +33,13 @@ func legacyApprovalView(rec *ledger.Record) map[string]any {
 	if a.DecidedBy != "" {
 		v["decided_by"], v["decided_at"], v["comment"] = a.DecidedBy, a.DecidedAt, a.Comment
 	}
+	// Added since: the resource and the total, only when there are some.
+	if len(a.Resource) > 0 {
+		v["resource"] = a.Resource
+	}
+	if t := approvalTotal(a); t != nil {
+		v["total"] = t
+	}
 	return v
 }
 
@@ -56,7 +63,9 @@ func TestApprovalViewBytes(t *testing.T) {
 	decidedNoComment.Approval.Status, decidedNoComment.Approval.DecidedBy, decidedNoComment.Approval.DecidedAt, decidedNoComment.Approval.Comment = ledger.ApprovalApproved, "boss", at, "ok <&> \"quoted\""
 	noDiff := base()
 	noDiff.Approval.Diff, noDiff.Approval.DiffText, noDiff.Approval.Rule = nil, "", ""
-	for name, rec := range map[string]*ledger.Record{"pending": base(), "all optional fields": full, "decided": decided, "decided with comment": decidedNoComment, "no diff": noDiff} {
+	withResource := base()
+	withResource.Approval.Resource = json.RawMessage(`{"order_id":"o1","currency":"EUR","total_minor":3700}`)
+	for name, rec := range map[string]*ledger.Record{"pending": base(), "all optional fields": full, "decided": decided, "decided with comment": decidedNoComment, "no diff": noDiff, "with resource": withResource} {
 		t.Run(name, func(t *testing.T) {
 			got, want := mustJSON(approvalView(rec)), mustJSON(legacyApprovalView(rec))
 			if string(got) != string(want) {
@@ -67,6 +76,36 @@ func TestApprovalViewBytes(t *testing.T) {
 	list := &ApprovalList{Approvals: []ApprovalView{}, NextCursor: "c"}
 	if got, want := string(mustJSON(list)), string(mustJSON(map[string]any{"approvals": []map[string]any{}, "count": 0, "next_cursor": "c"})); got != want {
 		t.Errorf("list %s, want %s", got, want)
+	}
+}
+
+// TestApprovalTotal: an approval's total is the order's total once the
+// operation is done, read from the structured diff and the resource — a
+// create's and a changed total from the diff, a cancel's and an unchanged
+// one from the resource — and nil when either the amount or the currency
+// is unknown.
+func TestApprovalTotal(t *testing.T) {
+	order := json.RawMessage(`{"order_id":"o1","currency":"EUR","total_minor":3700,"customer_id":"c1"}`)
+	for _, c := range []struct {
+		name     string
+		diff     string
+		resource json.RawMessage
+		want     *approvals.Total
+	}{
+		{"create", `[{"path":"currency","before":null,"after":"JPY"},{"path":"total_minor","before":null,"after":1200}]`, nil, &approvals.Total{AmountMinor: 1200, Currency: "JPY"}},
+		{"change of the items", `[{"path":"total_minor","before":3700,"after":4600}]`, order, &approvals.Total{AmountMinor: 4600, Currency: "EUR"}},
+		{"change of the note", `[{"path":"note","before":null,"after":"ring twice"}]`, order, &approvals.Total{AmountMinor: 3700, Currency: "EUR"}},
+		{"cancel", `[{"path":"status","before":"placed","after":"cancelled"}]`, order, &approvals.Total{AmountMinor: 3700, Currency: "EUR"}},
+		{"change recorded without its resource", `[{"path":"total_minor","before":3700,"after":4600}]`, nil, nil},
+		{"notification", `[{"path":"channel","before":null,"after":"email"}]`, nil, nil},
+		{"no diff", ``, nil, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := approvalTotal(&ledger.Approval{Diff: json.RawMessage(c.diff), Resource: c.resource})
+			if (got == nil) != (c.want == nil) || (got != nil && *got != *c.want) {
+				t.Errorf("approvalTotal = %+v, want %+v", got, c.want)
+			}
+		})
 	}
 }
 
@@ -95,6 +134,12 @@ func TestApprovalsAPI(t *testing.T) {
 	tool := svc.Call(ctx, approver, "list_pending_approvals", map[string]any{}, nil)
 	if string(tool.Result) != string(mustJSON(list)) {
 		t.Errorf("tool answers %s, API lists %s", tool.Result, mustJSON(list))
+	}
+	// The held cancel keeps the order it is for, as data, and its total.
+	var was orders.Order
+	if v := list.Approvals[0]; json.Unmarshal(v.Resource, &was) != nil || was.OrderID != o.OrderID || was.Version != 1 || was.Status != "placed" ||
+		v.Total == nil || v.Total.AmountMinor != o.TotalMinor || v.Total.Currency != o.Currency {
+		t.Errorf("held cancel: resource %s, total %+v; want order %s at version 1 and its total %d %s", v.Resource, v.Total, o.OrderID, o.TotalMinor, o.Currency)
 	}
 	r := svc.Decide(ctx, approver, DecideRequest{ApprovalID: held.Approval.ID, Decision: Approve})
 	if r.Status != ledger.StateSucceeded || resultOrder(t, r).Status != "cancelled" {

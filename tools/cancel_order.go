@@ -45,7 +45,7 @@ func (s *Service) cancelOrder(ctx context.Context, c *call, a cancelOrderArgs) *
 	}
 	return s.execute(ctx, c, func() proposal {
 		diff := approvals.CancelDiff("order", cur.OrderID, cur.Version, approvals.ToMap(cur), a.Reason)
-		return proposal{diff: diff, resourceVersion: cur.Version, total: &approvals.Total{AmountMinor: cur.TotalMinor, Currency: cur.Currency}}
+		return proposal{diff: diff, resourceVersion: cur.Version, resource: cur, total: &approvals.Total{AmountMinor: cur.TotalMinor, Currency: cur.Currency}}
 	})
 }
 

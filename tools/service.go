@@ -310,6 +310,10 @@ func keyRefused(ve *schemas.ValidationError) bool {
 type proposal struct {
 	diff            approvals.Diff
 	resourceVersion int
+	// resource is what the operation acts on as it is now (the order a
+	// change or a cancel is asked for), kept on the approval as
+	// ledger.Approval.Resource; nil for none.
+	resource any
 	// total is the order total the approvers' notice shows, when the
 	// policy's facts have none (a change or a cancel).
 	total *approvals.Total
@@ -376,7 +380,11 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 				total = p.total
 			}
 			diff, _ := json.Marshal(p.diff.Changes)
-			return &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion}
+			var resource json.RawMessage
+			if p.resource != nil {
+				resource, _ = json.Marshal(p.resource)
+			}
+			return &ledger.Approval{Reason: v.Reason, Rule: v.Rule, Diff: diff, DiffText: p.diff.Text, ResourceVersion: p.resourceVersion, Resource: resource}
 		},
 		Args:         args,
 		PolicyRule:   v.Rule,

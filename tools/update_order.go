@@ -67,7 +67,7 @@ func (s *Service) updateOrder(ctx context.Context, c *call, a updateOrderArgs) *
 	}
 	return s.execute(ctx, c, func() proposal {
 		diff := approvals.UpdateDiff("order", cur.OrderID, cur.Version, diffFields(cur), diffFields(next))
-		return proposal{diff: diff, resourceVersion: cur.Version, total: &approvals.Total{AmountMinor: next.TotalMinor, Currency: next.Currency}}
+		return proposal{diff: diff, resourceVersion: cur.Version, resource: cur, total: &approvals.Total{AmountMinor: next.TotalMinor, Currency: next.Currency}}
 	})
 }
 

@@ -1,0 +1,225 @@
+package console
+
+import (
+	"encoding/json"
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"idemgate/ledger"
+	"idemgate/orders"
+)
+
+var (
+	alice = ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}
+	bob   = ledger.Actor{Tenant: "acme", Principal: "bob", Role: "agent"}
+)
+
+func orderRequest(key, customer string, qty int) map[string]any {
+	return map[string]any{"operation_key": key, "customer_id": customer, "currency": "EUR", "notify_customer": false,
+		"items": []any{map[string]any{"sku": "COFFEE", "quantity": qty, "unit_price_minor": 3700}}}
+}
+
+// call runs a tool call and checks the state it answers.
+func (tc *testConsole) call(t *testing.T, a ledger.Actor, tool string, args map[string]any, want ledger.State) *orders.Order {
+	t.Helper()
+	r := tc.cfg.Service.Call(t.Context(), a, tool, args, nil)
+	if r.Status != want {
+		t.Fatalf("%s: %+v, want %s", tool, r, want)
+	}
+	var res struct{ Order *orders.Order }
+	if len(r.Result) > 0 {
+		_ = json.Unmarshal(r.Result, &res)
+	}
+	return res.Order
+}
+
+// listedKeys are the operation keys of the operations table of body.
+func listedKeys(body string) []string {
+	var out []string
+	for _, m := range regexp.MustCompile(`<tr><td[^>]*><a href="/ui/operations/([^"]+)"><code>`).FindAllStringSubmatch(section(body, "ops"), -1) {
+		out = append(out, m[1])
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sorted(s ...string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+
+// TestOperationsFilters: each filter of the operations list — state, tool,
+// principal, customer, time — lists exactly the tenant's operations that
+// match it, and they combine; a key in the search box opens that
+// operation's page (and one of no operation answers 404).
+func TestOperationsFilters(t *testing.T) {
+	tc := newTestConsole(t)
+	aliceA, bobB, note, cancel := newKey(t), newKey(t), newKey(t), newKey(t)
+	o := tc.call(t, alice, "create_order", orderRequest(aliceA, "cust-a", 1), ledger.StateSucceeded)
+	tc.call(t, bob, "create_order", orderRequest(bobB, "cust-b", 2), ledger.StateSucceeded)
+	tc.call(t, alice, "send_notification", map[string]any{"operation_key": note, "channel": "email", "to": []any{"ops@example.com"}, "subject": "hi", "body": "shipped"}, ledger.StateSucceeded)
+	tc.call(t, alice, "cancel_order", map[string]any{"operation_key": cancel, "order_id": o.OrderID, "expected_version": 1, "reason": "asked"}, ledger.StateAwaitingApproval)
+	globex := newKey(t)
+	tc.call(t, ledger.Actor{Tenant: "globex", Principal: "alice", Role: "agent"}, "create_order", orderRequest(globex, "cust-a", 1), ledger.StateSucceeded)
+	// The console's clock is two hours ahead of the ledger's: every
+	// operation is older than an hour and younger than a day.
+	tc.setNow(time.Now().Add(2 * time.Hour))
+	cookie := tc.login(t, "boss-token")
+	for _, c := range []struct {
+		query string
+		want  []string
+	}{
+		{"", sorted(aliceA, bobB, note, cancel)},
+		{"?state=awaiting_approval", sorted(cancel)},
+		{"?state=succeeded", sorted(aliceA, bobB, note)},
+		{"?state=unknown", nil},
+		{"?tool=send_notification", sorted(note)},
+		{"?tool=cancel_order", sorted(cancel)},
+		{"?principal=bob", sorted(bobB)},
+		{"?principal=alice", sorted(aliceA, note, cancel)},
+		{"?customer=cust-a", sorted(aliceA, cancel)}, // the cancel's customer is its order's
+		{"?customer=cust-b", sorted(bobB)},
+		{"?since=1h", nil},
+		{"?since=24h", sorted(aliceA, bobB, note, cancel)},
+		{"?since=7d&principal=alice&tool=create_order", sorted(aliceA)},
+		{"?state=succeeded&customer=cust-a", sorted(aliceA)},
+	} {
+		t.Run(c.query, func(t *testing.T) {
+			status, body := tc.get(t, "/ui/operations"+c.query, cookie)
+			if status != http.StatusOK {
+				t.Fatalf("status %d", status)
+			}
+			if got := listedKeys(body); !slices.Equal(got, c.want) {
+				t.Errorf("listed %q, want %q", got, c.want)
+			}
+			if len(c.want) == 0 && !strings.Contains(body, `id="no-ops"`) {
+				t.Errorf("an empty list does not say None")
+			}
+		})
+	}
+
+	r := tc.do("GET", "/ui/operations?key=+"+bobB+"+", nil, cookie)
+	if loc := r.Header.Get("Location"); r.StatusCode != http.StatusSeeOther || loc != "/ui/operations/"+bobB {
+		t.Fatalf("key search: %d to %q, want 303 to the operation's page", r.StatusCode, loc)
+	}
+	status, body := tc.get(t, r.Header.Get("Location"), cookie)
+	if status != http.StatusOK || !strings.Contains(body, `<code class="key">`+bobB+`</code>`) || !strings.Contains(body, `id="op-customer">cust-b<`) || !strings.Contains(body, `id="op-state">succeeded<`) {
+		t.Errorf("the searched operation's page (status %d) does not show its key, customer and state", status)
+	}
+	if status, _ := tc.get(t, "/ui/operations/"+globex, cookie); status != http.StatusNotFound {
+		t.Errorf("another tenant's key: status %d, want 404", status)
+	}
+}
+
+// TestHistoryShowsExpired: an approval nobody decided is listed on the
+// approvals page until it expires; once the clock has passed its expiry
+// it is gone from there and the history shows it as expired, with no
+// decider — beside a rejected one, which names who rejected it.
+func TestHistoryShowsExpired(t *testing.T) {
+	tc := newTestConsole(t)
+	o1 := tc.call(t, alice, "create_order", orderRequest(newKey(t), "cust-a", 1), ledger.StateSucceeded)
+	o2 := tc.call(t, alice, "create_order", orderRequest(newKey(t), "cust-b", 1), ledger.StateSucceeded)
+	cancelArgs := func(id string) map[string]any {
+		return map[string]any{"operation_key": newKey(t), "order_id": id, "expected_version": 1, "reason": "asked"}
+	}
+	expiring := tc.cfg.Service.Call(t.Context(), alice, "cancel_order", cancelArgs(o1.OrderID), nil).Approval.ID
+	rejected := tc.cfg.Service.Call(t.Context(), alice, "cancel_order", cancelArgs(o2.OrderID), nil).Approval.ID
+	tc.setNow(time.Now())
+	cookie := tc.login(t, "boss-token")
+	if r := tc.do("POST", "/ui/approvals/"+rejected+"/decide", formOf("decision", "reject", "comment", "keep it"), cookie); r.StatusCode != http.StatusOK {
+		t.Fatalf("reject: status %d", r.StatusCode)
+	}
+	if _, body := tc.get(t, "/ui/approvals", cookie); !strings.Contains(body, `id="apr-`+expiring+`"`) {
+		t.Fatalf("the pending approval is not listed before its expiry")
+	}
+	if _, body := tc.get(t, "/ui/history", cookie); strings.Contains(body, `id="apr-`+expiring+`"`) {
+		t.Fatalf("the history lists the approval before its expiry")
+	}
+
+	// The ledger's clock (and the console's) passes the one-hour expiry.
+	tc.mu.Lock()
+	tc.skew = 2 * time.Hour
+	tc.mu.Unlock()
+	tc.setNow(time.Now().Add(2 * time.Hour))
+	cookie = tc.login(t, "boss-token") // the session of an hour's lifetime ended with the jump
+	if _, body := tc.get(t, "/ui/approvals", cookie); strings.Contains(body, `id="apr-`+expiring+`"`) || !strings.Contains(body, `id="none-pending"`) {
+		t.Errorf("the expired approval is still listed as pending")
+	}
+	_, body := tc.get(t, "/ui/history", cookie)
+	card := cardOf(body, expiring)
+	if card == "" {
+		t.Fatalf("the history does not list the expired approval:\n%s", body)
+	}
+	if !strings.Contains(card, `<span class="status s-expired">expired</span>`) || strings.Contains(card, "decided-by") || strings.Contains(card, `class="decide"`) {
+		t.Errorf("the expired approval's card does not show it expired and undecided, without a form:\n%s", card)
+	}
+	if other := cardOf(body, rejected); !strings.Contains(other, "s-rejected") || !strings.Contains(other, `class="decided-by">boss `) || !strings.Contains(other, "keep it") {
+		t.Errorf("the rejected approval's card does not show who rejected it and why:\n%s", other)
+	}
+}
+
+// TestUpdateOrderCard: a held update_order shows, on its card, exactly the
+// fields that change — the items and the total, before and after — the
+// order's new total in its currency, and the order as it was.
+func TestUpdateOrderCard(t *testing.T) {
+	tc := newTestConsole(t)
+	o := tc.call(t, alice, "create_order", orderRequest(newKey(t), "cust-a", 1), ledger.StateSucceeded)
+	key := newKey(t)
+	r := tc.cfg.Service.Call(t.Context(), alice, "update_order", map[string]any{"operation_key": key, "order_id": o.OrderID, "expected_version": 1,
+		"changes": map[string]any{"items": []any{map[string]any{"sku": "COFFEE", "quantity": 2, "unit_price_minor": 3700}, map[string]any{"sku": "TEA", "quantity": 1, "unit_price_minor": 900}}}}, nil)
+	if r.Status != ledger.StateAwaitingApproval {
+		t.Fatalf("update_order: %+v, want held", r)
+	}
+	tc.setNow(time.Now())
+	cookie := tc.login(t, "boss-token")
+	status, body := tc.get(t, "/ui/approvals/"+r.Approval.ID, cookie)
+	if status != http.StatusOK {
+		t.Fatalf("approval page: status %d", status)
+	}
+	card := cardOf(body, r.Approval.ID)
+	var rows [][3]string
+	for _, m := range regexp.MustCompile(`<tr><td class="path">([^<]*)</td><td class="before">([^<]*)</td><td class="after">([^<]*)</td></tr>`).FindAllStringSubmatch(card, -1) {
+		rows = append(rows, [3]string{m[1], html.UnescapeString(m[2]), html.UnescapeString(m[3])})
+	}
+	want := [][3]string{
+		{"items", `[{"quantity":1,"sku":"COFFEE","unit_price_minor":3700}]`, `[{"quantity":2,"sku":"COFFEE","unit_price_minor":3700},{"quantity":1,"sku":"TEA","unit_price_minor":900}]`},
+		{"total_minor", "3700", "8300"},
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("diff rows = %q, want %q", rows, want)
+	}
+	if !strings.Contains(card, `<dd class="total">83.00 EUR</dd>`) {
+		t.Errorf("the card does not show the new total 83.00 EUR:\n%s", card)
+	}
+	if !strings.Contains(card, `<th scope="row">customer_id</th><td>cust-a</td>`) || !strings.Contains(card, `<th scope="row">total_minor</th><td>3700</td>`) {
+		t.Errorf("the card does not show the order as it was:\n%s", card)
+	}
+	if !strings.Contains(card, "order version 1") || !strings.Contains(card, `<code class="key">`+key+`</code>`) {
+		t.Errorf("the card does not name the operation and the order's version")
+	}
+}
+
+// cardOf is the approval card of id in body, "" when there is none.
+func cardOf(body, id string) string {
+	i := strings.Index(body, `<article class="card" id="apr-`+id+`"`)
+	if i < 0 {
+		return ""
+	}
+	rest := body[i:]
+	if j := strings.Index(rest, "</article>"); j >= 0 {
+		return rest[:j]
+	}
+	return rest
+}
+
+// formOf is a form of key, value pairs.
+func formOf(kv ...string) url.Values {
+	f := url.Values{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		f.Add(kv[i], kv[i+1])
+	}
+	return f
+}
