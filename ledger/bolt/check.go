@@ -318,7 +318,7 @@ const maxProblems = 50
 // opened file are in the report.
 func Check(path string) (CheckReport, error) {
 	var rep CheckReport
-	s, err := open(path, ledger.Options{}, openReadOnly, false, false) // deepCheck below reports every problem
+	s, err := open(path, ledger.Options{}, openReadOnly, false, 0) // deepCheck below reports every problem
 	if err != nil {
 		return rep, err
 	}
