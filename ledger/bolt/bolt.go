@@ -476,6 +476,11 @@ func (s *backend) commit(batch []*gcJob) {
 	switch {
 	case err == nil:
 		return
+	case errors.Is(err, ErrDamaged) && len(batch) > 1:
+		// The commit itself met a damaged page (a rebalance reads the
+		// siblings of the nodes the batch changed): which member led it
+		// there is not known, so each runs alone, and only the one whose
+		// writes reach the page fails.
 	case !errors.Is(err, errBatchRetry):
 		for _, b := range batch {
 			b.err = err
