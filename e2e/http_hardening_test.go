@@ -565,7 +565,7 @@ func TestHTTPShutdownAnswersInFlight(t *testing.T) {
 // TestStdioShutdownAnswersInFlight: SIGTERM to a stdio server while one
 // call waits on the order API and three more wait for a worker: it stops
 // reading, and every call already read gets its answer (the queued ones
-// run) before the process exits.
+// run) before the process exits, with status 0.
 func TestStdioShutdownAnswersInFlight(t *testing.T) {
 	api := newFakeAPI(t)
 	const n = 4
@@ -595,6 +595,9 @@ func TestStdioShutdownAnswersInFlight(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("only %d of %d calls were answered", i, n)
 		}
+	}
+	if code := stdioExitCode(t, s, 20*time.Second); code != 0 {
+		t.Errorf("exit status %d after SIGTERM, want 0\n%s", code, s.stderr.String())
 	}
 }
 

@@ -89,14 +89,14 @@ const maxBatch = 256
 // one line naming the file and what to do. The file may be opened by
 // several processes at once; each sees every other's committed writes.
 func Open(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadWrite, true, true)
+	return open(path, opts, openReadWrite, true, deepCheckLimit)
 }
 
 // OpenExisting is Open for an existing ledger only: where no file
 // exists it returns ErrNoLedger and creates nothing (the commands that
 // change a ledger but should never start one: approvals, resolve, outbox).
 func OpenExisting(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadWrite, false, true)
+	return open(path, opts, openReadWrite, false, deepCheckLimit)
 }
 
 // OpenReadOnly opens an existing ledger for reading only: the file is
@@ -104,7 +104,7 @@ func OpenExisting(path string, opts ledger.Options) (*File, error) {
 // directory). Every write returns ErrReadOnly; audit entries of calls are
 // dropped.
 func OpenReadOnly(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadOnly, false, true)
+	return open(path, opts, openReadOnly, false, deepCheckLimit)
 }
 
 // Init creates a new, empty ledger at path. It never touches an
@@ -130,17 +130,19 @@ const (
 	openReadOnly  openMode = true
 )
 
-// open opens the store; deep runs the full page check at the first
-// open (files up to deepCheckLimit).
-func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool) (*File, error) {
+// open opens the store. The first open of the file in this process runs
+// the full page check (deepCheck) when the file is at most deepLimit bytes
+// (0: never); the exported openers pass deepCheckLimit, and tests a limit
+// of their own.
+func open(path string, opts ledger.Options, mode openMode, mayCreate bool, deepLimit int64) (*File, error) {
 	if mode == openReadWrite {
-		sh, err := openShared(path, mayCreate, deep)
+		sh, err := openShared(path, mayCreate, deepLimit)
 		if err != nil {
 			return nil, err
 		}
 		return &File{Ledger: ledger.New(sh, opts), be: sh.local, sh: sh}, nil
 	}
-	be, err := openBackend(path, mode, mayCreate, deep)
+	be, err := openBackend(path, mode, mayCreate, deepLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -148,8 +150,8 @@ func open(path string, opts ledger.Options, mode openMode, mayCreate, deep bool)
 }
 
 // openBackend opens the file as a ledger.Backend (open puts the ledger on
-// it).
-func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, error) {
+// it); deepLimit is open's.
+func openBackend(path string, mode openMode, mayCreate bool, deepLimit int64) (*backend, error) {
 	if !mayCreate {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			return nil, noLedgerError(path) // before any lock file is created beside it
@@ -161,7 +163,12 @@ func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, er
 		return nil, err
 	}
 	be.users = users
-	h, err := newHandle(path, be.readOnly, mayCreate, func(db *bbolt.DB, first bool) error { return openSchema(path, db, be.readOnly, first && deep) })
+	h, err := newHandle(path, be.readOnly, mayCreate, func(db *bbolt.DB, first bool) error {
+		if !first {
+			return openSchema(path, db, be.readOnly, 0)
+		}
+		return openSchema(path, db, be.readOnly, deepLimit)
+	})
 	if err != nil {
 		releaseUsers(users)
 		return nil, err
@@ -180,7 +187,9 @@ func openBackend(path string, mode openMode, mayCreate, deep bool) (*backend, er
 
 // deepCheckLimit bounds the file size for which the first open in a
 // process runs the full page check (deepCheck); bigger files get only the
-// cheap checks at open, and "idemgate check" on demand.
+// cheap checks at open, and "idemgate check" on demand. Damage in a page
+// the cheap checks do not read is then found by the transaction that
+// reads it: see guard for what that transaction and the others get.
 const deepCheckLimit = 32 << 20
 
 // createLedger writes a new ledger beside path and links it into place,
@@ -241,8 +250,9 @@ func createLedger(path string) error {
 // openSchema runs at every open. It refuses a file that is not an idemgate
 // ledger and a file of a newer schema version, and checks that the file's
 // pages are sound: cheaply at every open (precheck ran before), and in
-// full (deepCheck) at the first open of a file up to deepCheckLimit. A
-// writable open adds the buckets of this build that the file lacks.
+// full (deepCheck) when the file is at most deepLimit bytes (the first open
+// of a file passes deepCheckLimit, later ones 0). A writable open adds the
+// buckets of this build that the file lacks.
 //
 // A ledger is recognised by meta/magic, written when the file is created.
 // Files created before the magic existed (schema version 1) are recognised
@@ -250,7 +260,7 @@ func createLedger(path string) error {
 // core buckets exist, and the meta bucket holds schema_version "1" and
 // nothing else. Anything else is another program's file, and nothing in it
 // is changed.
-func openSchema(path string, db *bbolt.DB, readOnly, first bool) error {
+func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error {
 	var (
 		version  []byte
 		magic    []byte
@@ -314,12 +324,12 @@ func openSchema(path string, db *bbolt.DB, readOnly, first bool) error {
 	if err != nil || v > boltSchemaVersion || v < 1 {
 		return fmt.Errorf("%w: %s has %q, this build reads up to %d", ledger.ErrSchemaVersion, path, version, boltSchemaVersion)
 	}
-	if first {
+	if deepLimit > 0 {
 		fi, err := os.Stat(path)
 		if err != nil {
 			return err
 		}
-		if fi.Size() <= deepCheckLimit {
+		if fi.Size() <= deepLimit {
 			if problems := deepCheck(path, db, 1); len(problems) > 0 {
 				return problems[0]
 			}
@@ -466,6 +476,11 @@ func (s *backend) commit(batch []*gcJob) {
 	switch {
 	case err == nil:
 		return
+	case errors.Is(err, ErrDamaged) && len(batch) > 1:
+		// The commit itself met a damaged page (a rebalance reads the
+		// siblings of the nodes the batch changed): which member led it
+		// there is not known, so each runs alone, and only the one whose
+		// writes reach the page fails.
 	case !errors.Is(err, errBatchRetry):
 		for _, b := range batch {
 			b.err = err

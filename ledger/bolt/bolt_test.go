@@ -24,7 +24,7 @@ func TestBoltContract(t *testing.T) {
 // TestBoltBackend runs the backend-level checks on a bbolt file.
 func TestBoltBackend(t *testing.T) {
 	ledgertest.RunBackend(t, func(t *testing.T) ledger.Backend {
-		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, true)
+		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, deepCheckLimit)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,6 +204,32 @@ func precheck(path string) error {
 // memory-mapped file: a damaged or shortened file faults) and turns a panic
 // raised inside bbolt, or by a memory fault, into ErrDamaged naming path.
 // Panics of fn's own code are re-raised.
+//
+// guard is what stands between the process and a damaged page that the
+// checks at open did not read (a file over deepCheckLimit is not checked
+// in full). With the backend's use of it, a damaged page guarantees this:
+//
+//   - The transaction that meets the page gets ErrDamaged, one line naming
+//     the file and what to do; the process does not crash.
+//   - That transaction commits nothing: bbolt rolls a transaction back
+//     when its function or its commit panics, so no part of it, and no
+//     copy of the damaged page, is written.
+//   - The damaged page is never written over or freed: bbolt writes a
+//     changed page to a new place, and a transaction rewrites or frees a
+//     page only after reading it, which is the read that fails.
+//   - Other transactions are served: a group commit that failed on the
+//     damage runs its members again one by one (backend.commit), so only
+//     those whose reads or writes reach the page fail. The file is then
+//     reopened (handle.damaged) and checked in full again if it is within
+//     deepCheckLimit, which refuses the whole file; a bigger file is served
+//     as before, each transaction that reaches the page failing alike.
+//
+// Not guaranteed: damage that still looks like a sound page (a valid
+// header, elements within the page) raises no panic and is read as data.
+// A record that then does not decode is an error naming its key, but bytes
+// that decode are returned as they are, and a write to that page carries
+// them on. "idemgate check" (bbolt's Tx.Check, then every record and audit
+// entry decoded) finds what can be found.
 func guard(path string, fn func() error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
@@ -211,7 +237,13 @@ func guard(path string, fn func() error) (err error) {
 			if !isDamagePanic(r) {
 				panic(r)
 			}
-			err = damagedError(path, fmt.Sprint(r))
+			detail := fmt.Sprint(r)
+			if _, fault := r.(interface{ Addr() uintptr }); fault {
+				// Not "invalid memory address or nil pointer dereference",
+				// as the runtime words it.
+				detail = "a read of the mapped file faulted: it was cut short or changed while in use"
+			}
+			err = damagedError(path, detail)
 		}
 	}()
 	return fn()
@@ -318,7 +350,7 @@ const maxProblems = 50
 // opened file are in the report.
 func Check(path string) (CheckReport, error) {
 	var rep CheckReport
-	s, err := open(path, ledger.Options{}, openReadOnly, false, false) // deepCheck below reports every problem
+	s, err := open(path, ledger.Options{}, openReadOnly, false, 0) // deepCheck below reports every problem
 	if err != nil {
 		return rep, err
 	}

@@ -142,7 +142,7 @@ func Compact(path string, opts CompactOptions) (CompactResult, error) {
 		return res, fmt.Errorf("compact: open %s: %w", path, err)
 	}
 	defer src.Close()
-	if err := openSchema(path, src, true, true); err != nil {
+	if err := openSchema(path, src, true, deepCheckLimit); err != nil {
 		return res, err
 	}
 	tmp, keys, err := compactInto(src, filepath.Dir(path), filepath.Base(path), fi.Mode().Perm())

@@ -11,7 +11,7 @@ import (
 // TestBoltAuditPrune runs the audit retention checks on a bbolt file.
 func TestBoltAuditPrune(t *testing.T) {
 	ledgertest.RunAuditPrune(t, func(t *testing.T) ledger.Backend {
-		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, true)
+		be, err := openBackend(filepath.Join(t.TempDir(), "ledger.db"), openReadWrite, true, deepCheckLimit)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -128,7 +128,7 @@ func writeDueRecords(t testing.TB, path string, n int) {
 // openCounting opens the ledger at path over a countingBackend.
 func openCounting(t testing.TB, path string, opts ledger.Options) (*ledger.Ledger, *countingBackend) {
 	t.Helper()
-	be, err := openBackend(path, openReadWrite, false, false)
+	be, err := openBackend(path, openReadWrite, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ import (
 type shared struct {
 	path     string
 	rolePath string
-	deep     bool
+	deep     int64    // open's deepLimit
 	role     *os.File // the writer lock; held (LOCK_EX) while local != nil
 
 	mu        sync.Mutex
@@ -65,7 +65,7 @@ var (
 
 // openShared opens path for writing: as its writer when no process is,
 // else as a forwarder to the writer.
-func openShared(path string, mayCreate, deep bool) (*shared, error) {
+func openShared(path string, mayCreate bool, deep int64) (*shared, error) {
 	if !mayCreate {
 		if _, err := os.Stat(path); err != nil {
 			return nil, noLedgerError(path)
