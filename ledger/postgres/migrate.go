@@ -96,6 +96,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (from, to int, err error) 
 		return 0, 0, connError(err)
 	}
 	defer conn.Release()
+	// A migration may take long, and so may waiting for another process's
+	// (the lock below): the session bounds (sessionBounds) are lifted on
+	// this connection while it migrates.
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 0; SET lock_timeout = 0"); err != nil {
+		return 0, 0, connError(err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout; RESET lock_timeout")
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockKey); err != nil {
 		return 0, 0, connError(err)
 	}

@@ -54,6 +54,14 @@
 // outcome reported as unknown (an error). Rows older than ten minutes are
 // deleted.
 //
+// No session may hold the writer lock for long: every connection starts
+// with an idle-in-transaction timeout (the server ends a session that
+// sits in its transaction without a statement — a replica frozen
+// mid-transaction — and the lock with it), a lock timeout, a statement
+// timeout and TCP keepalives (sessionBounds), and a statement whose answer
+// does not come within stallTimeout is abandoned, its connection closed,
+// and its transaction run again (or read back, when it was the COMMIT).
+//
 // # Clock
 //
 // The backend implements ledger.Clock: the ledger's time is the database
@@ -89,6 +97,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	neturl "net/url"
 	"strings"
 	"sync"
@@ -187,13 +196,68 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{})}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	go be.clockLoop()
 	return be, nil
+}
+
+// sessionBounds are the server settings every connection starts with
+// (unless the URL sets them: any other URL parameter is a setting too),
+// so that no session — least of all one holding the writer lock — can
+// stall the others for long:
+//
+//   - idle_in_transaction_session_timeout: the server ends a session that
+//     sits in an open transaction without sending a statement (a replica
+//     frozen, or its network gone, between two statements), and with it
+//     the writer lock it held. No transaction here waits between
+//     statements for anything but this process's own code.
+//   - lock_timeout: a statement gives up waiting for a lock (the writer
+//     lock) after this; longer than the idle timeout, so a waiter outlasts
+//     a frozen holder. The transaction did not commit and is run again.
+//   - statement_timeout: a statement (lock wait included) is cancelled
+//     after this; no statement of the ledger's comes near it (migrations,
+//     which may, run without it).
+//   - tcp_keepalives_*: the server probes a connection that has been quiet
+//     for 15 s and drops it after three unanswered probes 5 s apart, so a
+//     replica whose machine died frees its connections in about 30 s.
+var sessionBounds = map[string]string{
+	"idle_in_transaction_session_timeout": "10s",
+	"lock_timeout":                        "20s",
+	"statement_timeout":                   "30s",
+	"tcp_keepalives_idle":                 "15s",
+	"tcp_keepalives_interval":             "5s",
+	"tcp_keepalives_count":                "3",
+}
+
+// The replica's side of the same bounds: TCP keepalive probes on every
+// connection (the same schedule as the server's), and stallTimeout, after
+// which a statement that has had no answer is abandoned and its connection
+// closed — the server answers every statement within statement_timeout,
+// so a longer silence means the network or the server is gone (keepalives
+// cannot tell when a middlebox keeps the TCP connection alive).
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+const stallTimeout = time.Minute
+
+// errStalled is returned (wrapped) for a statement abandoned after the
+// backend's stall timeout; transient counts it as a lost connection.
+var errStalled = errors.New("no answer from the database in time: the connection is taken to be lost")
+
+// bounded runs one exchange with the database, f, under the backend's
+// stall timeout; an answer that did not come in time (while ctx itself
+// is live) is errStalled.
+func (b *backend) bounded(ctx context.Context, f func(context.Context) error) error {
+	sctx, cancel := context.WithTimeout(ctx, b.stall)
+	defer cancel()
+	err := f(sctx)
+	if err != nil && sctx.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w (%v)", errStalled, err)
+	}
+	return err
 }
 
 // newPool connects to url and checks the connection.
@@ -204,6 +268,14 @@ func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 { // unless the URL sets connect_timeout
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	// pgx applies ConnectTimeout to the whole connect; the dialer adds the
+	// keepalive probes.
+	cfg.ConnConfig.DialFunc = (&net.Dialer{KeepAliveConfig: keepAlive}).DialContext
+	for k, v := range sessionBounds {
+		if _, set := cfg.ConnConfig.RuntimeParams[k]; !set {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -244,6 +316,7 @@ func connError(err error) error {
 type backend struct {
 	pool     *pgxpool.Pool
 	readOnly bool
+	stall    time.Duration // stallTimeout (shorter in tests)
 
 	mu     sync.Mutex
 	closed bool
@@ -393,17 +466,24 @@ func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error
 // function fails (its error is in its job) the transaction is rolled back
 // and the error is errMemberFailed.
 func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
-	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	var pt pgx.Tx
+	err = b.bounded(ctx, func(ctx context.Context) (err error) {
+		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		return err
+	})
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			pt.Rollback(context.WithoutCancel(ctx))
+			b.rollback(ctx, pt)
 		}
 	}()
-	if _, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+	if err := b.bounded(ctx, func(ctx context.Context) error {
+		_, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey)
+		return err
+	}); err != nil {
 		return transient(err), b.txError(err)
 	}
 	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
@@ -420,7 +500,7 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 	if err := tx.flush(); err != nil {
 		return transient(err), b.txError(err)
 	}
-	if err := pt.Commit(ctx); err != nil {
+	if err := b.bounded(ctx, pt.Commit); err != nil {
 		// The outcome is unknown: read it back rather than guess.
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
@@ -450,12 +530,16 @@ func (b *backend) readBack(ctx context.Context, marker string) (committed, known
 	ctx = context.WithoutCancel(ctx)
 	deadline := time.Now().Add(retryFor)
 	for wait := 20 * time.Millisecond; time.Now().Before(deadline) && !b.isClosed(); wait = min(2*wait, time.Second) {
-		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+		// Each attempt is bounded by the deadline: a connection that
+		// stalls must not hold the answer up for longer.
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		err := pgx.BeginFunc(actx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(actx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
 				return err
 			}
-			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
+			return tx.QueryRow(actx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
 		})
+		cancel()
 		if err == nil {
 			return committed, true
 		}
@@ -464,23 +548,40 @@ func (b *backend) readBack(ctx context.Context, marker string) (committed, known
 	return false, false
 }
 
+// rollback ends a transaction that will not commit, within a few seconds:
+// on a connection that stalls, pgx closes the connection instead (the
+// server then rolls back, or ends the session when it sits idle in the
+// transaction).
+func (b *backend) rollback(ctx context.Context, pt pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(b.stall, 5*time.Second))
+	defer cancel()
+	pt.Rollback(rctx)
+}
+
 // commitsKept is how long the idemgate_commits rows are kept (a read-back
 // happens within retryFor of its COMMIT).
 const commitsKept = 10 * time.Minute
 
 // transient reports whether err is a failure after which the transaction
 // certainly did not commit and may succeed when run again: the
-// connection failed (the server rolls back a transaction whose
-// connection is gone), the server is shutting down or starting, or a
-// serialization failure or deadlock.
+// connection failed or stalled (the server rolls back a transaction whose
+// connection is gone, and ends one left idle), the server is shutting
+// down or starting or ended the session, a lock wait timed out, or a
+// serialization failure or deadlock. (A failed COMMIT is not judged
+// here: it is read back.)
 func transient(err error) bool {
+	if errors.Is(err, errStalled) {
+		return true
+	}
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004",
+			"55P03", // lock_not_available: lock_timeout ran out
+			"25P03": // idle_in_transaction_session_timeout ended the session
 			return true
 		}
 		return false
@@ -498,11 +599,15 @@ func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 }
 
 func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
-	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	var pt pgx.Tx
+	err := b.bounded(ctx, func(ctx context.Context) (err error) {
+		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		return err
+	})
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	defer pt.Rollback(context.WithoutCancel(ctx))
+	defer b.rollback(ctx, pt)
 	tx := &btx{b: b, ctx: ctx, pt: pt}
 	ferr := fn(tx)
 	if tx.err != nil {
@@ -621,7 +726,9 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 	t.b.mu.Unlock()
 	if !known && !containsStr(t.created, coll) {
 		var exists bool
-		if err := t.pt.QueryRow(t.ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists); err != nil {
+		if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+			return t.pt.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists)
+		}); err != nil {
 			t.fail(err)
 			return nil, connError(err)
 		}
@@ -635,7 +742,10 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 		case !t.writable:
 			return nil, errViewWrite
 		default:
-			if _, err := t.pt.Exec(t.ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll); err != nil {
+			if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+				_, err := t.pt.Exec(ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll)
+				return err
+			}); err != nil {
 				t.fail(err)
 				return nil, connError(err)
 			}
@@ -687,7 +797,7 @@ func (t *btx) flush(colls ...string) error {
 	if batch.Len() == 0 {
 		return nil
 	}
-	if err := t.pt.SendBatch(t.ctx, batch).Close(); err != nil {
+	if err := t.b.bounded(t.ctx, func(ctx context.Context) error { return t.pt.SendBatch(ctx, batch).Close() }); err != nil {
 		t.fail(err)
 		return err
 	}
@@ -718,7 +828,9 @@ func (bk *bucket) Get(key []byte) []byte {
 		return r.v
 	}
 	var v []byte
-	err := t.pt.QueryRow(t.ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.remember(bk.coll, string(key), nil)
 		return nil
@@ -829,24 +941,25 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 	}
 	q += fmt.Sprintf(" LIMIT %d", c.page)
 	c.page = min(2*c.page, cursorPage)
-	rows, err := t.pt.Query(t.ctx, q, args...)
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		rows, err := t.pt.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r kv
+			if err := rows.Scan(&r.k, &r.v); err != nil {
+				return err
+			}
+			if r.v == nil {
+				r.v = []byte{}
+			}
+			c.rows = append(c.rows, r)
+		}
+		return rows.Err()
+	})
 	if err != nil {
-		t.fail(err)
-		return false
-	}
-	for rows.Next() {
-		var r kv
-		if err := rows.Scan(&r.k, &r.v); err != nil {
-			rows.Close()
-			t.fail(err)
-			return false
-		}
-		if r.v == nil {
-			r.v = []byte{}
-		}
-		c.rows = append(c.rows, r)
-	}
-	if err := rows.Err(); err != nil {
 		t.fail(err)
 		c.rows = nil
 		return false
