@@ -97,6 +97,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	neturl "net/url"
 	"strings"
@@ -196,7 +197,7 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default()}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
@@ -318,11 +319,14 @@ type backend struct {
 	readOnly bool
 	stall    time.Duration // stallTimeout (shorter in tests)
 
-	mu     sync.Mutex
-	closed bool
-	known  map[string]bool // data collections known to exist (committed)
-	offset time.Duration   // the database's clock minus this process's
-	synced time.Time       // local time of the last clock sample
+	mu          sync.Mutex
+	closed      bool
+	known       map[string]bool // data collections known to exist (committed)
+	local       localClock      // this process's clocks (systemClock; tests replace it)
+	dbAt        time.Time       // the database's clock at the last sample
+	dbAtElapsed time.Duration   // local.elapsed() at that instant
+	skewed      bool            // the last sample found the wall clock off by more than maxSkew
+	log         *slog.Logger
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -374,18 +378,52 @@ func (b *backend) init(ctx context.Context, mayMigrate bool) error {
 	return b.Update(ctx, func(tx ledger.BTx) error { return ledger.Upgrade(tx) })
 }
 
-// syncClock samples the database's clock.
+// localClock is this process's own time, as the backend reads it
+// between samples of the database's clock: elapsed, a monotonic count
+// since an arbitrary origin (steady, never stepped), which carries the
+// ledger's time from one sample to the next; and wall, the wall clock
+// (NTP or an operator may step it at any moment), read only to warn when
+// it is far off the database's. Tests replace both.
+type localClock struct {
+	wall    func() time.Time
+	elapsed func() time.Duration
+}
+
+func systemClock() localClock {
+	origin := time.Now() // carries Go's monotonic clock reading: time.Since measures with it
+	return localClock{wall: time.Now, elapsed: func() time.Duration { return time.Since(origin) }}
+}
+
+// maxSkew is how far this machine's wall clock may be off the database's
+// before a sample logs a warning: the ledger does not use it, but a
+// clock that far off breaks whatever else on the machine trusts it (and
+// usually means its time synchronisation is broken).
+const maxSkew = 5 * time.Second
+
+// syncClock samples the database's clock: the sample, taken halfway
+// through the query's round trip by the monotonic clock, is the anchor
+// Now counts from.
 func (b *backend) syncClock(ctx context.Context) error {
-	t0 := time.Now()
+	b.mu.Lock()
+	local := b.local
+	b.mu.Unlock()
+	e0 := local.elapsed()
 	var db time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&db); err != nil {
 		return connError(err)
 	}
-	t1 := time.Now()
-	mid := t0.Add(t1.Sub(t0) / 2)
+	e1 := local.elapsed()
+	at := e0 + (e1-e0)/2
+	skew := local.wall().Sub(db.Add(e1 - at)) // this machine's wall clock minus the database's, now
 	b.mu.Lock()
-	b.offset, b.synced = db.Sub(mid), t1
+	b.dbAt, b.dbAtElapsed = db, at
+	warn := !b.skewed && (skew > maxSkew || skew < -maxSkew)
+	b.skewed = skew > maxSkew || skew < -maxSkew
 	b.mu.Unlock()
+	if warn {
+		b.log.Warn("this machine's clock is far off the PostgreSQL server's; the ledger keeps the database's time, but check the machine's time synchronisation",
+			"machine_minus_database", skew.Round(time.Millisecond).String())
+	}
 	return nil
 }
 
@@ -398,7 +436,7 @@ func (b *backend) clockLoop() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			b.syncClock(ctx) // on failure the last offset stays: the process's clock carries it
+			b.syncClock(ctx) // on failure the last sample stays: the monotonic clock carries it
 			if !b.readOnly {
 				b.pool.Exec(ctx, "DELETE FROM idemgate_commits WHERE at < now() - make_interval(secs => $1)", commitsKept.Seconds())
 			}
@@ -407,13 +445,15 @@ func (b *backend) clockLoop() {
 	}
 }
 
-// Now implements ledger.Clock: the database's clock, as last sampled,
-// carried forward by this process's monotonic clock.
+// Now implements ledger.Clock: the database's clock as last sampled,
+// plus the monotonic time elapsed since the sample. The machine's wall
+// clock plays no part: a step of it (NTP, an operator, a VM resumed) is
+// never believed, and between samples the time moves only as fast as the
+// monotonic clock.
 func (b *backend) Now() time.Time {
 	b.mu.Lock()
-	off := b.offset
-	b.mu.Unlock()
-	return time.Now().Add(off)
+	defer b.mu.Unlock()
+	return b.dbAt.Add(b.local.elapsed() - b.dbAtElapsed)
 }
 
 func (b *backend) ReadOnly() bool { return b.readOnly }
