@@ -143,6 +143,13 @@ func Redacted(db string) string {
 // OpenReadOnly.
 var ErrReadOnly = errors.New("postgres: the ledger was opened read-only")
 
+// ErrCommitUnknown is returned by a write whose COMMIT failed (the
+// connection lost while it was sent) when whether it committed could not
+// be read back within the retry window (the database unreachable): the
+// transaction committed as a whole or not at all, and a read once the
+// database is back tells which.
+var ErrCommitUnknown = errors.New("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown")
+
 // writerLockKey is the advisory lock every Update takes (see the package
 // documentation).
 const writerLockKey int64 = 0x6964656d77726974 // "idemwrit"
@@ -545,7 +552,7 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
 		case !known:
-			return false, fmt.Errorf("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown: %w", err)
+			return false, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 		case !did:
 			return true, b.txError(err) // certainly not committed: run it again
 		}
