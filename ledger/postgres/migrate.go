@@ -87,9 +87,18 @@ func Migrate(ctx context.Context, url string) (from, to int, err error) {
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool) (from, to int, err error) {
+	return migrateTo(ctx, pool, 0)
+}
+
+// migrateTo is migrate stopping at version upTo (0: the newest); tests
+// make older schemas with it.
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, upTo int) (from, to int, err error) {
 	ms, err := migrations()
 	if err != nil {
 		return 0, 0, err
+	}
+	if upTo > 0 && upTo < len(ms) {
+		ms = ms[:upTo]
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -118,6 +127,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (from, to int, err error) 
 		return 0, 0, err
 	}
 	if from > len(ms) {
+		if upTo > 0 {
+			return from, from, nil
+		}
 		return from, from, newerSchema(from)
 	}
 	for _, m := range ms[from:] {
