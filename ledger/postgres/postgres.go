@@ -225,7 +225,8 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 //     statements for anything but this process's own code.
 //   - lock_timeout: a statement gives up waiting for a lock (the writer
 //     lock) after this; longer than the idle timeout, so a waiter outlasts
-//     a frozen holder. The transaction did not commit and is run again.
+//     a frozen holder. The transaction did not commit; past the retry
+//     window (retryFor) the write fails, with nothing written.
 //   - statement_timeout: a statement (lock wait included) is cancelled
 //     after this; no statement of the ledger's comes near it (migrations,
 //     which may, run without it).
