@@ -705,7 +705,7 @@ func TestApprovalThreshold(t *testing.T) {
 		}
 	})
 	t.Run("disabled", func(t *testing.T) {
-		s := startAgent(t, mcpGoLegacy, filepath.Join(t.TempDir(), "ledger.db"), "--approval-threshold", "0")
+		s := startAgent(t, mcpGoLegacy, newLedger(t), "--approval-threshold", "0")
 		e := s.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-big", []item{{"coffee-1kg", 1000, 1850}}, nil))
 		if e.Approval != nil || resultOrder(t, e).TotalMinor != 1_850_000 {
 			t.Errorf("with --approval-threshold 0: %s", e)
@@ -785,7 +785,7 @@ func TestPolicyFile(t *testing.T) {
 		if err := os.WriteFile(policy, []byte("allowed_currencies = [\"USD\"]\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := startAgent(t, goSDKLegacy, filepath.Join(dir, "ledger.db"), "--config", policy)
+		s := startAgent(t, goSDKLegacy, newLedger(t), "--config", policy)
 		key := newKey()
 		e := s.mustFail(t, "create_order", orderArgs(key, "cust-policy", coffee, nil), "forbidden")
 		if e.Approval != nil || e.NextAction != "do_not_retry" || !strings.Contains(e.Error.Message, "EUR") {

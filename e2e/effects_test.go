@@ -90,7 +90,7 @@ func waitDeliveredWithin(t testing.TB, s *session, key string, within time.Durat
 // get_operation_status reports it delivered.
 func TestNotificationSentOnce(t *testing.T) {
 	dir := t.TempDir()
-	db, outbox := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "sink")
+	db, outbox := newLedger(t), filepath.Join(dir, "sink")
 	a := startServer(t, mcpGoModern, serverConfig{DB: db, OutboxDir: outbox})
 	b := startServer(t, goSDKLegacy, serverConfig{DB: db, OutboxDir: outbox})
 	key := newKey()
@@ -141,7 +141,7 @@ func TestNotificationSentOnce(t *testing.T) {
 func TestOrderConfirmation(t *testing.T) {
 	dir := t.TempDir()
 	outbox := filepath.Join(dir, "sink")
-	s := startServer(t, goSDKModern, serverConfig{DB: filepath.Join(dir, "ledger.db"), OutboxDir: outbox})
+	s := startServer(t, goSDKModern, serverConfig{DB: newLedger(t), OutboxDir: outbox})
 	key := newKey()
 	args := orderArgs(key, "cust-confirm", coffee, nil)
 	e := s.mustSucceed(t, "create_order", args)
@@ -281,7 +281,7 @@ func TestRequireIssuedKeys(t *testing.T) {
 // loses nothing: the next server process on the ledger delivers it, once.
 func TestOutboxSurvivesCrash(t *testing.T) {
 	dir := t.TempDir()
-	db, outbox := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "sink")
+	db, outbox := newLedger(t), filepath.Join(dir, "sink")
 	s := startServer(t, mcpGoLegacy, serverConfig{DB: db, OutboxDir: outbox})
 	key := newKey()
 	s.mustSucceed(t, "create_order", orderArgs(key, "cust-outbox-crash", coffee, nil))

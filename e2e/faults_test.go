@@ -1016,7 +1016,7 @@ func TestFaultRedelivery(t *testing.T) {
 		api := newFakeAPI(t)
 		run := newFaultRun(t, api, nil)
 		dir := t.TempDir()
-		db, outbox := filepath.Join(dir, "ledger.db"), filepath.Join(dir, "sink")
+		db, outbox := newLedger(t), filepath.Join(dir, "sink")
 		s := startAPIServer(t, goSDKLegacy, api, serverConfig{DB: db, OutboxDir: outbox})
 		key := run.track("", newKey(), "send_notification")
 		id := messageIDOf(t, s.mustSucceed(t, "send_notification", sendArgs(key, "Your parcel is late.")))

@@ -232,12 +232,13 @@ func TestHTTPOrigin(t *testing.T) {
 // missing session id is 400, an unknown one or another token's 404.
 func TestHTTPSessionsAcrossProcesses(t *testing.T) {
 	dir := t.TempDir()
-	db := filepath.Join(dir, "ledger.db")
+	db := newLedger(t) // a file, or with IDEMGATE_E2E_DB=postgres a database
 	tokens := filepath.Join(dir, "tokens.json")
 	alice := addToken(t, tokens, "alice", "acme", "agent")
 	mallory := addToken(t, tokens, "mallory", "acme", "agent")
-	a := startHTTP(t, db, tokens, 0)
-	b := startHTTP(t, db, tokens, 0)
+	outbox := filepath.Join(dir, "outbox")
+	a := startHTTP(t, db, tokens, 0, "--outbox-dir", outbox)
+	b := startHTTP(t, db, tokens, 0, "--outbox-dir", outbox)
 
 	var turn atomic.Int64
 	targets := []*url.URL{}

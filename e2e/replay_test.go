@@ -125,7 +125,7 @@ func TestReplay(t *testing.T) {
 // process on the same ledger file — the saved result does not depend on
 // who asks.
 func TestReplayAcrossClients(t *testing.T) {
-	db := t.TempDir() + "/ledger.db"
+	db := newLedger(t)
 	key := newKey()
 	args := orderArgs(key, "cust-across", coffee, nil)
 	first := startServer(t, mcpGoModern, serverConfig{DB: db}).mustSucceed(t, "create_order", args)

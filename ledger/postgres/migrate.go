@@ -87,15 +87,31 @@ func Migrate(ctx context.Context, url string) (from, to int, err error) {
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool) (from, to int, err error) {
+	return migrateTo(ctx, pool, 0)
+}
+
+// migrateTo is migrate stopping at version upTo (0: the newest); tests
+// make older schemas with it.
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, upTo int) (from, to int, err error) {
 	ms, err := migrations()
 	if err != nil {
 		return 0, 0, err
+	}
+	if upTo > 0 && upTo < len(ms) {
+		ms = ms[:upTo]
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, 0, connError(err)
 	}
 	defer conn.Release()
+	// A migration may take long, and so may waiting for another process's
+	// (the lock below): the session bounds (sessionBounds) are lifted on
+	// this connection while it migrates.
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 0; SET lock_timeout = 0"); err != nil {
+		return 0, 0, connError(err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout; RESET lock_timeout")
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockKey); err != nil {
 		return 0, 0, connError(err)
 	}
@@ -111,6 +127,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (from, to int, err error) 
 		return 0, 0, err
 	}
 	if from > len(ms) {
+		if upTo > 0 {
+			return from, from, nil
+		}
 		return from, from, newerSchema(from)
 	}
 	for _, m := range ms[from:] {

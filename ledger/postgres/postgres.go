@@ -54,6 +54,14 @@
 // outcome reported as unknown (an error). Rows older than ten minutes are
 // deleted.
 //
+// No session may hold the writer lock for long: every connection starts
+// with an idle-in-transaction timeout (the server ends a session that
+// sits in its transaction without a statement — a replica frozen
+// mid-transaction — and the lock with it), a lock timeout, a statement
+// timeout and TCP keepalives (sessionBounds), and a statement whose answer
+// does not come within stallTimeout is abandoned, its connection closed,
+// and its transaction run again (or read back, when it was the COMMIT).
+//
 // # Clock
 //
 // The backend implements ledger.Clock: the ledger's time is the database
@@ -89,6 +97,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	neturl "net/url"
 	"strings"
 	"sync"
@@ -132,6 +142,13 @@ func Redacted(db string) string {
 // ErrReadOnly is returned by every write of a ledger opened with
 // OpenReadOnly.
 var ErrReadOnly = errors.New("postgres: the ledger was opened read-only")
+
+// ErrCommitUnknown is returned by a write whose COMMIT failed (the
+// connection lost while it was sent) when whether it committed could not
+// be read back within the retry window (the database unreachable): the
+// transaction committed as a whole or not at all, and a read once the
+// database is back tells which.
+var ErrCommitUnknown = errors.New("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown")
 
 // writerLockKey is the advisory lock every Update takes (see the package
 // documentation).
@@ -187,13 +204,69 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{})}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default()}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	go be.clockLoop()
 	return be, nil
+}
+
+// sessionBounds are the server settings every connection starts with
+// (unless the URL sets them: any other URL parameter is a setting too),
+// so that no session — least of all one holding the writer lock — can
+// stall the others for long:
+//
+//   - idle_in_transaction_session_timeout: the server ends a session that
+//     sits in an open transaction without sending a statement (a replica
+//     frozen, or its network gone, between two statements), and with it
+//     the writer lock it held. No transaction here waits between
+//     statements for anything but this process's own code.
+//   - lock_timeout: a statement gives up waiting for a lock (the writer
+//     lock) after this; longer than the idle timeout, so a waiter outlasts
+//     a frozen holder. The transaction did not commit; past the retry
+//     window (retryFor) the write fails, with nothing written.
+//   - statement_timeout: a statement (lock wait included) is cancelled
+//     after this; no statement of the ledger's comes near it (migrations,
+//     which may, run without it).
+//   - tcp_keepalives_*: the server probes a connection that has been quiet
+//     for 15 s and drops it after three unanswered probes 5 s apart, so a
+//     replica whose machine died frees its connections in about 30 s.
+var sessionBounds = map[string]string{
+	"idle_in_transaction_session_timeout": "10s",
+	"lock_timeout":                        "20s",
+	"statement_timeout":                   "30s",
+	"tcp_keepalives_idle":                 "15s",
+	"tcp_keepalives_interval":             "5s",
+	"tcp_keepalives_count":                "3",
+}
+
+// The replica's side of the same bounds: TCP keepalive probes on every
+// connection (the same schedule as the server's), and stallTimeout, after
+// which a statement that has had no answer is abandoned and its connection
+// closed — the server answers every statement within statement_timeout,
+// so a longer silence means the network or the server is gone (keepalives
+// cannot tell when a middlebox keeps the TCP connection alive).
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+const stallTimeout = time.Minute
+
+// errStalled is returned (wrapped) for a statement abandoned after the
+// backend's stall timeout; transient counts it as a lost connection.
+var errStalled = errors.New("no answer from the database in time: the connection is taken to be lost")
+
+// bounded runs one exchange with the database, f, under the backend's
+// stall timeout; an answer that did not come in time (while ctx itself
+// is live) is errStalled.
+func (b *backend) bounded(ctx context.Context, f func(context.Context) error) error {
+	sctx, cancel := context.WithTimeout(ctx, b.stall)
+	defer cancel()
+	err := f(sctx)
+	if err != nil && sctx.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w (%v)", errStalled, err)
+	}
+	return err
 }
 
 // newPool connects to url and checks the connection.
@@ -204,6 +277,14 @@ func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 { // unless the URL sets connect_timeout
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	// pgx applies ConnectTimeout to the whole connect; the dialer adds the
+	// keepalive probes.
+	cfg.ConnConfig.DialFunc = (&net.Dialer{KeepAliveConfig: keepAlive}).DialContext
+	for k, v := range sessionBounds {
+		if _, set := cfg.ConnConfig.RuntimeParams[k]; !set {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -244,12 +325,16 @@ func connError(err error) error {
 type backend struct {
 	pool     *pgxpool.Pool
 	readOnly bool
+	stall    time.Duration // stallTimeout (shorter in tests)
 
-	mu     sync.Mutex
-	closed bool
-	known  map[string]bool // data collections known to exist (committed)
-	offset time.Duration   // the database's clock minus this process's
-	synced time.Time       // local time of the last clock sample
+	mu          sync.Mutex
+	closed      bool
+	known       map[string]bool // data collections known to exist (committed)
+	local       localClock      // this process's clocks (systemClock; tests replace it)
+	dbAt        time.Time       // the database's clock at the last sample
+	dbAtElapsed time.Duration   // local.elapsed() at that instant
+	skewed      bool            // the last sample found the wall clock off by more than maxSkew
+	log         *slog.Logger
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -301,18 +386,52 @@ func (b *backend) init(ctx context.Context, mayMigrate bool) error {
 	return b.Update(ctx, func(tx ledger.BTx) error { return ledger.Upgrade(tx) })
 }
 
-// syncClock samples the database's clock.
+// localClock is this process's own time, as the backend reads it
+// between samples of the database's clock: elapsed, a monotonic count
+// since an arbitrary origin (steady, never stepped), which carries the
+// ledger's time from one sample to the next; and wall, the wall clock
+// (NTP or an operator may step it at any moment), read only to warn when
+// it is far off the database's. Tests replace both.
+type localClock struct {
+	wall    func() time.Time
+	elapsed func() time.Duration
+}
+
+func systemClock() localClock {
+	origin := time.Now() // carries Go's monotonic clock reading: time.Since measures with it
+	return localClock{wall: time.Now, elapsed: func() time.Duration { return time.Since(origin) }}
+}
+
+// maxSkew is how far this machine's wall clock may be off the database's
+// before a sample logs a warning: the ledger does not use it, but a
+// clock that far off breaks whatever else on the machine trusts it (and
+// usually means its time synchronisation is broken).
+const maxSkew = 5 * time.Second
+
+// syncClock samples the database's clock: the sample, taken halfway
+// through the query's round trip by the monotonic clock, is the anchor
+// Now counts from.
 func (b *backend) syncClock(ctx context.Context) error {
-	t0 := time.Now()
+	b.mu.Lock()
+	local := b.local
+	b.mu.Unlock()
+	e0 := local.elapsed()
 	var db time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&db); err != nil {
 		return connError(err)
 	}
-	t1 := time.Now()
-	mid := t0.Add(t1.Sub(t0) / 2)
+	e1 := local.elapsed()
+	at := e0 + (e1-e0)/2
+	skew := local.wall().Sub(db.Add(e1 - at)) // this machine's wall clock minus the database's, now
 	b.mu.Lock()
-	b.offset, b.synced = db.Sub(mid), t1
+	b.dbAt, b.dbAtElapsed = db, at
+	warn := !b.skewed && (skew > maxSkew || skew < -maxSkew)
+	b.skewed = skew > maxSkew || skew < -maxSkew
 	b.mu.Unlock()
+	if warn {
+		b.log.Warn("this machine's clock is far off the PostgreSQL server's; the ledger keeps the database's time, but check the machine's time synchronisation",
+			"machine_minus_database", skew.Round(time.Millisecond).String())
+	}
 	return nil
 }
 
@@ -325,7 +444,7 @@ func (b *backend) clockLoop() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			b.syncClock(ctx) // on failure the last offset stays: the process's clock carries it
+			b.syncClock(ctx) // on failure the last sample stays: the monotonic clock carries it
 			if !b.readOnly {
 				b.pool.Exec(ctx, "DELETE FROM idemgate_commits WHERE at < now() - make_interval(secs => $1)", commitsKept.Seconds())
 			}
@@ -334,13 +453,15 @@ func (b *backend) clockLoop() {
 	}
 }
 
-// Now implements ledger.Clock: the database's clock, as last sampled,
-// carried forward by this process's monotonic clock.
+// Now implements ledger.Clock: the database's clock as last sampled,
+// plus the monotonic time elapsed since the sample. The machine's wall
+// clock plays no part: a step of it (NTP, an operator, a VM resumed) is
+// never believed, and between samples the time moves only as fast as the
+// monotonic clock.
 func (b *backend) Now() time.Time {
 	b.mu.Lock()
-	off := b.offset
-	b.mu.Unlock()
-	return time.Now().Add(off)
+	defer b.mu.Unlock()
+	return b.dbAt.Add(b.local.elapsed() - b.dbAtElapsed)
 }
 
 func (b *backend) ReadOnly() bool { return b.readOnly }
@@ -393,17 +514,24 @@ func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error
 // function fails (its error is in its job) the transaction is rolled back
 // and the error is errMemberFailed.
 func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
-	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	var pt pgx.Tx
+	err = b.bounded(ctx, func(ctx context.Context) (err error) {
+		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		return err
+	})
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			pt.Rollback(context.WithoutCancel(ctx))
+			b.rollback(ctx, pt)
 		}
 	}()
-	if _, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+	if err := b.bounded(ctx, func(ctx context.Context) error {
+		_, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey)
+		return err
+	}); err != nil {
 		return transient(err), b.txError(err)
 	}
 	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
@@ -420,12 +548,12 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 	if err := tx.flush(); err != nil {
 		return transient(err), b.txError(err)
 	}
-	if err := pt.Commit(ctx); err != nil {
+	if err := b.bounded(ctx, pt.Commit); err != nil {
 		// The outcome is unknown: read it back rather than guess.
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
 		case !known:
-			return false, fmt.Errorf("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown: %w", err)
+			return false, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 		case !did:
 			return true, b.txError(err) // certainly not committed: run it again
 		}
@@ -450,12 +578,16 @@ func (b *backend) readBack(ctx context.Context, marker string) (committed, known
 	ctx = context.WithoutCancel(ctx)
 	deadline := time.Now().Add(retryFor)
 	for wait := 20 * time.Millisecond; time.Now().Before(deadline) && !b.isClosed(); wait = min(2*wait, time.Second) {
-		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+		// Each attempt is bounded by the deadline: a connection that
+		// stalls must not hold the answer up for longer.
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		err := pgx.BeginFunc(actx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(actx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
 				return err
 			}
-			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
+			return tx.QueryRow(actx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
 		})
+		cancel()
 		if err == nil {
 			return committed, true
 		}
@@ -464,23 +596,40 @@ func (b *backend) readBack(ctx context.Context, marker string) (committed, known
 	return false, false
 }
 
+// rollback ends a transaction that will not commit, within a few seconds:
+// on a connection that stalls, pgx closes the connection instead (the
+// server then rolls back, or ends the session when it sits idle in the
+// transaction).
+func (b *backend) rollback(ctx context.Context, pt pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(b.stall, 5*time.Second))
+	defer cancel()
+	pt.Rollback(rctx)
+}
+
 // commitsKept is how long the idemgate_commits rows are kept (a read-back
 // happens within retryFor of its COMMIT).
 const commitsKept = 10 * time.Minute
 
 // transient reports whether err is a failure after which the transaction
 // certainly did not commit and may succeed when run again: the
-// connection failed (the server rolls back a transaction whose
-// connection is gone), the server is shutting down or starting, or a
-// serialization failure or deadlock.
+// connection failed or stalled (the server rolls back a transaction whose
+// connection is gone, and ends one left idle), the server is shutting
+// down or starting or ended the session, a lock wait timed out, or a
+// serialization failure or deadlock. (A failed COMMIT is not judged
+// here: it is read back.)
 func transient(err error) bool {
+	if errors.Is(err, errStalled) {
+		return true
+	}
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+		case "40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004",
+			"55P03", // lock_not_available: lock_timeout ran out
+			"25P03": // idle_in_transaction_session_timeout ended the session
 			return true
 		}
 		return false
@@ -498,11 +647,15 @@ func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 }
 
 func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
-	pt, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	var pt pgx.Tx
+	err := b.bounded(ctx, func(ctx context.Context) (err error) {
+		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		return err
+	})
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	defer pt.Rollback(context.WithoutCancel(ctx))
+	defer b.rollback(ctx, pt)
 	tx := &btx{b: b, ctx: ctx, pt: pt}
 	ferr := fn(tx)
 	if tx.err != nil {
@@ -621,7 +774,9 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 	t.b.mu.Unlock()
 	if !known && !containsStr(t.created, coll) {
 		var exists bool
-		if err := t.pt.QueryRow(t.ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists); err != nil {
+		if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+			return t.pt.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists)
+		}); err != nil {
 			t.fail(err)
 			return nil, connError(err)
 		}
@@ -635,7 +790,10 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 		case !t.writable:
 			return nil, errViewWrite
 		default:
-			if _, err := t.pt.Exec(t.ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll); err != nil {
+			if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+				_, err := t.pt.Exec(ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll)
+				return err
+			}); err != nil {
 				t.fail(err)
 				return nil, connError(err)
 			}
@@ -687,7 +845,7 @@ func (t *btx) flush(colls ...string) error {
 	if batch.Len() == 0 {
 		return nil
 	}
-	if err := t.pt.SendBatch(t.ctx, batch).Close(); err != nil {
+	if err := t.b.bounded(t.ctx, func(ctx context.Context) error { return t.pt.SendBatch(ctx, batch).Close() }); err != nil {
 		t.fail(err)
 		return err
 	}
@@ -718,7 +876,9 @@ func (bk *bucket) Get(key []byte) []byte {
 		return r.v
 	}
 	var v []byte
-	err := t.pt.QueryRow(t.ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.remember(bk.coll, string(key), nil)
 		return nil
@@ -829,24 +989,25 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 	}
 	q += fmt.Sprintf(" LIMIT %d", c.page)
 	c.page = min(2*c.page, cursorPage)
-	rows, err := t.pt.Query(t.ctx, q, args...)
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		rows, err := t.pt.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r kv
+			if err := rows.Scan(&r.k, &r.v); err != nil {
+				return err
+			}
+			if r.v == nil {
+				r.v = []byte{}
+			}
+			c.rows = append(c.rows, r)
+		}
+		return rows.Err()
+	})
 	if err != nil {
-		t.fail(err)
-		return false
-	}
-	for rows.Next() {
-		var r kv
-		if err := rows.Scan(&r.k, &r.v); err != nil {
-			rows.Close()
-			t.fail(err)
-			return false
-		}
-		if r.v == nil {
-			r.v = []byte{}
-		}
-		c.rows = append(c.rows, r)
-	}
-	if err := rows.Err(); err != nil {
 		t.fail(err)
 		c.rows = nil
 		return false
