@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,9 +21,13 @@ import (
 	"idemgate/server"
 )
 
-// noopServerArg makes `idemgate bench` serve the no-op floor's MCP server
-// on stdio instead (what --floors spawns); not for people.
-const noopServerArg = "__noop-server"
+// The arguments that make `idemgate bench` one of the processes its
+// floors measure, instead of a load generator; not for people.
+const (
+	noopServerArg     = "__noop-server"      // the no-op MCP server on stdio
+	noopHTTPServerArg = "__noop-http-server" // the no-op MCP server over Streamable HTTP (see serveNoopHTTP)
+	inProcessArg      = "__in-process"       // creates made in process (see inProcessCmd)
+)
 
 // maxFloorConns bounds the connections of the PostgreSQL claim floor
 // (--floor-db), and floorTime is how long it is measured each time.
@@ -40,8 +45,13 @@ const defaultMix = "create_order=8,get_order=1,send_notification=1"
 // CPU and correctness (see package loadgen). The exit status is 1 when
 // correctness failed.
 func benchCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 1 && args[0] == noopServerArg {
+	switch {
+	case len(args) == 1 && args[0] == noopServerArg:
 		return server.ServeNoop(loadgen.NoopTool)
+	case len(args) == 1 && args[0] == noopHTTPServerArg:
+		return serveNoopHTTP(stdout)
+	case len(args) >= 1 && args[0] == inProcessArg:
+		return inProcessCmd(args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -58,7 +68,9 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, fmt.Sprintf("how long to issue calls (up to %s; 0 with --calls: no time limit)", loadgen.MaxDuration))
 	calls := fs.Int64("calls", 0, "stop after this many calls (0: no limit; with --duration the run stops at the first)")
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on one call (1ms-10m)")
-	floors := fs.Bool("floors", false, "also measure the floors before and after the run (a no-op MCP call over stdio, and a raw bbolt commit beside the ledger — or, on a postgres:// --db, the claim floor of --floor-db) and report calls as ratios to them; not with --url")
+	floors := fs.Bool("floors", false, "also measure the floors before and after the run and report calls as ratios to them: a no-op MCP call over the run's transport (stdio; with --url Streamable HTTP, a connection per client), its server's CPU per call, and for a spawned server on a ledger file a raw bbolt commit beside the ledger and the same create_order made in one process without MCP (on a postgres:// --db: the claim floor of --floor-db)")
+	outboxDir := fs.String("outbox-dir", "", "with --url: the server's outbox directory, when it writes notifications as files on this machine, to report how deliveries kept up (a spawned server's is known)")
+	drainTimeout := fs.Duration("drain-timeout", time.Minute, "after the last call, wait up to this long for the run's notifications to be delivered and report how long it took (0: do not wait; 0-10m)")
 	floorDB := fs.String("floor-db", "", fmt.Sprintf("a postgres:// URL: also measure PostgreSQL's bare claim (INSERT … ON CONFLICT of a new key, autocommit) there, from --clients connections (at most %d) before and after the run, in a table of its own, and report new creates/s as a share of it; with --floors and a postgres:// --db, that database", maxFloorConns))
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	if err := fs.Parse(args); err != nil {
@@ -92,8 +104,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case remote && (*db != "" || *config != ""):
 		return usageError{errors.New("--db and --config are for the spawned server; with --url the server is already running")}
-	case remote && *floors:
-		return usageError{errors.New("--floors needs the spawned server (no --url): the floors are measured over stdio beside its ledger")}
+	case !remote && *outboxDir != "":
+		return usageError{errors.New("--outbox-dir is for --url; the spawned server's outbox directory is known")}
+	case *drainTimeout < 0 || *drainTimeout > 10*time.Minute:
+		return usageError{fmt.Errorf("--drain-timeout must be 0..10m, got %s", *drainTimeout)}
 	case !remote && *serverPID != 0:
 		return usageError{errors.New("--server-pid is for --url; the spawned server's CPU is reported anyway")}
 	case *serverPID < 0:
@@ -161,6 +175,9 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			dbPath = filepath.Join(dir, "ledger.db")
 		}
 		ledgerDir = filepath.Dir(dbPath)
+		if !spawnedNotifiesByWebhook(*config) {
+			*outboxDir = env("IDEMGATE_OUTBOX_DIR", filepath.Join(dataDirOf(dbPath), "outbox")) // where serve puts it
+		}
 		serveArgs := []string{"serve", "--db", dbPath, "--log-level", "warn", "--workers", fmt.Sprint(min(*clients, 100))}
 		if *config != "" {
 			serveArgs = append(serveArgs, "--config", *config)
@@ -179,23 +196,72 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 
 	var fl loadgen.Floors
-	var noop *loadgen.Client
+	var noopCallers []loadgen.Caller
+	var noopPID int
 	if *floors {
 		exe, _ := os.Executable()
-		if noop, err = loadgen.SpawnStdio(ctx, exe, []string{"bench", noopServerArg}, stderr); err != nil {
-			return fmt.Errorf("starting the no-op floor server: %w", err)
+		if remote {
+			fl.Transport = "http"
+			srv, err := loadgen.SpawnHTTP(exe, []string{"bench", noopHTTPServerArg}, stderr)
+			if err != nil {
+				return fmt.Errorf("starting the no-op floor server: %w", err)
+			}
+			defer srv.Close()
+			noopPID = srv.PID()
+			// The same client as the run's: a connection per client.
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConns: *clients, MaxIdleConnsPerHost: *clients, IdleConnTimeout: 90 * time.Second}}
+			for range *clients {
+				c, err := loadgen.DialHTTP(ctx, srv.URL, *token, hc)
+				if err != nil {
+					closeAll(noopCallers)
+					return fmt.Errorf("the no-op floor server: %w", err)
+				}
+				noopCallers = append(noopCallers, c)
+			}
+			defer closeAll(noopCallers)
+		} else {
+			fl.Transport = "stdio"
+			noop, err := loadgen.SpawnStdio(ctx, exe, []string{"bench", noopServerArg}, stderr)
+			if err != nil {
+				return fmt.Errorf("starting the no-op floor server: %w", err)
+			}
+			defer noop.Close()
+			noopCallers, noopPID = []loadgen.Caller{noop}, noop.PID()
 		}
-		defer noop.Close()
+	}
+	var noopCPU time.Duration
+	var noopCalls int
+	// noopLatency measures the no-op floor's p50, one caller at a time,
+	// and adds up its server's CPU meanwhile.
+	noopLatency := func() (float64, error) {
+		c0, err0 := loadgen.ProcessCPU(noopPID)
+		s, err := loadgen.NoopLatency(ctx, noopCallers[0], time.Second, 5000)
+		if err != nil {
+			return 0, err
+		}
+		if c1, err1 := loadgen.ProcessCPU(noopPID); err0 == nil && err1 == nil {
+			noopCPU += c1 - c0
+			noopCalls += s.Calls
+		}
+		return s.P50, nil
+	}
+	commitFloor := !remote && !pgLedger // a PostgreSQL ledger has the claim floor instead
+	if *floors {
 		progressNote(stderr, "measuring the floors (before the run)…")
-		if !pgLedger { // a PostgreSQL ledger has the claim floor instead
-			if fl.CommitP50Start, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
+		if commitFloor {
+			c, err := loadgen.CommitLatency(ledgerDir, time.Second, 2000)
+			if err != nil {
 				return fmt.Errorf("commit floor: %w", err)
 			}
+			fl.CommitP50Start, fl.CommitPages = c.P50, c.Pages
+			if fl.InProcess, err = measureInProcess(ctx, ledgerDir, stderr); err != nil {
+				return fmt.Errorf("in-process floor: %w", err)
+			}
 		}
-		if fl.NoopP50Start, err = loadgen.NoopLatency(ctx, noop, time.Second, 5000); err != nil {
+		if fl.NoopP50Start, err = noopLatency(); err != nil {
 			return err
 		}
-		if fl.NoopRate, err = loadgen.NoopRate(ctx, noop, *clients, 2*time.Second); err != nil {
+		if fl.NoopRate, err = loadgen.NoopRate(ctx, noopCallers, *clients, 2*time.Second); err != nil {
 			return err
 		}
 	}
@@ -211,6 +277,12 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if isTerminal(stderr) {
 		cfg.Progress = func(p loadgen.Progress) { drawProgress(stderr, p) }
 	}
+	var watch *loadgen.DeliveryWatch
+	if *outboxDir != "" {
+		if watch, err = loadgen.WatchDelivery(*outboxDir); err != nil {
+			return fmt.Errorf("--outbox-dir: %w", err)
+		}
+	}
 	var cpu0 time.Duration
 	if pid > 0 {
 		if cpu0, err = loadgen.ProcessCPU(pid); err != nil {
@@ -225,23 +297,37 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
 	rep.Target = what
+	if watch != nil && ctx.Err() == nil {
+		if *drainTimeout > 0 {
+			progressNote(stderr, "waiting for the run's notifications to be delivered…")
+		}
+		if err := watch.Finish(ctx, rep, *drainTimeout); err != nil {
+			return fmt.Errorf("counting the delivered notifications: %w", err)
+		}
+	}
 	if pid > 0 {
 		if cpu1, err := loadgen.ProcessCPU(pid); err == nil {
 			rep.SetServerCPU(cpu1 - cpu0)
+			rep.ServerCPU.IncludesDrain = rep.Delivery != nil && *drainTimeout > 0
 		}
 	}
 	if *floors && ctx.Err() == nil {
 		progressNote(stderr, "measuring the floors (after the run)…")
-		if fl.NoopP50End, err = loadgen.NoopLatency(ctx, noop, time.Second, 5000); err != nil {
+		if fl.NoopP50End, err = noopLatency(); err != nil {
 			return err
 		}
-		if !pgLedger {
-			if fl.CommitP50End, err = loadgen.CommitLatency(ledgerDir, time.Second, 2000); err != nil {
+		if commitFloor {
+			c, err := loadgen.CommitLatency(ledgerDir, time.Second, 2000)
+			if err != nil {
 				return fmt.Errorf("commit floor: %w", err)
 			}
+			fl.CommitP50End = c.P50
 		}
 		fl.NoopP50 = (fl.NoopP50Start + fl.NoopP50End) / 2
 		fl.CommitP50 = (fl.CommitP50Start + fl.CommitP50End) / 2
+		if noopCalls > 0 {
+			fl.NoopCPUPerCall = float64(noopCPU.Microseconds()) / float64(noopCalls)
+		}
 		rep.SetFloors(fl)
 	}
 	if *floorDB != "" && ctx.Err() == nil {
@@ -275,6 +361,44 @@ func unexpectedCount(r *loadgen.Report) int {
 		n += v
 	}
 	return n
+}
+
+// spawnedNotifiesByWebhook reports whether the spawned server would send
+// notifications to a webhook (config or environment) rather than write
+// them as files: then its outbox directory tells nothing. A configuration
+// the server refuses is reported by the server.
+func spawnedNotifiesByWebhook(config string) bool {
+	var l settings
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	l.register(fs)
+	var args []string
+	if config != "" {
+		args = []string{"--config", config}
+	}
+	if fs.Parse(args) != nil || l.load() != nil {
+		return false
+	}
+	return l.file.Notifications.WebhookURL != ""
+}
+
+// serveNoopHTTP serves the no-op floor over Streamable HTTP on a loopback
+// port of its own, prints its MCP endpoint's URL on stdout and serves
+// until stdin closes (the load generator that started it closes it).
+func serveNoopHTTP(stdout io.Writer) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Returns when stdin closes, or with the process.
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	fmt.Fprintf(stdout, "http://%s/mcp\n", ln.Addr())
+	return server.ServeNoopHTTP(ctx, ln, loadgen.NoopTool)
 }
 
 func closeAll(cs []loadgen.Caller) {

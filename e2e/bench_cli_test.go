@@ -3,6 +3,9 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,6 +89,10 @@ func TestBenchCLIStdio(t *testing.T) {
 	if c.Replays == 0 || c.RefusedMismatch == 0 {
 		t.Errorf("replays %d, refused mismatches %d: want both > 0 at dup 0.3, mismatch 0.05 over 2 s", c.Replays, c.RefusedMismatch)
 	}
+	// Every answered new create_order queued a confirmation and every new
+	// send_notification a message; bench waited for them all, and they are
+	// the files of the outbox beside the ledger.
+	checkDelivered(t, rep, filepath.Join(filepath.Dir(db), "outbox"))
 
 	r := runCLI(t, 30*time.Second, "stats", "--db", db, "--json")
 	if r.Code != 0 {
@@ -117,8 +124,8 @@ func TestBenchCLIHTTP(t *testing.T) {
 	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
 	rep := runBench(t, "--url", base+"/mcp", "--token", tok, "--duration", "2s", "--clients", "4", "--mismatch-ratio", "0.05")
 	checkReport(t, rep, 4)
-	if rep.Target != base+"/mcp" || rep.ServerCPU != nil {
-		t.Fatalf("target %q, server CPU %+v: want the URL and no CPU figure", rep.Target, rep.ServerCPU)
+	if rep.Target != base+"/mcp" || rep.ServerCPU != nil || rep.Delivery != nil {
+		t.Fatalf("target %q, server CPU %+v, delivery %+v: want the URL, no CPU figure and no delivery figures (no --outbox-dir)", rep.Target, rep.ServerCPU, rep.Delivery)
 	}
 
 	// A token the server does not know: refused before any call, saying so.
@@ -158,6 +165,116 @@ func TestBenchCLIFloors(t *testing.T) {
 	if ra == nil || ra.Noop <= 0 || ra.NoopCommit <= 0 || rep.ThroughputVsNoop <= 0 {
 		t.Fatalf("ratios %+v, throughput vs no-op %v: want create_order/new against both floors", ra, rep.ThroughputVsNoop)
 	}
+	if f.Transport != "stdio" || f.NoopCPUPerCall <= 0 || f.CommitPages < 1 {
+		t.Fatalf("floors %+v: want the stdio no-op server's CPU per call and the pages of a raw commit", f)
+	}
+	p := f.InProcess
+	if p == nil || p.Creates == 0 || p.P50 <= 0 || p.CPUPerCreate <= 0 || p.CPUPerCreateDelivered <= 0 || p.CommitsPerCreate <= 0 || p.PagesPerCommit < f.CommitPages {
+		t.Fatalf("in-process floor %+v: want every figure, and a create's commit at least a raw commit's pages", p)
+	}
+	if c := rep.ServerCPU; c == nil || c.XNoop <= 0 || c.XInProcess <= 0 || !c.IncludesDrain {
+		t.Fatalf("server CPU %+v: want it against the no-op server's and the in-process create's, until the messages were delivered", c)
+	}
+}
+
+// checkDelivered asserts the delivery figures of a run that waited for its
+// messages: as many queued as new keys answered, all delivered, and as
+// many message files in dir.
+func checkDelivered(t *testing.T, rep *loadgen.Report, dir string) {
+	t.Helper()
+	d := rep.Delivery
+	c := rep.Correctness
+	if d == nil {
+		t.Fatal("no delivery figures in the report")
+	}
+	if d.Queued != c.Keys["create_order"]+c.Keys["send_notification"] || !d.Drained || d.Left != 0 || d.BacklogAtEnd > d.Queued || d.DeliveredDuringRun+d.BacklogAtEnd != d.Queued {
+		t.Fatalf("delivery %+v for keys %v: want every message queued by a new key delivered", d, c.Keys)
+	}
+	n, err := loadgen.CountMessages(dir)
+	if err != nil || n != d.Queued {
+		t.Fatalf("%d message files in the outbox (%v), the report says %d queued and delivered", n, err, d.Queued)
+	}
+}
+
+// benchHTTPServer starts `idemgate serve --http` on a free loopback port
+// over a new ledger in dir, with an agent's token and its outbox in
+// dir/outbox, and returns its base URL, the token and its process id. The
+// server is stopped (SIGINT) when the test ends.
+func benchHTTPServer(t *testing.T, dir string, extra ...string) (base, token string, pid int) {
+	t.Helper()
+	tokens := filepath.Join(dir, "tokens.json")
+	token = addToken(t, tokens, "bench-agent", "acme", "agent")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args := append([]string{"serve", "--http", addr, "--db", filepath.Join(dir, "ledger.db"), "--tokens", tokens,
+		"--outbox-dir", filepath.Join(dir, "outbox"), "--log-level", "warn"}, extra...)
+	cmd := exec.Command(idemgate, args...)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("the HTTP server did not stop on SIGINT within 30 s")
+		}
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", stderr.String())
+		}
+	})
+	base = "http://" + addr
+	if !eventually(10*time.Second, func() bool {
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}) {
+		t.Fatalf("the HTTP server did not answer /healthz within 10 s\n%s", stderr.String())
+	}
+	return base, token, cmd.Process.Pid
+}
+
+// TestBenchCLIHTTPFloors: with --url, --floors measures the no-op floor
+// over Streamable HTTP — a no-op server bench starts itself, called by the
+// same client from as many connections — before and after the run, with
+// that server's CPU per call, and states calls/s as a share of its calls/s
+// at the same concurrency; with --server-pid the server's CPU per call is
+// stated against the no-op server's, and with --outbox-dir the run's
+// confirmations are counted as they are delivered. No bbolt commit or
+// in-process floor: the server's ledger is not bench's to know.
+func TestBenchCLIHTTPFloors(t *testing.T) {
+	dir := t.TempDir()
+	base, tok, pid := benchHTTPServer(t, dir, "--workers", "8")
+	rep := runBench(t, "--url", base+"/mcp", "--token", tok, "--server-pid", fmt.Sprint(pid), "--floors",
+		"--outbox-dir", filepath.Join(dir, "outbox"), "--calls", "120", "--duration", "0", "--clients", "4", "--dup-ratio", "0.2", "--mix", "create_order=3,send_notification=1")
+	checkReport(t, rep, 4)
+	f := rep.Floors
+	if f == nil || f.Transport != "http" || f.NoopP50 <= 0 || f.NoopP50Start <= 0 || f.NoopP50End <= 0 || f.NoopRate <= 0 || f.NoopCPUPerCall <= 0 {
+		t.Fatalf("floors %+v: want the no-op floor over HTTP, measured before and after, with its CPU", f)
+	}
+	if f.CommitP50 != 0 || f.CommitPages != 0 || f.InProcess != nil {
+		t.Fatalf("floors %+v: no commit or in-process floor with --url", f)
+	}
+	if rep.ThroughputVsNoop <= 0 || rep.Ratios["create_order/new"] == nil || rep.Ratios["create_order/new"].NoopCommit != 0 {
+		t.Fatalf("throughput vs no-op %v, ratios %+v: want calls/s against the no-op's, and no commit ratio", rep.ThroughputVsNoop, rep.Ratios)
+	}
+	if c := rep.ServerCPU; c == nil || c.PerCall <= 0 || c.XNoop <= 0 || c.XInProcess != 0 || !c.IncludesDrain {
+		t.Fatalf("server CPU %+v: want it per call against the no-op server's", c)
+	}
+	checkDelivered(t, rep, filepath.Join(dir, "outbox"))
 }
 
 // TestBenchCLIBadFlags: every flag out of bounds is refused (exit 2) with
@@ -180,7 +297,9 @@ func TestBenchCLIBadFlags(t *testing.T) {
 		{[]string{"--mix", "delete_everything=1"}, "unknown tool"},
 		{[]string{"--url", "ftp://x/mcp", "--token", "t"}, "want an http:// or https:// URL"},
 		{[]string{"--url", "http://127.0.0.1:1/mcp"}, "--url needs --token"},
-		{[]string{"--url", "http://127.0.0.1:1/mcp", "--token", "t", "--floors"}, "--floors needs the spawned server"},
+		{[]string{"--outbox-dir", "x"}, "--outbox-dir is for --url"},
+		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must be 0..10m"},
+		{[]string{"--drain-timeout", "11m"}, "--drain-timeout must be 0..10m"},
 		{[]string{"--url", "http://127.0.0.1:1/mcp", "--token", "t", "--db", "x.db"}, "with --url the server is already running"},
 		{[]string{"--server-pid", "1"}, "--server-pid is for --url"},
 		{[]string{"extra"}, "bench takes no arguments"},

@@ -195,6 +195,8 @@ type Report struct {
 	// get_order's in the same run (both answer from the ledger without a
 	// write); 0 when the run had not both.
 	ReplayVsGet float64 `json:"replay_p50_x_get_order,omitempty"`
+	// Delivery is set when the server's outbox directory was watched.
+	Delivery *Delivery `json:"delivery,omitempty"`
 }
 
 // ServerCPU is the CPU time (user + system) the server process used
@@ -203,6 +205,18 @@ type Report struct {
 type ServerCPU struct {
 	Total   float64 `json:"total_ms"`
 	PerCall float64 `json:"per_call_us"`
+	// IncludesDrain is set when the figure runs on until the run's
+	// notifications were delivered (see Delivery), so that a call's CPU
+	// includes delivering its message.
+	IncludesDrain bool `json:"includes_drain,omitempty"`
+	// XNoop is PerCall as a multiple of the no-op server's CPU per call
+	// (Floors.NoopCPUPerCall): for a run of replays, what the ledger's
+	// check costs the server beyond serving MCP.
+	XNoop float64 `json:"per_call_x_noop,omitempty"`
+	// XInProcess is PerCall as a multiple of the in-process create's CPU
+	// with its delivery (Floors.InProcess): for a run of new create_orders,
+	// what serving the call as a separate process costs beyond the call.
+	XInProcess float64 `json:"per_call_x_in_process,omitempty"`
 }
 
 // Ratio is one kind of call's p50 as a multiple of the floors.
@@ -230,6 +244,7 @@ func (r *Report) SetFloors(f Floors) {
 	if f.NoopRate > 0 {
 		r.ThroughputVsNoop = r.Throughput / f.NoopRate
 	}
+	r.cpuRatios()
 }
 
 // SetServerCPU records the server's CPU time used during the run.
@@ -237,6 +252,22 @@ func (r *Report) SetServerCPU(used time.Duration) {
 	r.ServerCPU = &ServerCPU{Total: float64(used.Microseconds()) / 1e3}
 	if r.Calls > 0 {
 		r.ServerCPU.PerCall = float64(used.Microseconds()) / float64(r.Calls)
+	}
+	r.cpuRatios()
+}
+
+// cpuRatios states the server's CPU per call against the floors' CPU
+// figures, once both are known.
+func (r *Report) cpuRatios() {
+	c, f := r.ServerCPU, r.Floors
+	if c == nil || f == nil || c.PerCall <= 0 {
+		return
+	}
+	if f.NoopCPUPerCall > 0 {
+		c.XNoop = c.PerCall / f.NoopCPUPerCall
+	}
+	if f.InProcess != nil && f.InProcess.CPUPerCreateDelivered > 0 {
+		c.XInProcess = c.PerCall / f.InProcess.CPUPerCreateDelivered
 	}
 }
 

@@ -294,6 +294,38 @@ func TestSetFloorsRatios(t *testing.T) {
 	if rep.ThroughputVsNoop != 0.25 {
 		t.Fatalf("throughput vs no-op = %v, want 0.25", rep.ThroughputVsNoop)
 	}
+	if rep.ServerCPU != nil {
+		t.Fatalf("a server CPU figure without one measured: %+v", rep.ServerCPU)
+	}
+}
+
+// TestServerCPURatios: the server's CPU per call is stated against the
+// no-op server's and the in-process create's, whichever of the CPU
+// figure and the floors comes first, and not against a floor that was not
+// measured.
+func TestServerCPURatios(t *testing.T) {
+	floors := Floors{NoopP50: 200, NoopCPUPerCall: 100, InProcess: &InProcess{CPUPerCreateDelivered: 400}}
+	for name, cpuFirst := range map[string]bool{"cpu first": true, "floors first": false} {
+		t.Run(name, func(t *testing.T) {
+			rep := &Report{Calls: 1000, Kinds: map[string]*Kind{}}
+			if cpuFirst {
+				rep.SetServerCPU(600 * time.Millisecond)
+				rep.SetFloors(floors)
+			} else {
+				rep.SetFloors(floors)
+				rep.SetServerCPU(600 * time.Millisecond)
+			}
+			if c := rep.ServerCPU; c.PerCall != 600 || c.XNoop != 6 || c.XInProcess != 1.5 {
+				t.Fatalf("server CPU %+v, want 600 µs per call = 6 × no-op, 1.5 × in process", c)
+			}
+		})
+	}
+	rep := &Report{Calls: 10, Kinds: map[string]*Kind{}}
+	rep.SetServerCPU(10 * time.Millisecond)
+	rep.SetFloors(Floors{NoopP50: 200, Transport: "http"})
+	if c := rep.ServerCPU; c.XNoop != 0 || c.XInProcess != 0 {
+		t.Fatalf("ratios to floors not measured: %+v", c)
+	}
 }
 
 // TestSamplerBoundsMemory: up to maxSamples the figures are exact; beyond,

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,6 +109,71 @@ func SpawnStdio(ctx context.Context, bin string, args []string, stderr io.Writer
 		return nil, fmt.Errorf("the spawned server (%s %s) did not answer initialize (its own error, if any, is above): %w", bin, strings.Join(args, " "), err)
 	}
 	return cl, nil
+}
+
+// Server is a server process started to be called over HTTP (the no-op
+// floor of an HTTP run). Close it when done.
+type Server struct {
+	URL   string // its MCP endpoint
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+}
+
+// SpawnHTTP starts bin with args (its stderr goes to stderr), in a process
+// group of its own, as a server that prints the URL of its MCP endpoint as
+// the first line of its stdout and serves until its stdin closes; it
+// returns once that line came, within 10 s.
+func SpawnHTTP(bin string, args []string, stderr io.Writer) (*Server, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // see SpawnStdio
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	s := &Server{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	line := make(chan string, 1)
+	go func() {
+		r := bufio.NewReader(stdout)
+		l, _ := r.ReadString('\n')
+		line <- strings.TrimSpace(l)
+		_, _ = io.Copy(io.Discard, r) // until it exits: Wait only after every read
+		_ = cmd.Wait()
+		close(s.done)
+	}()
+	select {
+	case s.URL = <-line:
+	case <-time.After(10 * time.Second):
+	}
+	if !strings.HasPrefix(s.URL, "http://") {
+		s.Close()
+		return nil, fmt.Errorf("%s %s did not print its URL within 10 s (its own error, if any, is above)", bin, strings.Join(args, " "))
+	}
+	return s, nil
+}
+
+// PID is the server's process id.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
+// Close closes the server's stdin and waits up to 10 s for it to exit,
+// then kills it.
+func (s *Server) Close() error {
+	err := s.stdin.Close()
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	return err
 }
 
 // DialHTTP connects to a Streamable HTTP MCP endpoint with a bearer

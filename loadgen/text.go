@@ -27,8 +27,18 @@ func (r *Report) WriteText(w io.Writer) {
 	if r.Failed > 0 {
 		fmt.Fprintf(w, "            %d calls got no answer\n", r.Failed)
 	}
-	if r.ServerCPU != nil {
-		fmt.Fprintf(w, "server CPU  %.0f ms, %.0f µs per call\n", r.ServerCPU.Total, r.ServerCPU.PerCall)
+	if c := r.ServerCPU; c != nil {
+		fmt.Fprintf(w, "server CPU  %.0f ms, %.0f µs per call", c.Total, c.PerCall)
+		if c.IncludesDrain {
+			fmt.Fprint(w, " (until the run's messages were delivered)")
+		}
+		fmt.Fprintln(w)
+		if c.XNoop > 0 {
+			fmt.Fprintf(w, "            = %.2f × the no-op server's CPU per call (read it for a run of replays)\n", c.XNoop)
+		}
+		if c.XInProcess > 0 {
+			fmt.Fprintf(w, "            = %.2f × the in-process create's CPU with its delivery (read it for a run of new create_orders)\n", c.XInProcess)
+		}
 	}
 	fmt.Fprintf(w, "\n%-26s %8s %9s %9s %9s %9s %9s", "latency (µs)", "calls", "calls/s", "p50", "p90", "p99", "max")
 	if r.Floors != nil {
@@ -57,9 +67,17 @@ func (r *Report) WriteText(w io.Writer) {
 	row("all", r.Calls, r.Throughput, r.Latency, nil)
 	if f := r.Floors; f != nil {
 		fmt.Fprintf(w, "\nfloors (p50, mean of before and after the run):\n")
-		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f); %.0f no-op calls/s with --clients %d\n", f.NoopP50, f.NoopP50Start, f.NoopP50End, f.NoopRate, r.Clients)
+		fmt.Fprintf(w, "  no-op MCP call  %8.0f µs (%.0f → %.0f) over %s; %.0f no-op calls/s with --clients %d", f.NoopP50, f.NoopP50Start, f.NoopP50End, transportText(f.Transport), f.NoopRate, r.Clients)
+		if f.NoopCPUPerCall > 0 {
+			fmt.Fprintf(w, "; its server's CPU %.0f µs per call", f.NoopCPUPerCall)
+		}
+		fmt.Fprintln(w)
 		if f.CommitP50 > 0 {
-			fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f)\n", f.CommitP50, f.CommitP50Start, f.CommitP50End)
+			fmt.Fprintf(w, "  bbolt commit    %8.0f µs (%.0f → %.0f); %.1f pages per commit\n", f.CommitP50, f.CommitP50Start, f.CommitP50End, f.CommitPages)
+		}
+		if p := f.InProcess; p != nil {
+			fmt.Fprintf(w, "  in process      %8.0f µs p50 per new create_order, no MCP (%d creates after %d); CPU %.0f µs, %.0f µs with its delivery; %.2f commits of %.1f pages\n",
+				p.P50, p.Creates, p.Records, p.CPUPerCreate, p.CPUPerCreateDelivered, p.CommitsPerCreate, p.PagesPerCommit)
 		}
 		if r.Clients > 1 {
 			fmt.Fprintf(w, "  (with %d clients a call's latency includes its wait in the queue: compare the ratios at --clients 1)\n", r.Clients)
@@ -67,6 +85,18 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	if r.ReplayVsGet > 0 {
 		fmt.Fprintf(w, "\nreplay p50 = %.2f × get_order p50\n", r.ReplayVsGet)
+	}
+	if d := r.Delivery; d != nil {
+		fmt.Fprintf(w, "\ndelivery    %d messages queued (%.0f/s); %d delivered during the run (%.0f/s, %.2f × queued)\n",
+			d.Queued, d.QueuedPerS, d.DeliveredDuringRun, d.DeliveredPerS, d.KeepUp)
+		switch {
+		case d.BacklogAtEnd == 0:
+			fmt.Fprintf(w, "            no backlog at the run's end\n")
+		case d.Drained:
+			fmt.Fprintf(w, "            backlog at the run's end %d, delivered in %.2f s (%.0f/s)\n", d.BacklogAtEnd, d.DrainSeconds, d.DrainPerS)
+		default:
+			fmt.Fprintf(w, "            backlog at the run's end %d, %d still undelivered when the drain timeout ran out\n", d.BacklogAtEnd, d.Left)
+		}
 	}
 	if f := r.ClaimFloor; f != nil {
 		fmt.Fprintf(w, "\nPostgreSQL claim floor (INSERT … ON CONFLICT, %d connections, mean of before and after the run):\n", f.Connections)
@@ -106,6 +136,13 @@ func (r *Report) WriteText(w io.Writer) {
 	for _, e := range c.Examples {
 		fmt.Fprintf(w, "  - %s\n", e)
 	}
+}
+
+func transportText(t string) string {
+	if t == "http" {
+		return "Streamable HTTP"
+	}
+	return "stdio"
 }
 
 func keySpaceText(n int) string {
