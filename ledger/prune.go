@@ -262,100 +262,181 @@ type AuditVerification struct {
 	Anchor *AuditAnchor
 }
 
+// verifyChunk bounds the entries one read transaction of
+// VerifyAuditChain checks: a long log is read in many short transactions,
+// never in one long read (on bbolt a long read keeps the file from
+// growing, so a commit that needs room would wait for the check).
+const verifyChunk = 4096
+
+// errPrunedMeanwhile is returned by one pass of verifyAuditChain when a
+// prune moved the anchor between two of its transactions.
+var errPrunedMeanwhile = errors.New("ledger: the audit log was pruned while it was being verified")
+
 // VerifyAuditChain checks the hash chain of the entries the ledger keeps:
 // from entry 1, or, when the log was pruned, from the anchor (the first
 // kept entry must link to it, and the newest EventAuditPruned entry must
 // name it). from, when not nil, is the chain of an archive checked before
 // (AuditChain): the ledger must continue it exactly — its anchor is the
 // archive's last entry, or the ledger was never pruned and the archive is
-// a copy of its first entries. It returns what it proved, or an error
-// naming the first entry that does not verify, or ctx's error when ctx
-// ends first (then nothing was proved).
+// a copy of its first entries. It checks the entries present when it
+// started (those appended meanwhile are left to the next check), reading
+// them in transactions of at most verifyChunk entries; a prune that runs
+// meanwhile makes it start again (three times at most). It returns what
+// it proved, or an error naming the first entry that does not verify, or
+// ctx's error when ctx ends first (then nothing was proved).
 func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
-	var res AuditVerification
-	err := s.view(func(tx *ltx) error {
-		res = AuditVerification{}
-		anchor, err := readAnchor(tx)
-		if err != nil {
-			return err
+	for attempt := 1; ; attempt++ {
+		res, err := s.verifyAuditChain(ctx, from)
+		if errors.Is(err, errPrunedMeanwhile) && attempt < 3 {
+			continue
 		}
-		res.Anchor = anchor
-		prev, want := "", uint64(1)
-		if anchor != nil {
-			prev, want = anchor.Hash, anchor.Seq+1
+		return res, err
+	}
+}
+
+// chainCheck is the state verifyAuditChain carries from one of its
+// transactions to the next.
+type chainCheck struct {
+	res         AuditVerification
+	anchor      *AuditAnchor
+	prev        string
+	want        uint64 // the first entry's sequence number
+	end         uint64 // the newest entry when the check started
+	newestPrune *AuditEntry
+	done        bool
+}
+
+// verifyAuditChain is one pass of VerifyAuditChain.
+func (s *Ledger) verifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
+	var st chainCheck
+	for first := true; !st.done; first = false {
+		err := s.view(func(tx *ltx) error {
+			// A backend may run fn again: it works on a copy, kept only
+			// when the transaction's reads all succeeded.
+			next := st
+			if err := next.chunk(ctx, tx, from, first); err != nil {
+				return err
+			}
+			st = next
+			return nil
+		})
+		if err != nil {
+			return st.res, err
+		}
+	}
+	return st.res, st.finish(from)
+}
+
+// chunk checks up to verifyChunk entries in tx: from the log's first entry
+// when first, else from the one after the last checked.
+func (st *chainCheck) chunk(ctx context.Context, tx *ltx, from *AuditChain, first bool) error {
+	a, err := readAnchor(tx)
+	if err != nil {
+		return err
+	}
+	c := tx.Bucket(bucketAudit).Cursor()
+	var k, v []byte
+	if first {
+		st.anchor, st.res.Anchor = a, a
+		st.prev, st.want = "", 1
+		if a != nil {
+			st.prev, st.want = a.Hash, a.Seq+1
 		}
 		if from != nil && from.N > 0 {
 			switch {
-			case anchor != nil && (from.Last != anchor.Seq || from.Hash != anchor.Hash):
-				return fmt.Errorf("the archive ends at entry %d (hash %.12s…) but the ledger's kept part starts after entry %d (hash %.12s…): an archive is missing or was changed", from.Last, from.Hash, anchor.Seq, anchor.Hash)
-			case anchor == nil && from.First != 1:
+			case a != nil && (from.Last != a.Seq || from.Hash != a.Hash):
+				return fmt.Errorf("the archive ends at entry %d (hash %.12s…) but the ledger's kept part starts after entry %d (hash %.12s…): an archive is missing or was changed", from.Last, from.Hash, a.Seq, a.Hash)
+			case a == nil && from.First != 1:
 				return fmt.Errorf("the archive starts at entry %d but the ledger was never pruned and starts at entry 1", from.First)
 			}
 		}
-		c := tx.Bucket(bucketAudit).Cursor()
-		var newestPrune *AuditEntry
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if res.Entries%1024 == 0 && ctx.Err() != nil { // a long log is one long read: it stops when asked to
-				return ctx.Err()
-			}
-			var e AuditEntry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
-			}
-			if e.Seq != binary.BigEndian.Uint64(k) {
-				return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
-			}
-			if res.Entries == 0 && e.Seq != want {
-				if anchor == nil {
-					return fmt.Errorf("audit entry %d is the first, but no anchor records a prune: entries 1-%d were removed", e.Seq, e.Seq-1)
-				}
-				return fmt.Errorf("audit entry %d is the first kept, but the anchor is entry %d: the entries between are missing, or the anchor was changed", e.Seq, anchor.Seq)
-			}
-			if from != nil && anchor == nil && from.N > 0 && e.Seq == from.Last && e.Hash != from.Hash {
-				// An archive (export) of a log never pruned: two chains
-				// that verify and agree on an entry's hash agree on every
-				// entry before it.
-				return fmt.Errorf("audit entry %d: the archive's copy (hash %.12s…) differs from the ledger's (%.12s…)", e.Seq, from.Hash, e.Hash)
-			}
-			if err := e.verifyChain(prev); err != nil {
-				if res.Entries == 0 && anchor != nil {
-					return fmt.Errorf("%w (the anchor says entry %d has hash %.12s…: the anchor or the first kept entry was changed)", err, anchor.Seq, anchor.Hash)
-				}
-				return err
-			}
-			if e.Event == EventAuditPruned {
-				ec := e
-				newestPrune = &ec
-			}
-			prev = e.Hash
-			if res.Entries == 0 {
-				res.First = e.Seq
-			}
-			res.Last = e.Seq
-			res.Entries++
+		if lk, _ := c.Last(); len(lk) == 8 {
+			st.end = beUint64(lk)
 		}
-		if from != nil && anchor == nil && from.N > 0 && res.Last < from.Last {
-			return fmt.Errorf("the archive goes up to entry %d, the ledger's log only to %d: the archive is not of this ledger", from.Last, res.Last)
+		k, v = c.First()
+	} else {
+		if !sameAnchor(a, st.anchor) {
+			return errPrunedMeanwhile // entries are removed only with the anchor moved
 		}
-		if anchor == nil {
-			if newestPrune != nil {
-				return fmt.Errorf("audit entry %d records a prune, but the ledger holds no anchor: the anchor was removed", newestPrune.Seq)
-			}
+		var seek [8]byte
+		binary.BigEndian.PutUint64(seek[:], st.res.Last+1)
+		k, v = c.Seek(seek[:])
+	}
+	res, anchor := &st.res, st.anchor
+	for n := 0; ; n++ {
+		if k == nil || beUint64(k) > st.end {
+			st.done = true
 			return nil
 		}
+		if n == verifyChunk {
+			return nil // the next transaction goes on from here
+		}
+		if res.Entries%1024 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var e AuditEntry
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("audit entry %x: not JSON: %w", k, err)
+		}
+		if e.Seq != binary.BigEndian.Uint64(k) {
+			return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
+		}
+		if res.Entries == 0 && e.Seq != st.want {
+			if anchor == nil {
+				return fmt.Errorf("audit entry %d is the first, but no anchor records a prune: entries 1-%d were removed", e.Seq, e.Seq-1)
+			}
+			return fmt.Errorf("audit entry %d is the first kept, but the anchor is entry %d: the entries between are missing, or the anchor was changed", e.Seq, anchor.Seq)
+		}
+		if from != nil && anchor == nil && from.N > 0 && e.Seq == from.Last && e.Hash != from.Hash {
+			// An archive (export) of a log never pruned: two chains that
+			// verify and agree on an entry's hash agree on every entry
+			// before it.
+			return fmt.Errorf("audit entry %d: the archive's copy (hash %.12s…) differs from the ledger's (%.12s…)", e.Seq, from.Hash, e.Hash)
+		}
+		if err := e.verifyChain(st.prev); err != nil {
+			if res.Entries == 0 && anchor != nil {
+				return fmt.Errorf("%w (the anchor says entry %d has hash %.12s…: the anchor or the first kept entry was changed)", err, anchor.Seq, anchor.Hash)
+			}
+			return err
+		}
+		if e.Event == EventAuditPruned {
+			ec := e
+			st.newestPrune = &ec
+		}
+		st.prev = e.Hash
 		if res.Entries == 0 {
-			return fmt.Errorf("the log was pruned through entry %d but holds no entry after it: the prune record was removed", anchor.Seq)
+			res.First = e.Seq
 		}
-		if newestPrune == nil {
-			return fmt.Errorf("the anchor says entries through %d were pruned, but no prune record is in the log: the anchor or the log was changed", anchor.Seq)
-		}
-		m := prunedRe.FindStringSubmatch(newestPrune.Detail)
-		if m == nil || m[1] != strconv.FormatUint(anchor.Seq, 10) || m[2] != anchor.Hash {
-			return fmt.Errorf("the anchor (entry %d, hash %.12s…) is not the one the newest prune record (entry %d) names: the anchor was changed", anchor.Seq, anchor.Hash, newestPrune.Seq)
+		res.Last = e.Seq
+		res.Entries++
+		k, v = c.Next()
+	}
+}
+
+// finish checks, once every entry is checked, what the whole log must
+// show: the archive's end, and the anchor named by the newest prune.
+func (st *chainCheck) finish(from *AuditChain) error {
+	res, anchor, newestPrune := st.res, st.anchor, st.newestPrune
+	if from != nil && anchor == nil && from.N > 0 && res.Last < from.Last {
+		return fmt.Errorf("the archive goes up to entry %d, the ledger's log only to %d: the archive is not of this ledger", from.Last, res.Last)
+	}
+	if anchor == nil {
+		if newestPrune != nil {
+			return fmt.Errorf("audit entry %d records a prune, but the ledger holds no anchor: the anchor was removed", newestPrune.Seq)
 		}
 		return nil
-	})
-	return res, err
+	}
+	if res.Entries == 0 {
+		return fmt.Errorf("the log was pruned through entry %d but holds no entry after it: the prune record was removed", anchor.Seq)
+	}
+	if newestPrune == nil {
+		return fmt.Errorf("the anchor says entries through %d were pruned, but no prune record is in the log: the anchor or the log was changed", anchor.Seq)
+	}
+	m := prunedRe.FindStringSubmatch(newestPrune.Detail)
+	if m == nil || m[1] != strconv.FormatUint(anchor.Seq, 10) || m[2] != anchor.Hash {
+		return fmt.Errorf("the anchor (entry %d, hash %.12s…) is not the one the newest prune record (entry %d) names: the anchor was changed", anchor.Seq, anchor.Hash, newestPrune.Seq)
+	}
+	return nil
 }
 
 // AuditChain checks a sequence of audit entries read from an archive (an

@@ -49,6 +49,7 @@ func RunAuditPrune(t *testing.T, open func(t *testing.T) ledger.Backend) {
 			p.setAnchor(a)
 		})},
 		{"ManyBatchesAndTwoPrunes", pruneManyBatches},
+		{"LongLogVerifiedInChunks", pruneLongLog},
 		{"RefusesBrokenChainAndFuture", pruneRefuses},
 		{"ArchiveFailurePrunesNothing", pruneArchiveFails},
 	}
@@ -304,6 +305,44 @@ func pruneTamperedKept(t *testing.T, p *pruneEnv) {
 	})
 	if _, err := p.l.VerifyAuditChain(p.ctx, nil); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("audit entry %d", kept)) {
 		t.Errorf("verify with kept entry %d edited = %v; want it named", kept, err)
+	}
+}
+
+// pruneLongLog: a log longer than one verification transaction reads
+// (4096 entries) verifies whole, after a prune too; an entry edited in a
+// later chunk, and an entry removed at a chunk's boundary, are found.
+func pruneLongLog(t *testing.T, p *pruneEnv) {
+	p.ops("t1", 2)
+	cutoff := p.clock.Now()
+	const n = 10000
+	for i := range n {
+		p.l.Audit(ledger.AuditEntry{Event: ledger.EventCall, Actor: ledger.Actor{Principal: "p", Tenant: "t1"}, Tool: "get_order", Key: fmt.Sprint("k", i), Decision: "read"})
+	}
+	whole := len(p.log())
+	if res, err := p.l.VerifyAuditChain(p.ctx, nil); err != nil || res.Entries != whole {
+		t.Fatalf("verify of %d entries = %+v, %v; want them all", whole, res, err)
+	}
+	pr, err := p.l.PruneAudit(p.ctx, cutoff, pruner, nil)
+	if err != nil || pr.Entries == 0 {
+		t.Fatalf("prune = %+v, %v", pr, err)
+	}
+	kept := p.log()
+	res, err := p.l.VerifyAuditChain(p.ctx, nil)
+	if err != nil || res.Entries != len(kept) || res.First != kept[0].Seq || res.Last != kept[len(kept)-1].Seq {
+		t.Fatalf("verify after the prune = %+v, %v; want entries %d-%d", res, err, kept[0].Seq, kept[len(kept)-1].Seq)
+	}
+	edited := kept[len(kept)-10].Seq // in the third transaction
+	p.raw(ledger.AuditCollection, seqKey(edited), func(v []byte) []byte {
+		return bytes.Replace(v, []byte(`"tool":"get_order"`), []byte(`"tool":"get_orders"`), 1)
+	})
+	if _, err := p.l.VerifyAuditChain(p.ctx, nil); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("audit entry %d", edited)) {
+		t.Errorf("verify with entry %d edited = %v; want it named", edited, err)
+	}
+	p.raw(ledger.AuditCollection, seqKey(edited), func([]byte) []byte { return nil })
+	boundary := kept[4096].Seq // the first entry of the second transaction
+	p.raw(ledger.AuditCollection, seqKey(boundary), func([]byte) []byte { return nil })
+	if _, err := p.l.VerifyAuditChain(p.ctx, nil); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("audit entry %d", boundary+1)) {
+		t.Errorf("verify with entry %d removed = %v; want the entry after it named", boundary, err)
 	}
 }
 
