@@ -455,9 +455,12 @@ func (b *backend) clockLoop() {
 
 // Now implements ledger.Clock: the database's clock as last sampled,
 // plus the monotonic time elapsed since the sample. The machine's wall
-// clock plays no part: a step of it (NTP, an operator, a VM resumed) is
-// never believed, and between samples the time moves only as fast as the
-// monotonic clock.
+// clock plays no part: a step of it (NTP, an operator) is never
+// believed, and between samples the time moves only as fast as the
+// monotonic clock. That clock stops while the machine is suspended, so a
+// replica resumed from a suspended VM runs behind the database by the
+// suspension until its next sample (at most ClockResync): behind, never
+// ahead, so a lease or an approval is never thought expired early.
 func (b *backend) Now() time.Time {
 	b.mu.Lock()
 	defer b.mu.Unlock()
