@@ -459,8 +459,10 @@ func (b *backend) clockLoop() {
 // believed, and between samples the time moves only as fast as the
 // monotonic clock. That clock stops while the machine is suspended, so a
 // replica resumed from a suspended VM runs behind the database by the
-// suspension until its next sample (at most ClockResync): behind, never
-// ahead, so a lease or an approval is never thought expired early.
+// suspension until its next sample (at most ClockResync); a lease it
+// writes meanwhile ends that much sooner for the other replicas, and is
+// handled as any lapsed lease (fencing by generation refuses the late
+// completion).
 func (b *backend) Now() time.Time {
 	b.mu.Lock()
 	defer b.mu.Unlock()
