@@ -150,10 +150,19 @@ func TestHostCheck(t *testing.T) {
 // the console's tests: an order is created at once, except for customer
 // cust-lost, whose create answers 500 (indeterminate: the operation
 // becomes unknown); the lookup by key is down (503), so nothing settles
-// an unknown operation but a person.
+// an unknown operation but a person. It answers an order it created by
+// id until vanish removes it; a change or a cancel finds no order (404).
 type orderAPI struct {
-	mu    sync.Mutex
-	posts int
+	mu     sync.Mutex
+	posts  int
+	placed map[string]orders.Order
+}
+
+// vanish removes an order, as another system deleting it would.
+func (a *orderAPI) vanish(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.placed, id)
 }
 
 func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -173,10 +182,22 @@ func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		total, _ := orders.Total(req.Items)
 		now := time.Now().UTC()
-		json.NewEncoder(w).Encode(orders.Order{OrderID: "ext-" + strconv.Itoa(a.posts), Version: 1, Status: orders.StatusPlaced, CustomerID: req.CustomerID,
-			Items: req.Items, Currency: req.Currency, TotalMinor: total, CreatedAt: now, UpdatedAt: now})
+		o := orders.Order{OrderID: "ext-" + strconv.Itoa(a.posts), Version: 1, Status: orders.StatusPlaced, CustomerID: req.CustomerID,
+			Items: req.Items, Currency: req.Currency, TotalMinor: total, CreatedAt: now, UpdatedAt: now}
+		if a.placed == nil {
+			a.placed = map[string]orders.Order{}
+		}
+		a.placed[o.OrderID] = o
+		json.NewEncoder(w).Encode(o)
 	case r.Method == http.MethodGet && r.URL.Query().Get("idempotency_key") != "":
 		http.Error(w, "lookup is down", http.StatusServiceUnavailable)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/orders/"):
+		o, ok := a.placed[strings.TrimPrefix(r.URL.Path, "/orders/")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		json.NewEncoder(w).Encode(o)
 	default:
 		http.NotFound(w, r)
 	}
@@ -355,5 +376,52 @@ func TestCrossTenantPostsChangeNothing(t *testing.T) {
 	}
 	if rec, _ := ac.cfg.Store.Get(ctx, "acme", ac.unknownKey); rec == nil || rec.State == ledger.StateUnknown {
 		t.Errorf("acme's resolve did not settle the operation: %+v", rec)
+	}
+}
+
+// TestDecideVanishedOrder: an approved change whose order vanished from
+// the order API meanwhile fails with not_found (the API's 404). The
+// approver sees that outcome — the approval used, the operation failed,
+// nothing applied — not the "no such approval" page a missing approval
+// gets, and the console's after-decision work runs. Another tenant's
+// approver posting the same decision still gets 404 and decides nothing.
+func TestDecideVanishedOrder(t *testing.T) {
+	ac := newAPIConsole(t)
+	ctx := t.Context()
+	after := 0
+	ac.cfg.AfterDecide = func(context.Context) { after++ }
+	alice := ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}
+	key := newKey(t)
+	held := ac.cfg.Service.Call(ctx, alice, "update_order", map[string]any{"operation_key": key, "order_id": "ext-1", "expected_version": 1,
+		"changes": map[string]any{"note": "leave at the door"}}, nil)
+	if held.Status != ledger.StateAwaitingApproval || held.Approval == nil {
+		t.Fatalf("update_order: %+v, want held for approval", held)
+	}
+	ac.api.vanish("ext-1")
+
+	zed := ac.login(t, "zed-token")
+	if r := ac.do("POST", "/ui/approvals/"+held.Approval.ID+"/decide", url.Values{"decision": {"approve"}}, zed); r.StatusCode != http.StatusNotFound {
+		t.Errorf("globex's approve of acme's approval: status %d, want 404", r.StatusCode)
+	}
+	if after != 0 {
+		t.Errorf("a refused cross-tenant decision ran the after-decision work %d times", after)
+	}
+
+	boss := ac.login(t, "boss-token")
+	r := ac.do("POST", "/ui/approvals/"+held.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "comment": {"ok"}}, boss)
+	b, _ := io.ReadAll(r.Body)
+	body := string(b)
+	if r.StatusCode != http.StatusConflict || !strings.Contains(body, `id="outcome-status">failed<`) || !strings.Contains(body, "<code>not_found</code>") || !strings.Contains(body, key) {
+		t.Errorf("approving the change of a vanished order: status %d, want 409 and the failed outcome (not_found) of %s\n%s", r.StatusCode, key, body)
+	}
+	if strings.Contains(body, "no approval") || strings.Contains(body, "There is no approval") {
+		t.Errorf("the outcome says there is no such approval:\n%s", body)
+	}
+	if after != 1 {
+		t.Errorf("the after-decision work ran %d times, want once", after)
+	}
+	rec, err := ac.cfg.Store.Get(ctx, "acme", key)
+	if err != nil || rec.State != ledger.StateFailed || rec.Approval == nil || rec.Approval.Status != ledger.ApprovalApproved || !ledger.CodeNotFound.Is(rec.Error) {
+		t.Errorf("the operation after the approval: %+v (%v), want failed with not_found and the approval approved", rec, err)
 	}
 }
