@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -279,7 +280,11 @@ func (ac *apiConsole) dead(t *testing.T) []*outbox.Message {
 	var out []*outbox.Message
 	if err := ac.cfg.Store.View(t.Context(), func(tx ledger.Tx) error {
 		var err error
-		out, err = outbox.DeadLetters(tx, "acme", 10)
+		var list *outbox.DeadLetterList
+		list, err = outbox.DeadLetters(tx, "acme", 10, 1000)
+		if list != nil {
+			out = list.Messages
+		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -425,3 +430,52 @@ func TestDecideVanishedOrder(t *testing.T) {
 		t.Errorf("the operation after the approval: %+v (%v), want failed with not_found and the approval approved", rec, err)
 	}
 }
+
+// TestAttentionDeadLetters: "Needs a person" lists the tenant's dead
+// letters although a message of the outbox is not valid JSON (it is
+// skipped and logged; the page fails for no tenant), and reads at most its
+// bound of messages, saying so on the page when the bound cut it short.
+func TestAttentionDeadLetters(t *testing.T) {
+	ac := newAPIConsole(t)
+	var logs strings.Builder
+	var logMu sync.Mutex
+	ac.cfg.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	if err := ac.cfg.Store.Update(t.Context(), func(tx ledger.Tx) error {
+		return tx.Put(outbox.Collection, "msg_0000", []byte(`{"message_id":`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	boss, zed := ac.login(t, "boss-token"), ac.login(t, "zed-token")
+	status, body := ac.get(t, "/ui/attention", boss)
+	if status != http.StatusOK || !strings.Contains(body, `id="msg-`+ac.deadID+`"`) || strings.Contains(body, `id="dead-truncated"`) {
+		t.Errorf("acme's page with an undecodable message in the outbox: status %d, want 200 with %s listed and nothing cut short\n%s", status, ac.deadID, body)
+	}
+	if status, body := ac.get(t, "/ui/attention", zed); status != http.StatusOK || !strings.Contains(body, `id="no-dead"`) {
+		t.Errorf("globex's page with an undecodable message in the outbox: status %d, want 200 with no dead letters\n%s", status, body)
+	}
+	logMu.Lock()
+	if !strings.Contains(logs.String(), "not valid JSON") || !strings.Contains(logs.String(), "msg_0000") {
+		t.Errorf("the skipped message was not logged:\n%s", logs.String())
+	}
+	logMu.Unlock()
+
+	// Two messages in the outbox, a bound of one: the page says it read
+	// only the first.
+	ac.deadScan = 1
+	status, body = ac.get(t, "/ui/attention", boss)
+	if note := section(body, "dead-truncated"); status != http.StatusOK || !strings.Contains(note, "Only the first 1 messages") {
+		t.Errorf("a dead-letter list cut short by its bound: status %d, want it said on the page\n%s", status, body)
+	}
+	ac.deadScan = 2
+	if _, body = ac.get(t, "/ui/attention", boss); strings.Contains(body, `id="dead-truncated"`) || !strings.Contains(body, `id="msg-`+ac.deadID+`"`) {
+		t.Errorf("a bound that reads the whole outbox: the page says it was cut short, or misses %s\n%s", ac.deadID, body)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
