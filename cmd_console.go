@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -136,7 +137,7 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	mux.Handle("/{$}", http.RedirectHandler("/ui/approvals", http.StatusSeeOther))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	printLogin(stderr, "http://"+displayAddr(ln.Addr().String()), publicURL, c, link)
+	printLogin(stderr, ln.Addr().String(), publicURL, c, link)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -159,19 +160,49 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 // with link (the --principal or --token approver), a one-time login link
 // valid for 15 minutes; without, the login page, where people log in
 // with their own tokens (a link logging in by itself would have to choose
-// one of the tokens file's approvers for whoever reads this). base is the
-// local address; publicURL, when set, is given too.
-func printLogin(w io.Writer, base, publicURL string, c *console.Console, link *server.Identity) {
+// one of the tokens file's approvers for whoever reads this). listenAddr
+// is the console's listener; publicURL, when set, is given too.
+//
+// With an https publicURL and a listener that is not loopback, only the
+// public address is printed: the session cookie is Secure then, and a
+// browser drops it over the listener's plain http (only loopback
+// addresses are trusted without TLS) — and since both addresses would
+// carry the one code, opening the local one would spend the public one.
+func printLogin(w io.Writer, listenAddr, publicURL string, c *console.Console, link *server.Identity) {
+	bases := []string{"http://" + displayAddr(listenAddr)}
+	localDropped := publicURL != "" && strings.HasPrefix(strings.ToLower(publicURL), "https://") && !loopbackListener(listenAddr)
+	if localDropped {
+		bases = []string{publicURL}
+	} else if publicURL != "" {
+		bases = append(bases, publicURL)
+	}
 	path := console.Prefix + "/login"
 	if link != nil {
 		path = c.LoginLink(console.Identity{Principal: link.Principal, Tenant: link.Tenant, Role: link.Role}, 15*time.Minute)
-		fmt.Fprintf(w, "idemgate console: open this link to log in as %s (tenant %s); it works once, within 15 minutes:\n\n    %s%s\n\n", link.Principal, link.Tenant, base, path)
+		fmt.Fprintf(w, "idemgate console: open this link to log in as %s (tenant %s); it works once, within 15 minutes:\n\n    %s%s\n\n", link.Principal, link.Tenant, bases[0], path)
 	} else {
-		fmt.Fprintf(w, "idemgate console: open the login page and log in with an approver's token (idemgate tokens add --role approver):\n\n    %s%s\n\n(give --principal P --tenant T, or --token, for a one-time link that logs in by itself)\n", base, path)
+		fmt.Fprintf(w, "idemgate console: open the login page and log in with an approver's token (idemgate tokens add --role approver):\n\n    %s%s\n\n(give --principal P --tenant T, or --token, for a one-time link that logs in by itself)\n", bases[0], path)
 	}
-	if publicURL != "" {
-		fmt.Fprintf(w, "or the same through --public-url:\n\n    %s%s\n\n", publicURL, path)
+	if len(bases) > 1 {
+		fmt.Fprintf(w, "or the same through --public-url:\n\n    %s%s\n\n", bases[1], path)
 	}
+	if localDropped {
+		fmt.Fprintf(w, "(the console's own address, http://%s, is not for logging in: the https --public-url makes the session cookie Secure, which a browser does not keep over plain http there)\n", displayAddr(listenAddr))
+	}
+}
+
+// loopbackListener reports whether a listen address is on a loopback
+// interface only (an unspecified host listens on every interface).
+func loopbackListener(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // displayAddr is a listen address as a browser should open it: an

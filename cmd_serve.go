@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -83,6 +84,9 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	var origins *server.Origins
 	if *httpAddr != "" {
+		if err := lf.load(); err != nil { // for the console's public URL
+			return err
+		}
 		list := server.DefaultOrigins(*httpAddr)
 		if *allowedOrigins != "" {
 			list = append(list, strings.Split(*allowedOrigins, ",")...)
@@ -90,6 +94,9 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		var err error
 		if origins, err = server.ParseOrigins(list); err != nil {
 			return usageError{fmt.Errorf("--allowed-origins: %w", err)}
+		}
+		if origins, err = withConsoleOrigin(list, lf.file.Console.PublicURL); err != nil {
+			return usageError{fmt.Errorf("[console] public_url / --public-url: %w", err)}
 		}
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
@@ -172,6 +179,22 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		err = nil
 	}
 	return err
+}
+
+// withConsoleOrigin is the allowed origins of serve --http: list (the
+// server's own and --allowed-origins) and, with a console public URL, that
+// URL's origin. The console's pages, opened there through a proxy, post
+// back with it as Origin, and the proxy passes its host as Host, which the
+// loopback Host check then admits too (the hosts of allowed origins pass).
+func withConsoleOrigin(list []string, publicURL string) (*server.Origins, error) {
+	if publicURL != "" {
+		o, err := server.OriginOf(publicURL)
+		if err != nil {
+			return nil, err
+		}
+		list = append(slices.Clip(list), o)
+	}
+	return server.ParseOrigins(list)
 }
 
 // sweepEvery is the retention sweep's period.

@@ -126,7 +126,7 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.ordersTimeout, "orders-api-timeout", 10*time.Second, "bound on one call to the order API")
 	fs.StringVar(&l.notifyWebhook, "notify-webhook", env("IDEMGATE_NOTIFY_WEBHOOK", ""), "POST notifications to this gateway URL (Idempotency-Key = message id) instead of writing files (env IDEMGATE_NOTIFY_WEBHOOK)")
 	fs.StringVar(&l.approvalWebhook, "approval-notify-webhook", env("IDEMGATE_APPROVAL_NOTIFY_WEBHOOK", ""), "POST a notice to this URL when an approval is requested, through the outbox (config [approvals] notify_webhook; needs --public-url; env IDEMGATE_APPROVAL_NOTIFY_WEBHOOK; the signing secret: notify_secret or env IDEMGATE_APPROVAL_NOTIFY_SECRET)")
-	fs.StringVar(&l.publicURL, "public-url", env("IDEMGATE_PUBLIC_URL", ""), "the console's URL as people open it, e.g. https://gate.example.com: the base of the links in approvers' notices (config [console] public_url; env IDEMGATE_PUBLIC_URL)")
+	fs.StringVar(&l.publicURL, "public-url", env("IDEMGATE_PUBLIC_URL", ""), "the console's URL as people open it, e.g. https://gate.example.com: the base of the links in approvers' notices; an https one makes the console's cookie Secure, and serve --http allows its origin and host (config [console] public_url; env IDEMGATE_PUBLIC_URL)")
 	l.fs = fs
 }
 

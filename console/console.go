@@ -118,6 +118,9 @@ type Console struct {
 	overview overviewState
 	// publicHost is PublicURL's host[:port], "" without one.
 	publicHost string
+	// deadScan bounds the messages the dead-letter list reads (deadScan;
+	// tests lower it).
+	deadScan int
 }
 
 type session struct {
@@ -155,7 +158,7 @@ func New(cfg Config) *Console {
 		cfg.Secure = cfg.Secure || strings.EqualFold(u.Scheme, "https")
 		publicHost = u.Host
 	}
-	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, publicHost: publicHost}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, publicHost: publicHost, deadScan: deadScan}
 	c.pages = parsePages()
 	static, _ := fs.Sub(staticFS, "static")
 	c.mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", cacheStatic(http.FileServerFS(static))))

@@ -12,16 +12,27 @@ import (
 // deadLimit bounds how many dead-lettered messages the page lists.
 const deadLimit = 200
 
+// deadScan bounds how many outbox messages (of every tenant) the
+// dead-letter list reads per view; the page says when it was reached.
+const deadScan = 10000
+
 // deadLetters returns the tenant's dead-lettered messages (at most
-// deadLimit).
-func (c *Console) deadLetters(r *http.Request, tenant string) ([]*outbox.Message, error) {
-	var out []*outbox.Message
+// deadLimit, from at most c.deadScan messages read). Messages that are
+// not valid JSON are skipped and logged.
+func (c *Console) deadLetters(r *http.Request, tenant string) (*outbox.DeadLetterList, error) {
+	var out *outbox.DeadLetterList
 	err := c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
 		var err error
-		out, err = outbox.DeadLetters(tx, tenant, deadLimit)
+		out, err = outbox.DeadLetters(tx, tenant, deadLimit, c.deadScan)
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	if n := len(out.Undecodable); n > 0 {
+		c.cfg.Logger.Error("console: outbox messages that are not valid JSON were skipped in the dead-letter list", "count", n, "message_ids", out.Undecodable[:min(n, 10)])
+	}
+	return out, nil
 }
 
 // requeue puts one dead-lettered message of the session's tenant back in

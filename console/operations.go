@@ -30,6 +30,10 @@ type opsPage struct {
 	AuditN   int
 	Answer   *outcome
 	Dead     []*outbox.Message
+	// DeadScanned is how many outbox messages the dead-letter list read;
+	// DeadTruncated, that it stopped at its bound with messages left.
+	DeadScanned   int
+	DeadTruncated bool
 }
 
 type opsFilter struct {
@@ -112,7 +116,7 @@ func (c *Console) attentionPage(w http.ResponseWriter, r *http.Request, id Ident
 		c.apiError(w, r, id, err)
 		return
 	}
-	p.Dead = dead
+	p.Dead, p.DeadScanned, p.DeadTruncated = dead.Messages, dead.Scanned, dead.Truncated
 	c.listOps(w, r, id, &p, ledger.StateUnknown, "attention")
 }
 

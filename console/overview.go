@@ -67,11 +67,17 @@ func (o *overviewState) lastCheck() (verifyResult, time.Time) {
 
 // verifyResult is the outcome of one verification of the audit chain.
 type verifyResult struct {
-	At      time.Time // zero: never checked by this console
-	By      string    // who asked: a principal, or "" for the console's start
-	Entries int
-	Took    time.Duration
-	Err     string // the chain does not verify, or could not be read
+	At time.Time // zero: never checked by this console
+	// By is who asked: a principal, or "" for the console's start; ByTenant
+	// is the tenant of the session that asked. The chain is every tenant's,
+	// so every tenant sees the result, but only By's own tenant sees By
+	// (overviewPage clears it for the others and sets ByOtherTenant).
+	By            string
+	ByTenant      string
+	ByOtherTenant bool
+	Entries       int
+	Took          time.Duration
+	Err           string // the chain does not verify, or could not be read
 	// Unfinished: the check ended before it reached the end of the log
 	// (its time bound, or a shutdown); it proved nothing.
 	Unfinished bool
@@ -86,13 +92,13 @@ type verifyResult struct {
 func (c *Console) VerifyAtStart(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, startVerifyTimeout)
 	defer cancel()
-	c.checkChain(ctx, "")
+	c.checkChain(ctx, "", "")
 }
 
 // checkChain verifies the whole audit chain (ledger.Store.VerifyAudit),
 // one check at a time, and keeps its result; by is who asked ("": the
-// console's start).
-func (c *Console) checkChain(ctx context.Context, by string) verifyResult {
+// console's start) and byTenant the tenant of its session.
+func (c *Console) checkChain(ctx context.Context, by, byTenant string) verifyResult {
 	o := &c.overview
 	o.verifyMu.Lock()
 	defer o.verifyMu.Unlock()
@@ -101,7 +107,7 @@ func (c *Console) checkChain(ctx context.Context, by string) verifyResult {
 	o.resultMu.Unlock()
 	start := time.Now()
 	n, err := c.cfg.Store.VerifyAudit(ctx)
-	res := verifyResult{At: c.cfg.Now(), By: by, Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
+	res := verifyResult{At: c.cfg.Now(), By: by, ByTenant: byTenant, Entries: n, Took: time.Since(start).Round(100 * time.Microsecond)}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		res.Unfinished = true
@@ -192,6 +198,11 @@ func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request, id Identi
 	})
 	p.Charts = overviewCharts(series, win.width)
 	p.Verify, p.Verifying = c.overview.lastCheck()
+	if p.Verify.By != "" && p.Verify.ByTenant != id.Tenant {
+		// Another tenant's approver asked: its principal is not this
+		// tenant's to see.
+		p.Verify.By, p.Verify.ByOtherTenant = "", true
+	}
 	switch r.URL.Query().Get("verified") {
 	case "1":
 		p.Notice = "The audit chain was verified."
@@ -223,7 +234,7 @@ func (c *Console) verify(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 	o.resultMu.Unlock()
 	if q == "1" {
-		c.checkChain(r.Context(), id.Principal)
+		c.checkChain(r.Context(), id.Principal, id.Tenant)
 	}
 	http.Redirect(w, r, Prefix+"/overview?verified="+q+"&window="+window, http.StatusSeeOther)
 }

@@ -86,6 +86,42 @@ func TestVerifyAtStart(t *testing.T) {
 	}
 }
 
+// TestVerifyByTenant: the chain is every tenant's, so a check one
+// tenant's approver asked for is shown to every tenant — but who asked is
+// named only to that tenant: acme's approvers never see globex's
+// principal, nor globex's acme's.
+func TestVerifyByTenant(t *testing.T) {
+	tc := newTestConsole(t)
+	placeOne(t, tc)
+	boss, zed := tc.login(t, "boss-token"), tc.login(t, "zed-token")
+	chain := func(c *http.Cookie) string {
+		t.Helper()
+		_, body := tc.get(t, "/ui/overview", c)
+		return section(body, "audit-chain")
+	}
+	press := func(c *http.Cookie) {
+		t.Helper()
+		if r := tc.do("POST", "/ui/overview/verify", url.Values{}, c); r.Header.Get("Location") != "/ui/overview?verified=1&window=48h" {
+			t.Fatalf("a press of Verify: to %q, want a new check", r.Header.Get("Location"))
+		}
+	}
+	press(boss)
+	if got := chain(boss); !strings.Contains(got, "Intact") || !strings.Contains(got, "for boss") {
+		t.Errorf("acme's overview after boss's check does not name boss:\n%s", got)
+	}
+	if got := chain(zed); !strings.Contains(got, "Intact") || strings.Contains(got, "boss") || !strings.Contains(got, "for an approver of another tenant") {
+		t.Errorf("globex's overview after acme's check: want it intact, checked for another tenant, without acme's principal:\n%s", got)
+	}
+	tc.setNow(tc.cfg.Now().Add(2 * verifyEvery))
+	press(zed)
+	if got := chain(zed); !strings.Contains(got, "for zed") {
+		t.Errorf("globex's overview after zed's check does not name zed:\n%s", got)
+	}
+	if got := chain(boss); strings.Contains(got, "zed") || !strings.Contains(got, "for an approver of another tenant") {
+		t.Errorf("acme's overview after globex's check shows globex's principal:\n%s", got)
+	}
+}
+
 // TestVerifyAtStartBounded: a check at the start that cannot finish in
 // its time (here: its context has ended before it reads the log) stops
 // and proves nothing; the Overview says so and does not call the chain

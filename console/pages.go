@@ -212,13 +212,18 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
 		return
 	}
 	approvalID := r.PathValue("id")
-	resp := c.cfg.Service.Decide(r.Context(), actor(id), tools.DecideRequest{ApprovalID: approvalID, Decision: decision, Comment: comment})
-	if resp.Error != nil && resp.Error.Code == string(tools.CodeNotFound) {
-		// No such approval in the session's tenant (another tenant's, or
-		// none): nothing was decided, and there is no outcome to show.
-		c.errorPage(w, r, &id, http.StatusNotFound, resp.Error.Message)
+	// The approval must be the session's tenant's before anything is
+	// decided: another tenant's, or none, answers 404 and decides nothing.
+	// The decision's own answer cannot tell that apart, since not_found is
+	// also the outcome of an approved change or cancel whose order has
+	// vanished — the approval used, the operation failed — which is shown
+	// as the outcome it is. (An approval is never deleted while it can be
+	// decided, so one found here is still there for Decide.)
+	if _, err := c.cfg.Service.ShowApproval(r.Context(), actor(id), approvalID); err != nil {
+		c.apiError(w, r, id, err)
 		return
 	}
+	resp := c.cfg.Service.Decide(r.Context(), actor(id), tools.DecideRequest{ApprovalID: approvalID, Decision: decision, Comment: comment})
 	if c.cfg.AfterDecide != nil {
 		c.cfg.AfterDecide(r.Context())
 	}

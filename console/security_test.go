@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -150,10 +151,19 @@ func TestHostCheck(t *testing.T) {
 // the console's tests: an order is created at once, except for customer
 // cust-lost, whose create answers 500 (indeterminate: the operation
 // becomes unknown); the lookup by key is down (503), so nothing settles
-// an unknown operation but a person.
+// an unknown operation but a person. It answers an order it created by
+// id until vanish removes it; a change or a cancel finds no order (404).
 type orderAPI struct {
-	mu    sync.Mutex
-	posts int
+	mu     sync.Mutex
+	posts  int
+	placed map[string]orders.Order
+}
+
+// vanish removes an order, as another system deleting it would.
+func (a *orderAPI) vanish(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.placed, id)
 }
 
 func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -173,10 +183,22 @@ func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		total, _ := orders.Total(req.Items)
 		now := time.Now().UTC()
-		json.NewEncoder(w).Encode(orders.Order{OrderID: "ext-" + strconv.Itoa(a.posts), Version: 1, Status: orders.StatusPlaced, CustomerID: req.CustomerID,
-			Items: req.Items, Currency: req.Currency, TotalMinor: total, CreatedAt: now, UpdatedAt: now})
+		o := orders.Order{OrderID: "ext-" + strconv.Itoa(a.posts), Version: 1, Status: orders.StatusPlaced, CustomerID: req.CustomerID,
+			Items: req.Items, Currency: req.Currency, TotalMinor: total, CreatedAt: now, UpdatedAt: now}
+		if a.placed == nil {
+			a.placed = map[string]orders.Order{}
+		}
+		a.placed[o.OrderID] = o
+		json.NewEncoder(w).Encode(o)
 	case r.Method == http.MethodGet && r.URL.Query().Get("idempotency_key") != "":
 		http.Error(w, "lookup is down", http.StatusServiceUnavailable)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/orders/"):
+		o, ok := a.placed[strings.TrimPrefix(r.URL.Path, "/orders/")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		json.NewEncoder(w).Encode(o)
 	default:
 		http.NotFound(w, r)
 	}
@@ -258,7 +280,11 @@ func (ac *apiConsole) dead(t *testing.T) []*outbox.Message {
 	var out []*outbox.Message
 	if err := ac.cfg.Store.View(t.Context(), func(tx ledger.Tx) error {
 		var err error
-		out, err = outbox.DeadLetters(tx, "acme", 10)
+		var list *outbox.DeadLetterList
+		list, err = outbox.DeadLetters(tx, "acme", 10, 1000)
+		if list != nil {
+			out = list.Messages
+		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -357,3 +383,99 @@ func TestCrossTenantPostsChangeNothing(t *testing.T) {
 		t.Errorf("acme's resolve did not settle the operation: %+v", rec)
 	}
 }
+
+// TestDecideVanishedOrder: an approved change whose order vanished from
+// the order API meanwhile fails with not_found (the API's 404). The
+// approver sees that outcome — the approval used, the operation failed,
+// nothing applied — not the "no such approval" page a missing approval
+// gets, and the console's after-decision work runs. Another tenant's
+// approver posting the same decision still gets 404 and decides nothing.
+func TestDecideVanishedOrder(t *testing.T) {
+	ac := newAPIConsole(t)
+	ctx := t.Context()
+	after := 0
+	ac.cfg.AfterDecide = func(context.Context) { after++ }
+	alice := ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}
+	key := newKey(t)
+	held := ac.cfg.Service.Call(ctx, alice, "update_order", map[string]any{"operation_key": key, "order_id": "ext-1", "expected_version": 1,
+		"changes": map[string]any{"note": "leave at the door"}}, nil)
+	if held.Status != ledger.StateAwaitingApproval || held.Approval == nil {
+		t.Fatalf("update_order: %+v, want held for approval", held)
+	}
+	ac.api.vanish("ext-1")
+
+	zed := ac.login(t, "zed-token")
+	if r := ac.do("POST", "/ui/approvals/"+held.Approval.ID+"/decide", url.Values{"decision": {"approve"}}, zed); r.StatusCode != http.StatusNotFound {
+		t.Errorf("globex's approve of acme's approval: status %d, want 404", r.StatusCode)
+	}
+	if after != 0 {
+		t.Errorf("a refused cross-tenant decision ran the after-decision work %d times", after)
+	}
+
+	boss := ac.login(t, "boss-token")
+	r := ac.do("POST", "/ui/approvals/"+held.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "comment": {"ok"}}, boss)
+	b, _ := io.ReadAll(r.Body)
+	body := string(b)
+	if r.StatusCode != http.StatusConflict || !strings.Contains(body, `id="outcome-status">failed<`) || !strings.Contains(body, "<code>not_found</code>") || !strings.Contains(body, key) {
+		t.Errorf("approving the change of a vanished order: status %d, want 409 and the failed outcome (not_found) of %s\n%s", r.StatusCode, key, body)
+	}
+	if strings.Contains(body, "no approval") || strings.Contains(body, "There is no approval") {
+		t.Errorf("the outcome says there is no such approval:\n%s", body)
+	}
+	if after != 1 {
+		t.Errorf("the after-decision work ran %d times, want once", after)
+	}
+	rec, err := ac.cfg.Store.Get(ctx, "acme", key)
+	if err != nil || rec.State != ledger.StateFailed || rec.Approval == nil || rec.Approval.Status != ledger.ApprovalApproved || !ledger.CodeNotFound.Is(rec.Error) {
+		t.Errorf("the operation after the approval: %+v (%v), want failed with not_found and the approval approved", rec, err)
+	}
+}
+
+// TestAttentionDeadLetters: "Needs a person" lists the tenant's dead
+// letters although a message of the outbox is not valid JSON (it is
+// skipped and logged; the page fails for no tenant), and reads at most its
+// bound of messages, saying so on the page when the bound cut it short.
+func TestAttentionDeadLetters(t *testing.T) {
+	ac := newAPIConsole(t)
+	var logs strings.Builder
+	var logMu sync.Mutex
+	ac.cfg.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	if err := ac.cfg.Store.Update(t.Context(), func(tx ledger.Tx) error {
+		return tx.Put(outbox.Collection, "msg_0000", []byte(`{"message_id":`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	boss, zed := ac.login(t, "boss-token"), ac.login(t, "zed-token")
+	status, body := ac.get(t, "/ui/attention", boss)
+	if status != http.StatusOK || !strings.Contains(body, `id="msg-`+ac.deadID+`"`) || strings.Contains(body, `id="dead-truncated"`) {
+		t.Errorf("acme's page with an undecodable message in the outbox: status %d, want 200 with %s listed and nothing cut short\n%s", status, ac.deadID, body)
+	}
+	if status, body := ac.get(t, "/ui/attention", zed); status != http.StatusOK || !strings.Contains(body, `id="no-dead"`) {
+		t.Errorf("globex's page with an undecodable message in the outbox: status %d, want 200 with no dead letters\n%s", status, body)
+	}
+	logMu.Lock()
+	if !strings.Contains(logs.String(), "not valid JSON") || !strings.Contains(logs.String(), "msg_0000") {
+		t.Errorf("the skipped message was not logged:\n%s", logs.String())
+	}
+	logMu.Unlock()
+
+	// Two messages in the outbox, a bound of one: the page says it read
+	// only the first.
+	ac.deadScan = 1
+	status, body = ac.get(t, "/ui/attention", boss)
+	if note := section(body, "dead-truncated"); status != http.StatusOK || !strings.Contains(note, "Only the first 1 messages") {
+		t.Errorf("a dead-letter list cut short by its bound: status %d, want it said on the page\n%s", status, body)
+	}
+	ac.deadScan = 2
+	if _, body = ac.get(t, "/ui/attention", boss); strings.Contains(body, `id="dead-truncated"`) || !strings.Contains(body, `id="msg-`+ac.deadID+`"`) {
+		t.Errorf("a bound that reads the whole outbox: the page says it was cut short, or misses %s\n%s", ac.deadID, body)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

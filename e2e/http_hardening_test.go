@@ -225,6 +225,68 @@ func TestHTTPOrigin(t *testing.T) {
 	}
 }
 
+// TestHTTPConsolePublicURL: under `serve --http` with a console public
+// URL, the console served behind a proxy at that URL works: its pages'
+// posts carry the public origin, which the transport's Origin check
+// allows, and the proxy passes the public host, which the loopback Host
+// check allows — a login from there gets its session. Another origin is
+// still refused, and so is another host.
+func TestHTTPConsolePublicURL(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.json")
+	boss := addToken(t, tokens, "boss", "acme", "approver")
+	p := startHTTP(t, filepath.Join(dir, "ledger.db"), tokens, 0, "--public-url", "https://gate.example.com")
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	send := func(method, host, origin string, form url.Values) (*http.Response, string) {
+		t.Helper()
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		req, err := http.NewRequest(method, p.base+"/ui/login", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	if resp, body := send("GET", "gate.example.com", "", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("the login page through the public host: status %d, want 200\n%s", resp.StatusCode, body)
+	}
+	resp, body := send("POST", "gate.example.com", "https://gate.example.com", url.Values{"token": {boss}})
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "idemgate_console" {
+			session = c
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || session == nil || !session.Secure {
+		t.Errorf("a login posted from the public URL's page: status %d, cookies %v; want 303 and a Secure session\n%s", resp.StatusCode, resp.Cookies(), body)
+	}
+	for _, c := range []struct{ host, origin string }{
+		{"gate.example.com", "https://evil.example"},
+		{"gate.example.com", "http://gate.example.com"}, // not the public URL's scheme
+		{"evil.example", "https://gate.example.com"},
+	} {
+		if resp, body := send("POST", c.host, c.origin, url.Values{"token": {boss}}); resp.StatusCode != http.StatusForbidden {
+			t.Errorf("a login with Host %s, Origin %s: status %d, want 403\n%s", c.host, c.origin, resp.StatusCode, body)
+		}
+	}
+}
+
 // TestHTTPSessionsAcrossProcesses: two server processes on one ledger
 // behind a round-robin balancer serve one 2025-11-25 session without
 // affinity; every call is audited with the client's name and version

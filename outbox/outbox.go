@@ -170,25 +170,55 @@ func OfOperation(tx ledger.Tx, tenant, key, incarnation string) ([]*Message, err
 	return out, err
 }
 
+// DeadLetterList is what DeadLetters found.
+type DeadLetterList struct {
+	// Messages are the tenant's dead letters found, in message id order.
+	Messages []*Message
+	// Scanned is how many messages (of every tenant) were read.
+	Scanned int
+	// Truncated: the read stopped at its bound with messages left unread,
+	// among which there may be more of the tenant's dead letters.
+	Truncated bool
+	// Undecodable are the ids of the messages read that are not valid
+	// JSON: they were skipped, for the caller to log.
+	Undecodable []string
+}
+
 // DeadLetters returns up to limit of tenant's dead-lettered messages (see
-// Requeue), in message id order. There is no index of dead letters: it
-// reads the messages of every tenant until it has limit of them, so its
-// cost grows with the outbox. A message that is not valid JSON is an
-// error.
-func DeadLetters(tx ledger.Tx, tenant string, limit int) ([]*Message, error) {
-	var out []*Message
-	if limit <= 0 {
+// Requeue), in message id order, reading at most scan messages of the
+// outbox. There is no index of dead letters: it reads the messages of every
+// tenant until it has limit of them or has read scan, so its cost is
+// bounded by scan, not by the outbox; Truncated says when it stopped at
+// scan with messages left. A message that is not valid JSON is skipped
+// and named in Undecodable, so that one damaged message of any tenant
+// does not hide every tenant's dead letters. Errors: the transaction's.
+//
+// Why not an index kept where a message becomes dead and where it is
+// requeued: every process writing the outbox would have to keep it —
+// older builds sharing the ledger during an upgrade would not, and their
+// dead letters would not be listed — and ledgers that already hold dead
+// letters would need it built first; the bounded scan needs neither and
+// adds nothing to the delivery path.
+func DeadLetters(tx ledger.Tx, tenant string, limit, scan int) (*DeadLetterList, error) {
+	out := &DeadLetterList{}
+	if limit <= 0 || scan <= 0 {
 		return out, nil
 	}
 	err := tx.Scan(Collection, "", false, func(id string, v []byte) (bool, error) {
+		if out.Scanned == scan {
+			out.Truncated = true // one more message than scan: some are left
+			return false, nil
+		}
+		out.Scanned++
 		var m Message
 		if err := json.Unmarshal(v, &m); err != nil {
-			return false, fmt.Errorf("outbox message %s: %w", id, err)
+			out.Undecodable = append(out.Undecodable, id)
+			return true, nil
 		}
 		if m.Tenant == tenant && m.State == MessageDead {
-			out = append(out, &m)
+			out.Messages = append(out.Messages, &m)
 		}
-		return len(out) < limit, nil
+		return len(out.Messages) < limit, nil
 	})
 	return out, err
 }

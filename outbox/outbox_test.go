@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -347,18 +348,16 @@ func TestPassSyncsAndCreateModes(t *testing.T) {
 	}
 }
 
-// TestDeadLetters: DeadLetters lists the tenant's dead-lettered messages
-// only — not its queued or delivered ones, not another tenant's — and at
-// most limit of them.
-func TestDeadLetters(t *testing.T) {
-	ctx := context.Background()
-	s := mustOpen(t)
+// deadFixture writes five messages — t1's dead, queued, delivered and
+// dead again, t2's dead — and returns t1's dead ones' ids.
+func deadFixture(t *testing.T, s ledger.Store) map[string]bool {
+	t.Helper()
 	want := map[string]bool{}
 	for i, c := range []struct{ tenant, state string }{
 		{"t1", MessageDead}, {"t1", MessageQueued}, {"t1", MessageDelivered}, {"t2", MessageDead}, {"t1", MessageDead},
 	} {
 		m := &Message{Tenant: c.tenant, OperationKey: fmt.Sprintf("k%d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hi"}
-		if err := s.Update(ctx, func(tx ledger.Tx) error {
+		if err := s.Update(context.Background(), func(tx ledger.Tx) error {
 			if err := Enqueue(tx, m); err != nil {
 				return err
 			}
@@ -371,29 +370,104 @@ func TestDeadLetters(t *testing.T) {
 			want[m.MessageID] = true
 		}
 	}
-	var all, one []*Message
-	if err := s.View(ctx, func(tx ledger.Tx) error {
+	return want
+}
+
+// readCounter is a transaction that counts the values its scans read.
+type readCounter struct {
+	ledger.Tx
+	read int
+}
+
+func (r *readCounter) Scan(collection, prefix string, reverse bool, fn func(string, []byte) (bool, error)) error {
+	return r.Tx.Scan(collection, prefix, reverse, func(k string, v []byte) (bool, error) {
+		r.read++
+		return fn(k, v)
+	})
+}
+
+func deadLetters(t *testing.T, s ledger.Store, tenant string, limit, scan int) (*DeadLetterList, int) {
+	t.Helper()
+	var out *DeadLetterList
+	var read int
+	if err := s.View(context.Background(), func(tx ledger.Tx) error {
+		rc := &readCounter{Tx: tx}
 		var err error
-		if all, err = DeadLetters(tx, "t1", 10); err != nil {
-			return err
-		}
-		one, err = DeadLetters(tx, "t1", 1)
+		out, err = DeadLetters(rc, tenant, limit, scan)
+		read = rc.read
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return out, read
+}
+
+// TestDeadLetters: DeadLetters lists the tenant's dead-lettered messages
+// only — not its queued or delivered ones, not another tenant's — and at
+// most limit of them.
+func TestDeadLetters(t *testing.T) {
+	s := mustOpen(t)
+	want := deadFixture(t, s)
+	all, _ := deadLetters(t, s, "t1", 10, 100)
 	got := map[string]bool{}
-	for _, m := range all {
+	for _, m := range all.Messages {
 		got[m.MessageID] = true
 		if m.Tenant != "t1" || m.State != MessageDead {
 			t.Errorf("listed %s of %s in state %s", m.MessageID, m.Tenant, m.State)
 		}
 	}
-	if len(all) != len(want) || len(got) != len(want) {
-		t.Errorf("DeadLetters(t1) = %v, want %v", got, want)
+	if len(all.Messages) != len(want) || len(got) != len(want) || all.Scanned != 5 || all.Truncated || len(all.Undecodable) != 0 {
+		t.Errorf("DeadLetters(t1) = %v, scanned %d, truncated %v; want %v, all 5 read", got, all.Scanned, all.Truncated, want)
 	}
-	if len(one) != 1 || !want[one[0].MessageID] {
-		t.Errorf("DeadLetters(t1, limit 1) = %d messages, want one of t1's dead letters", len(one))
+	one, _ := deadLetters(t, s, "t1", 1, 100)
+	if len(one.Messages) != 1 || !want[one.Messages[0].MessageID] {
+		t.Errorf("DeadLetters(t1, limit 1) = %d messages, want one of t1's dead letters", len(one.Messages))
+	}
+}
+
+// TestDeadLettersBounded: DeadLetters reads at most scan messages of the
+// outbox (counted by the transaction, not by its own word) and says when
+// it stopped with messages left unread; reading them all is not
+// truncated.
+func TestDeadLettersBounded(t *testing.T) {
+	s := mustOpen(t)
+	deadFixture(t, s)
+	for _, c := range []struct {
+		scan      int
+		truncated bool
+	}{{1, true}, {3, true}, {4, true}, {5, false}, {6, false}} {
+		got, read := deadLetters(t, s, "t1", 10, c.scan)
+		if got.Scanned != min(c.scan, 5) || got.Truncated != c.truncated || read > c.scan+1 {
+			t.Errorf("scan %d: scanned %d, truncated %v, %d values read; want %d scanned, truncated %v, at most %d read",
+				c.scan, got.Scanned, got.Truncated, read, min(c.scan, 5), c.truncated, c.scan+1)
+		}
+	}
+}
+
+// TestDeadLettersSkipsUndecodable: a message that is not valid JSON —
+// another tenant's, or of no tenant one can tell — is skipped and named,
+// and the tenant's dead letters are listed all the same.
+func TestDeadLettersSkipsUndecodable(t *testing.T) {
+	s := mustOpen(t)
+	want := deadFixture(t, s)
+	bad := []string{"msg_0000", "msg_ffff"} // before and after every other id
+	if err := s.Update(context.Background(), func(tx ledger.Tx) error {
+		for _, id := range bad {
+			if err := tx.Put(Collection, id, []byte(`{"message_id":`)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := deadLetters(t, s, "t1", 10, 100)
+	ids := map[string]bool{}
+	for _, m := range got.Messages {
+		ids[m.MessageID] = true
+	}
+	if len(ids) != len(want) || !slices.Equal(got.Undecodable, bad) || got.Scanned != 7 {
+		t.Errorf("DeadLetters with two undecodable messages = %v, undecodable %q, scanned %d; want %v, %q, 7", ids, got.Undecodable, got.Scanned, want, bad)
 	}
 }
 

@@ -38,6 +38,24 @@ func DefaultOrigins(addr string) []string {
 	return out
 }
 
+// OriginOf is the origin (scheme://host[:port]) of an absolute http or
+// https URL, which may have a path: the origin a browser sends for pages
+// under it. Anything else is an error.
+func OriginOf(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("%q is not an absolute http(s) URL", rawURL)
+	}
+	n, ok := normalizeOrigin(u.Scheme + "://" + u.Host)
+	if !ok {
+		return "", fmt.Errorf("%q has no valid origin", rawURL)
+	}
+	return n, nil
+}
+
 // ParseOrigins builds the allowed set from origins of the form
 // scheme://host[:port] (no path, no wildcard). An origin that is not of
 // that form is an error naming it.

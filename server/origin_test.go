@@ -42,3 +42,26 @@ func TestOrigins(t *testing.T) {
 		}
 	}
 }
+
+// TestOriginOf: the origin of a URL is its scheme and host, lower-cased,
+// without a default port or the path; what is not an absolute http(s) URL
+// has none.
+func TestOriginOf(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://gate.example.com":            "https://gate.example.com",
+		"https://Gate.Example.com:443/ui":     "https://gate.example.com",
+		"https://example.com/idemgate":        "https://example.com",
+		"http://gate.example.com:8081":        "http://gate.example.com:8081",
+		"http://[::1]:8080/":                  "http://[::1]:8080",
+		"HTTP://127.0.0.1:80/path?ignored=no": "http://127.0.0.1",
+	} {
+		if got, err := OriginOf(in); err != nil || got != want {
+			t.Errorf("OriginOf(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "gate.example.com", "/ui", "ftp://gate.example.com", "https://"} {
+		if got, err := OriginOf(bad); err == nil {
+			t.Errorf("OriginOf(%q) = %q, want an error", bad, got)
+		}
+	}
+}

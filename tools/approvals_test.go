@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,5 +180,98 @@ func TestPolicyDenies(t *testing.T) {
 	r = svc.Call(ctx, agent, "send_notification", map[string]any{"operation_key": uuid.NewString(), "channel": "email", "to": []any{"a@b.example"}, "body": "x"}, nil)
 	if r.Error == nil || r.Error.Code != "forbidden" {
 		t.Fatalf("denied tool = %+v, want forbidden", r)
+	}
+}
+
+// TestAnswersCarryNoResource: the order a change is for is kept on its
+// approval (ledger.Approval.Resource) for approvers — the approvals API
+// shows it — but the answers agents get never carry it: not the held
+// answer, its replay while pending, get_operation_status, the decision's
+// answer, nor the replay of the outcome. So neither the order's ship_to
+// nor its note reaches them that way, the approval object is what it was
+// before Resource was kept, and every answer is valid against the
+// published output schema.
+func TestAnswersCarryNoResource(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	args := orderArgs(uuid.NewString(), 1)
+	args["note"] = "the side door, code 4711"
+	args["ship_to"] = map[string]any{"name": "Ada Lovelace", "line1": "12 Secret Lane", "city": "London", "postal_code": "N1 9GU", "country": "GB"}
+	created := svc.Call(ctx, agent, "create_order", args, nil)
+	if created.Status != ledger.StateSucceeded {
+		t.Fatalf("create_order = %+v", created)
+	}
+	o := resultOrder(t, created)
+	key := uuid.NewString()
+	update := map[string]any{"operation_key": key, "order_id": o.OrderID, "expected_version": float64(1), "changes": map[string]any{"requested_delivery_date": "2030-01-02"}}
+	v, err := schemas.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// held: the operation has not run (its answer has no result, so the
+	// order may not show anywhere in it).
+	check := func(what string, held bool, r *Response) {
+		t.Helper()
+		b, err := r.Encoded()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Approval map[string]json.RawMessage `json:"approval"`
+		}
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Approval == nil {
+			t.Errorf("%s: no approval in %s", what, b)
+		}
+		if _, ok := got.Approval["resource"]; ok {
+			t.Errorf("%s: the approval carries the resource: %s", what, b)
+		}
+		approval, _ := json.Marshal(got.Approval)
+		for _, leak := range []string{"Secret Lane", "code 4711"} {
+			if strings.Contains(string(approval), leak) {
+				t.Errorf("%s: the approval shows the order's %q: %s", what, leak, approval)
+			}
+		}
+		if held && strings.Contains(string(b), "Secret Lane") {
+			t.Errorf("%s: the answer shows the order's ship_to: %s", what, b)
+		}
+		if err := v.ValidateResult(json.RawMessage(b)); err != nil {
+			t.Errorf("%s: not valid against the output schema: %v\n%s", what, err, b)
+		}
+	}
+	held := svc.Call(ctx, agent, "update_order", update, nil)
+	if held.Status != ledger.StateAwaitingApproval || held.Approval == nil {
+		t.Fatalf("update_order = %+v, want held", held)
+	}
+	check("held", true, held)
+	check("replay while pending", true, svc.Call(ctx, agent, "update_order", update, nil))
+	check("get_operation_status while pending", true, svc.Call(ctx, agent, "get_operation_status", map[string]any{"operation_key": key}, nil))
+
+	// The approvals API still shows the order the change is for.
+	a, err := svc.ShowApproval(ctx, approver, held.Approval.ID)
+	if err != nil || !strings.Contains(string(a.Resource), "Secret Lane") || a.Total == nil {
+		t.Errorf("ShowApproval = %+v (%v), want the order as it was, with its total", a, err)
+	}
+	rec, err := svc.ledger.Get(ctx, agent.Tenant, key)
+	if err != nil || rec.Approval == nil || len(rec.Approval.Resource) == 0 {
+		t.Fatalf("the record's approval keeps no resource: %+v (%v)", rec, err)
+	}
+
+	done := svc.Call(ctx, approver, "decide_approval", map[string]any{"approval_id": held.Approval.ID, "decision": "approve"}, nil)
+	if done.Status != ledger.StateSucceeded {
+		t.Fatalf("approve = %+v", done)
+	}
+	check("the decision", false, done)
+	check("a second decision", false, svc.Call(ctx, approver, "decide_approval", map[string]any{"approval_id": held.Approval.ID, "decision": "approve"}, nil))
+	replay := svc.Call(ctx, agent, "update_order", update, nil)
+	if !replay.Replayed {
+		t.Errorf("the agent's retry = %+v, want a replay", replay)
+	}
+	check("replay of the outcome", false, replay)
+	check("get_operation_status after", false, svc.Call(ctx, agent, "get_operation_status", map[string]any{"operation_key": key}, nil))
+	if rec, _ := svc.ledger.Get(ctx, agent.Tenant, key); rec == nil || rec.Approval == nil || len(rec.Approval.Resource) == 0 {
+		t.Errorf("answering changed the record's approval: %+v", rec)
 	}
 }

@@ -62,9 +62,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 				Why: "reconciled at approval: the order system has order " + o.OrderID + " for this key; nothing re-sent"})
 			if serr == nil {
 				s.outbox.Kick()
-				r := fromRecord(settled)
-				r.Approval = settled.Approval
-				return r
+				return fromRecord(settled)
 			}
 		}
 	}
@@ -78,9 +76,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 		if d.Record.State == ledger.StateSucceeded {
 			s.outbox.Kick()
 		}
-		r := fromRecord(d.Record)
-		r.Approval = d.Record.Approval
-		return r
+		return fromRecord(d.Record)
 	case errors.Is(err, ledger.ErrNotFound):
 		return notFoundApproval(id)
 	case errors.Is(err, ledger.ErrDownstreamMismatch):
@@ -98,7 +94,6 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 		// Another approver was first: answer with what was recorded.
 		r := fromRecord(d.Record)
 		r.Replayed = true
-		r.Approval = d.Record.Approval
 		return r
 	}
 	return s.ledgerError(c, err)

@@ -129,7 +129,7 @@ func internalError(key string) *Response {
 // answer is an error unless rec succeeded, and an error answer always
 // carries an error: the record's own, or the one its state implies.
 func fromRecord(rec *ledger.Record) *Response {
-	r := &Response{OperationKey: rec.Key, Status: rec.State, Result: rec.Result, Error: rec.Error, Approval: rec.Approval, Attempts: rec.Attempts}
+	r := &Response{OperationKey: rec.Key, Status: rec.State, Result: rec.Result, Error: rec.Error, Approval: answerApproval(rec.Approval), Attempts: rec.Attempts}
 	if !rec.FirstSeenAt.IsZero() {
 		t := rec.FirstSeenAt
 		r.FirstSeenAt = &t
@@ -142,6 +142,20 @@ func fromRecord(rec *ledger.Record) *Response {
 	r.IsError = rec.State != ledger.StateSucceeded
 	r, _ = checked(r)
 	return r
+}
+
+// answerApproval is a record's approval as answers carry it: without
+// Resource, the whole order a change or a cancel is for (its ship_to and
+// note included). That is for approvers — the approvals API's ApprovalView
+// shows it — not for every agent's answer, replay and status poll, and not
+// in the published output schema's approval object. a is not changed.
+func answerApproval(a *ledger.Approval) *ledger.Approval {
+	if a == nil || a.Resource == nil {
+		return a
+	}
+	c := *a
+	c.Resource = nil
+	return &c
 }
 
 // nextActionFor is the advice for a record in its state.
