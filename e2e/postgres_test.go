@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
+	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -35,25 +39,118 @@ func startPGReplicas(t *testing.T, n int) (db string, reps []*httpProc, lb strin
 // round-robin balancer whose base URL it returns.
 func startReplicasOn(t *testing.T, db, tokens string, n int) (reps []*httpProc, lb string) {
 	t.Helper()
+	reps, b := startReplicasBehind(t, db, tokens, n)
+	return reps, b.URL()
+}
+
+// startReplicasBehind starts n replicas on db with the tokens file and
+// the extra flags (they share one --outbox-dir), behind a round-robin
+// balancer.
+func startReplicasBehind(t *testing.T, db, tokens string, n int, extra ...string) ([]*httpProc, *balancer) {
+	t.Helper()
 	dir := t.TempDir()
 	var wg sync.WaitGroup
-	reps = make([]*httpProc, n)
+	reps := make([]*httpProc, n)
 	for i := range n { // at once: their schema migrations race, under the advisory lock
-		wg.Go(func() { reps[i] = startHTTP(t, db, tokens, 0, "--outbox-dir", filepath.Join(dir, "outbox")) })
+		wg.Go(func() {
+			reps[i] = startHTTP(t, db, tokens, 0, append([]string{"--outbox-dir", filepath.Join(dir, "outbox")}, extra...)...)
+		})
 	}
 	wg.Wait()
-	var targets []*url.URL
+	return reps, newBalancer(t, reps)
+}
+
+// balancer is a plain load balancer in front of replicas: each request
+// goes to the next replica in turn (round-robin, no session affinity),
+// skipping those taken out of rotation. It keeps the requests it is
+// proxying, so a test can tell which replica is serving a given call.
+type balancer struct {
+	srv     *httptest.Server
+	targets []*url.URL
+	turn    atomic.Int64
+
+	mu       sync.Mutex
+	out      map[int]bool               // replicas taken out of rotation
+	inFlight map[*http.Request]inFlight // requests being proxied
+}
+
+type inFlight struct {
+	replica int
+	body    []byte
+}
+
+func newBalancer(t *testing.T, reps []*httpProc) *balancer {
+	b := &balancer{out: map[int]bool{}, inFlight: map[*http.Request]inFlight{}}
 	for _, p := range reps {
 		u, _ := url.Parse(p.base)
-		targets = append(targets, u)
+		b.targets = append(b.targets, u)
 	}
-	var turn atomic.Int64
-	srv := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(targets[int(turn.Add(1))%len(targets)]) },
+	proxy := &httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(b.targets[b.inFlightTo(r.In)]) },
 		FlushInterval: -1,
-	})
-	t.Cleanup(srv.Close)
-	return reps, srv.URL
+		// A request to a replica that died is answered 502, which the
+		// test's client sees; the log line would only repeat it.
+		ErrorLog: log.New(io.Discard, "", 0),
+	}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		b.mu.Lock()
+		b.inFlight[r] = inFlight{replica: b.next(), body: body}
+		b.mu.Unlock()
+		defer func() {
+			b.mu.Lock()
+			delete(b.inFlight, r)
+			b.mu.Unlock()
+		}()
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// URL is the balancer's base URL.
+func (b *balancer) URL() string { return b.srv.URL }
+
+// next picks the next replica in rotation; b.mu is held.
+func (b *balancer) next() int {
+	for range len(b.targets) {
+		if i := int(b.turn.Add(1)) % len(b.targets); !b.out[i] {
+			return i
+		}
+	}
+	return 0 // every replica is out: the request fails there
+}
+
+func (b *balancer) inFlightTo(r *http.Request) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inFlight[r].replica
+}
+
+// servedBy is the replica serving the request in flight whose body
+// contains s (a tool call's operation key), or -1.
+func (b *balancer) servedBy(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range b.inFlight {
+		if bytes.Contains(f.body, []byte(s)) {
+			return f.replica
+		}
+	}
+	return -1
+}
+
+// takeOut removes replica i from the rotation, as a load balancer's
+// health check does once a replica stops answering.
+func (b *balancer) takeOut(i int) {
+	b.mu.Lock()
+	b.out[i] = true
+	b.mu.Unlock()
 }
 
 // TestPostgresApprovalAcrossReplicas: an operation held for approval on

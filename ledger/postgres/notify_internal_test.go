@@ -168,16 +168,7 @@ func eventually(d time.Duration, cond func() bool) bool {
 // listener connects again once the server is back, and a commit after the
 // restart wakes the watcher of its record on the other replica.
 func TestListenerSurvivesDatabaseRestart(t *testing.T) {
-	pgtest.Require(t)
-	c, err := pgtest.Start() // a cluster of its own: the restart must not disturb other tests
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	c := pgtest.NewCluster(t) // a cluster of its own: the restart must not disturb other tests
 	url, err := c.CreateDatabase(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -29,16 +29,7 @@ import (
 // such a key settles: its record and effect are there together or not at
 // all, and the caller's retry ends succeeded with exactly one effect.
 func TestDatabaseRestartUnderLoad(t *testing.T) {
-	pgtest.Require(t)        // skips (or fails under CI) as the other tests do
-	c, err := pgtest.Start() // a cluster of its own: the restart must not disturb other tests
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	c := pgtest.NewCluster(t) // a cluster of its own: the restart must not disturb other tests
 	ctx := context.Background()
 	url, err := c.CreateDatabase(ctx)
 	if err != nil {
@@ -178,12 +169,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 // not OK (promptly, naming the cause) while it is stopped, and OK again
 // once it is back, without reopening.
 func TestHealthFollowsTheDatabase(t *testing.T) {
-	pgtest.Require(t)
-	c, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := pgtest.NewCluster(t)
 	ctx := context.Background()
 	url, err := c.CreateDatabase(ctx)
 	if err != nil {

@@ -9,6 +9,10 @@
 //
 //	func TestX(t *testing.T) { url := pgtest.NewDatabase(t); … }
 //
+// A test that stops or restarts the server starts a cluster of its own
+// (NewCluster). A CutProxy between a client and a database cuts the
+// connection of a chosen transaction as it sends COMMIT.
+//
 // When PostgreSQL's server binaries are missing, NewDatabase skips the
 // test with a hint to install them — except under CI (CI=true), where it
 // fails it. The cluster trades durability for speed (fsync off): it is
@@ -258,6 +262,25 @@ func Require(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// NewCluster starts a cluster of t's own, stopped (and removed) when t
+// ends, for a test that stops or restarts the server and must not disturb
+// the others sharing the test binary's cluster. It skips or fails t as
+// Require does when PostgreSQL is not installed.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	Require(t)
+	c, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
 	return c
 }
 
