@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,41 +209,9 @@ func benchHTTPServer(t *testing.T, dir string, extra ...string) (base, token str
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	args := append([]string{"serve", "--http", addr, "--db", filepath.Join(dir, "ledger.db"), "--tokens", tokens,
-		"--outbox-dir", filepath.Join(dir, "outbox"), "--log-level", "warn"}, extra...)
-	cmd := exec.Command(idemgate, args...)
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Errorf("the HTTP server did not stop on SIGINT within 30 s")
-		}
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", stderr.String())
-		}
-	})
-	base = "http://" + addr
-	if !eventually(10*time.Second, func() bool {
-		resp, err := http.Get(base + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}) {
-		t.Fatalf("the HTTP server did not answer /healthz within 10 s\n%s", stderr.String())
-	}
-	return base, token, cmd.Process.Pid
+	base, pid = httpServerProcess(t, addr, filepath.Join(dir, "ledger.db"), tokens,
+		append([]string{"--outbox-dir", filepath.Join(dir, "outbox")}, extra...)...)
+	return base, token, pid
 }
 
 // TestBenchCLIHTTPFloors: with --url, --floors measures the no-op floor

@@ -37,6 +37,16 @@ func httpServer(t *testing.T, db, tokens string, extra ...string) string {
 // the server's URL in its configuration before it starts).
 func httpServerAt(t *testing.T, addr, db, tokens string, extra ...string) string {
 	t.Helper()
+	base, _ := httpServerProcess(t, addr, db, tokens, extra...)
+	return base
+}
+
+// httpServerProcess starts `idemgate serve --http` on addr and returns its
+// base URL, once /healthz answers, and its process id. The server is
+// stopped (SIGINT) when the test ends; its stderr is logged if the test
+// failed.
+func httpServerProcess(t *testing.T, addr, db, tokens string, extra ...string) (base string, pid int) {
+	t.Helper()
 	args := append([]string{"serve", "--http", addr, "--db", db, "--tokens", tokens, "--log-level", "warn"}, extra...)
 	cmd := exec.Command(idemgate, args...)
 	stderr := &syncBuffer{}
@@ -50,21 +60,22 @@ func httpServerAt(t *testing.T, addr, db, tokens string, extra ...string) string
 		go func() { cmd.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			cmd.Process.Kill()
-			t.Errorf("the HTTP server did not stop on SIGINT within 10 s")
+			<-done
+			t.Errorf("the HTTP server did not stop on SIGINT within 30 s")
 		}
 		if t.Failed() {
 			t.Logf("server stderr:\n%s", stderr.String())
 		}
 	})
-	base := "http://" + addr
+	base = "http://" + addr
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		resp, err := http.Get(base + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return base
+				return base, cmd.Process.Pid
 			}
 		}
 		if time.Now().After(deadline) {
