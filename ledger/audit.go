@@ -58,9 +58,13 @@ type AuditEntry struct {
 	ResponseSHA256 string `json:"response_sha256,omitempty"`
 	// Settled is how a transition out of unknown settled the operation
 	// (see SettledHow).
-	Settled  Settlement `json:"settled,omitempty"`
-	PrevHash string     `json:"prev_hash"`
-	Hash     string     `json:"hash"`
+	Settled Settlement `json:"settled,omitempty"`
+	// PrunedThrough is on EventAuditPruned entries: the anchor that prune
+	// set (the last entry it removed), which verification compares with
+	// the stored anchor.
+	PrunedThrough *AuditAnchor `json:"pruned_through,omitempty"`
+	PrevHash      string       `json:"prev_hash"`
+	Hash          string       `json:"hash"`
 }
 
 // DownstreamCall is what one execution of an operation did at its

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
-	"strconv"
 	"time"
 )
 
@@ -27,8 +25,8 @@ import (
 
 // EventAuditPruned is the audit event of a prune: the entries up to the
 // anchor it names were removed from the ledger (after being archived, or
-// discarded on the operator's word). Its Detail has the form written by
-// prunedDetail.
+// discarded on the operator's word). Its PrunedThrough is the anchor it set;
+// its Detail says the same for people (prunedDetail).
 const EventAuditPruned AuditEvent = "audit_pruned"
 
 // keyAuditAnchor is the meta key of the AuditAnchor JSON.
@@ -139,7 +137,7 @@ func (s *Ledger) PruneAudit(ctx context.Context, before time.Time, actor Actor, 
 			// Append first: the log is never empty, so the next entry's
 			// sequence number follows on.
 			if err := s.appendObserved(tx, AuditEntry{At: next.PrunedAt, Event: EventAuditPruned, Actor: actor,
-				Detail: prunedDetail(batch[0].Seq, next, note)}); err != nil {
+				Detail: prunedDetail(batch[0].Seq, next, note), PrunedThrough: &next}); err != nil {
 				return err
 			}
 			idx := tx.Bucket(bucketAuditByKey)
@@ -242,13 +240,12 @@ func sameAnchor(a, b *AuditAnchor) bool {
 	return a.Seq == b.Seq && a.Hash == b.Hash
 }
 
-// prunedDetail is an EventAuditPruned entry's Detail; verification reads
-// the anchor back from it (prunedRe).
+// prunedDetail is an EventAuditPruned entry's Detail, for people: the
+// anchor it names is also the entry's PrunedThrough, which verification
+// reads.
 func prunedDetail(first uint64, a AuditAnchor, note string) string {
 	return fmt.Sprintf("audit entries %d-%d pruned; anchor seq %d hash %s; %s", first, a.Seq, a.Seq, a.Hash, note)
 }
-
-var prunedRe = regexp.MustCompile(`; anchor seq (\d+) hash ([0-9a-f]{64});`)
 
 // AuditVerification is what VerifyAuditChain proved.
 type AuditVerification struct {
@@ -432,8 +429,7 @@ func (st *chainCheck) finish(from *AuditChain) error {
 	if newestPrune == nil {
 		return fmt.Errorf("the anchor says entries through %d were pruned, but no prune record is in the log: the anchor or the log was changed", anchor.Seq)
 	}
-	m := prunedRe.FindStringSubmatch(newestPrune.Detail)
-	if m == nil || m[1] != strconv.FormatUint(anchor.Seq, 10) || m[2] != anchor.Hash {
+	if p := newestPrune.PrunedThrough; p == nil || p.Seq != anchor.Seq || p.Hash != anchor.Hash {
 		return fmt.Errorf("the anchor (entry %d, hash %.12s…) is not the one the newest prune record (entry %d) names: the anchor was changed", anchor.Seq, anchor.Hash, newestPrune.Seq)
 	}
 	return nil
