@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,21 +69,7 @@ func TestRequireApproverTokenReject(t *testing.T) {
 	id := agent.mustHold(t, "cancel_order", cancelArgs(key, o.OrderID, 1)).Approval.ApprovalID
 	reject := []string{"approvals", "reject", id, "--db", db, "--tenant", aprTenant, "--tokens", tokens, "--comment", "not now"}
 
-	for _, c := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"no token, with the configuration", []string{"--config", cfg, "--principal", "boss"}, "require_approver_token"},
-		{"no token, no configuration", []string{"--principal", "boss"}, "requires approver tokens"},
-		{"an agent's token", []string{"--config", cfg, "--token", agentTok}, "role approver"},
-	} {
-		r := runCLI(t, 20*time.Second, append(reject, c.args...)...)
-		if r.Code == 0 || !strings.Contains(r.Stderr, "forbidden") || !strings.Contains(r.Stderr, c.want) {
-			t.Errorf("reject with %s: exit %d, want refused (forbidden, naming %q)\nstdout: %s\nstderr: %s", c.name, r.Code, c.want, r.Stdout, r.Stderr)
-		}
-		agent.mustBeState(t, key, "awaiting_approval")
-	}
+	mustRefuseWithoutApproverToken(t, reject, cfg, agentTok, func() { agent.mustBeState(t, key, "awaiting_approval") })
 
 	ok := runCLI(t, 20*time.Second, append(reject, "--config", cfg, "--token", bossTok)...)
 	if ok.Code != 0 || !strings.Contains(ok.Stdout, `"status": "rejected"`) {
@@ -126,21 +113,7 @@ func TestRequireApproverTokenResolve(t *testing.T) {
 		"--evidence", "found " + o.OrderID + " in the order system's admin screen", "--tenant", aprTenant, "--tokens", tokens},
 		apiArgs(api, "--db", db)...)
 
-	for _, c := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"no token, with the configuration", []string{"--config", cfg, "--principal", "boss"}, "require_approver_token"},
-		{"no token, no configuration", []string{"--principal", "boss"}, "requires approver tokens"},
-		{"an agent's token", []string{"--config", cfg, "--token", agentTok}, "role approver"},
-	} {
-		r := runCLI(t, 20*time.Second, append(resolve, c.args...)...)
-		if r.Code == 0 || !strings.Contains(r.Stderr, "forbidden") || !strings.Contains(r.Stderr, c.want) {
-			t.Errorf("resolve with %s: exit %d, want refused (forbidden, naming %q)\nstdout: %s\nstderr: %s", c.name, r.Code, c.want, r.Stdout, r.Stderr)
-		}
-		agent.mustBeState(t, key, "unknown")
-	}
+	mustRefuseWithoutApproverToken(t, resolve, cfg, agentTok, func() { agent.mustBeState(t, key, "unknown") })
 
 	ok := runCLI(t, 20*time.Second, append(resolve, "--config", cfg, "--token", bossTok)...)
 	if ok.Code != 0 || !strings.Contains(ok.Stdout, `"status": "succeeded"`) {
@@ -156,4 +129,28 @@ func TestRequireApproverTokenResolve(t *testing.T) {
 		t.Errorf("the API received %d writes for the key, want 1", w)
 	}
 	api.SetLookupUnavailable(false)
+}
+
+// mustRefuseWithoutApproverToken runs the command line cmd (an approver's
+// command, under require_approver_token) the three ways the rule refuses
+// — no token with the configuration, no token and no configuration (the
+// ledger keeps the rule), an agent's token — and checks each is refused
+// as forbidden, naming why, and that unchanged holds after it.
+func mustRefuseWithoutApproverToken(t *testing.T, cmd []string, cfg, agentTok string, unchanged func()) {
+	t.Helper()
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no token, with the configuration", []string{"--config", cfg, "--principal", "boss"}, "require_approver_token"},
+		{"no token, no configuration", []string{"--principal", "boss"}, "requires approver tokens"},
+		{"an agent's token", []string{"--config", cfg, "--token", agentTok}, "role approver"},
+	} {
+		r := runCLI(t, 20*time.Second, slices.Concat(cmd, c.args)...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "forbidden") || !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("%s with %s: exit %d, want refused (forbidden, naming %q)\nstdout: %s\nstderr: %s", cmd[0], c.name, r.Code, c.want, r.Stdout, r.Stderr)
+		}
+		unchanged()
+	}
 }
