@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"idemgate/approvals"
@@ -140,20 +139,7 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	printLogin(stderr, ln.Addr().String(), publicURL, c, link)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = srv.Shutdown(shutdown)
-	if e := <-errc; !errors.Is(e, http.ErrServerClosed) && err == nil {
-		err = e
-	}
-	return err
+	return server.ServeUntil(ctx, srv, ln, 10*time.Second)
 }
 
 // printLogin tells the person who started the console how to log in:

@@ -451,24 +451,40 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 		srv.RegisterOnShutdown(hh.closeStreams)
 	}
 	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace)
+	grace := cfg.Grace
+	if grace <= 0 {
+		grace = 10 * time.Second
+	}
+	srv.RegisterOnShutdown(func() { logger.Info("shutting down: answering the requests in flight", "grace", grace) })
+	err = ServeUntil(ctx, srv, gl, grace)
+	if errors.Is(err, ErrGraceExceeded) {
+		return fmt.Errorf("%w (their operations are recorded and reconciled)", err)
+	}
+	return err
+}
+
+// ErrGraceExceeded is returned by ServeUntil when requests were still
+// running at the end of the shutdown grace (they were cut off).
+var ErrGraceExceeded = errors.New("shutdown: requests still running after the grace were cut off")
+
+// ServeUntil serves ln with srv until ctx is done or serving fails, then
+// shuts srv down: it stops accepting, and lets the requests in flight
+// finish for up to grace. Requests still running then are cut off
+// (srv.Close) and the error is ErrGraceExceeded. A clean shutdown is nil.
+func ServeUntil(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(gl) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	grace := cfg.Grace
-	if grace <= 0 {
-		grace = 10 * time.Second
-	}
-	logger.Info("shutting down: answering the requests in flight", "grace", grace)
 	shutdown, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
 		srv.Close()
 		<-errc
-		return fmt.Errorf("shutdown: requests still running after the %s grace were cut off (their operations are recorded and reconciled): %w", grace, err)
+		return fmt.Errorf("%w (%s): %w", ErrGraceExceeded, grace, err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err

@@ -44,19 +44,7 @@ func ServeNoopHTTP(ctx context.Context, ln net.Listener, tool string) error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpserver.NewStreamableHTTPServer(newNoopServer(tool), mcpserver.WithEndpointPath("/mcp")))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
-		srv.Close()
-	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+	if err := ServeUntil(ctx, srv, ln, 5*time.Second); !errors.Is(err, ErrGraceExceeded) {
 		return err
 	}
 	return nil
