@@ -11,9 +11,9 @@ import (
 	"idemgate/ledger"
 )
 
-// The directory sink's cost per message, a pass of passSize messages at a
-// time (Deliver each, then one Flush), against a floor measured in the
-// same run: one small file written and fsynced per message, the least a
+// The directory sink's cost per message, and the segment sink's, a pass
+// of passSize messages at a time (Deliver each, then one Flush), against
+// a floor measured in the same run: one small file written and fsynced per message, the least a
 // sink that syncs each message durably can do. Each sub-benchmark reports
 // msgs/s and syncs/msg; compare their ns/op as ratios, the machine is
 // shared.
@@ -87,6 +87,32 @@ func BenchmarkDirSink(b *testing.B) {
 	b.Run("sink=tmpfile,sync=staged", func(b *testing.B) { run(b, false, syncStaged) })
 	b.Run("sink=tmpfile,sync=per_file", func(b *testing.B) { run(b, false, syncEach) })
 	b.Run("sink=createtemp,sync=per_file", func(b *testing.B) { run(b, true, syncEach) })
+	// The segment sink (SegmentSink): each pass one write and one
+	// fdatasync of the newest segment.
+	b.Run("sink=segments,sync=fdatasync", func(b *testing.B) {
+		sink, err := NewSegmentSink(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		i := 0
+		start := time.Now()
+		for b.Loop() {
+			if err := sink.Deliver(ctx, benchMessage(i)); err != nil {
+				b.Fatal(err)
+			}
+			i++
+			if i%passSize == 0 {
+				if err := sink.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		if err := sink.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(i)/time.Since(start).Seconds(), "msgs/s")
+		b.ReportMetric(float64(sink.syncs.Load())/float64(i), "syncs/msg")
+	})
 }
 
 // BenchmarkDeliverPending is the deliverer end to end: each op is one

@@ -94,3 +94,14 @@ func syncfsReportsErrors() bool {
 	}
 	return major > 5 || major == 5 && minor >= 8
 }
+
+// datasync makes f's data (and the metadata needed to read it, such as
+// its size) durable with fdatasync(2).
+func datasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}

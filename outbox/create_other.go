@@ -15,3 +15,6 @@ func syncFileSystem(dir string) error { return errors.ErrUnsupported }
 
 // startWriteback does nothing here.
 func startWriteback(f *os.File) {}
+
+// datasync makes f's data durable (fsync; no fdatasync here).
+func datasync(f *os.File) error { return f.Sync() }
