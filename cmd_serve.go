@@ -33,7 +33,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.StringVar(&id.Role, "role", env("IDEMGATE_ROLE", "agent"), "agent or approver (env IDEMGATE_ROLE)")
 	fs.StringVar(&id.OnBehalfOf, "on-behalf-of", env("IDEMGATE_ON_BEHALF_OF", ""), "stdio: the user this agent acts for, recorded on every audit entry (env IDEMGATE_ON_BEHALF_OF; over --http the token's)")
 	fs.StringVar(&id.Model, "model", env("IDEMGATE_MODEL", ""), "stdio: the model driving this agent, recorded on every audit entry (env IDEMGATE_MODEL; over --http the token's)")
-	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes one file per message into (default: 'outbox' beside --db)")
+	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes messages into, as --outbox-format says (default: 'outbox' beside --db)")
 	wait := fs.Duration("wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
 	workers := fs.Int("workers", 32, "concurrent tool calls (1-100)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")

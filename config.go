@@ -48,6 +48,9 @@ type fileConfig struct {
 	} `toml:"orders_api"`
 	Notifications struct {
 		WebhookURL string `toml:"webhook_url"`
+		// OutboxFormat is how the outbox directory holds delivered
+		// messages: OutboxFiles (the default) or OutboxSegments.
+		OutboxFormat string `toml:"outbox_format"`
 	} `toml:"notifications"`
 	// Approvals reaches approvers (README "Reaching approvers"): each new
 	// approval request POSTs a notice to NotifyWebhook through the outbox,
@@ -85,6 +88,7 @@ type settings struct {
 	ordersSafeRetry    bool
 	ordersTimeout      time.Duration
 	notifyWebhook      string
+	outboxFormat       string
 	approvalWebhook    string
 	publicURL          string
 
@@ -125,6 +129,7 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.BoolVar(&l.ordersSafeRetry, "orders-api-safe-retry", false, "the order API guarantees a same-key retry returns the first outcome (lets a proven-absent operation be re-sent without approval)")
 	fs.DurationVar(&l.ordersTimeout, "orders-api-timeout", 10*time.Second, "bound on one call to the order API")
 	fs.StringVar(&l.notifyWebhook, "notify-webhook", env("IDEMGATE_NOTIFY_WEBHOOK", ""), "POST notifications to this gateway URL (Idempotency-Key = message id) instead of writing files (env IDEMGATE_NOTIFY_WEBHOOK)")
+	fs.StringVar(&l.outboxFormat, "outbox-format", env("IDEMGATE_OUTBOX_FORMAT", ""), "how notifications are written to the outbox directory: files (one <message_id>.json each, the default) or segments (JSON lines appended to segments/<seq>.jsonl, one write and sync per delivery pass); every process on one ledger must use the same (config [notifications] outbox_format; env IDEMGATE_OUTBOX_FORMAT)")
 	fs.StringVar(&l.approvalWebhook, "approval-notify-webhook", env("IDEMGATE_APPROVAL_NOTIFY_WEBHOOK", ""), "POST a notice to this URL when an approval is requested, through the outbox (config [approvals] notify_webhook; needs --public-url; env IDEMGATE_APPROVAL_NOTIFY_WEBHOOK; the signing secret: notify_secret or env IDEMGATE_APPROVAL_NOTIFY_SECRET)")
 	fs.StringVar(&l.publicURL, "public-url", env("IDEMGATE_PUBLIC_URL", ""), "the console's URL as people open it, e.g. https://gate.example.com: the base of the links in approvers' notices; an https one makes the console's cookie Secure, and serve --http allows its origin and host (config [console] public_url; env IDEMGATE_PUBLIC_URL)")
 	l.fs = fs
@@ -174,6 +179,9 @@ func (l *settings) load() error {
 	if l.notifyWebhook != "" {
 		c.Notifications.WebhookURL = l.notifyWebhook
 	}
+	if l.outboxFormat != "" {
+		c.Notifications.OutboxFormat = l.outboxFormat
+	}
 	if l.approvalWebhook != "" {
 		c.Approvals.NotifyWebhook = l.approvalWebhook
 	}
@@ -184,6 +192,14 @@ func (l *settings) load() error {
 		c.Console.PublicURL = l.publicURL
 	}
 	var errs []error
+	switch f := c.Notifications.OutboxFormat; {
+	case f == "":
+		c.Notifications.OutboxFormat = outboxFiles
+	case f != outboxFiles && f != outboxSegments:
+		errs = append(errs, fmt.Errorf("[notifications] outbox_format / --outbox-format %q: want %s or %s", f, outboxFiles, outboxSegments))
+	case f == outboxSegments && c.Notifications.WebhookURL != "":
+		errs = append(errs, errors.New("[notifications] outbox_format = segments is for the outbox directory, and webhook_url (--notify-webhook) sends notifications to a gateway instead: set one of them"))
+	}
 	if c.Console.PublicURL != "" {
 		u, err := approvals.CheckPublicURL(c.Console.PublicURL)
 		if err != nil {
@@ -214,8 +230,8 @@ func (l *settings) load() error {
 
 // openService opens the ledger and builds the tool service over it with
 // the configured downstreams: the order API (or the embedded store) and the
-// notification sink (webhook gateway, or files in outboxDir, by default
-// "outbox" beside the ledger). The caller closes the store.
+// notification sink (webhook gateway, or files or segments in outboxDir,
+// by default "outbox" beside the ledger). The caller closes the store.
 func (l *settings) openService(outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
 	return l.openServiceMode(false, outboxDir, wait, logger)
 }
@@ -278,6 +294,12 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 			return nil, usageError{err}
 		}
 		opts.Sink = sink
+	} else if l.file.Notifications.OutboxFormat == outboxSegments && !l.readOnlySink {
+		sink, err := outbox.NewSegmentSink(outboxDir)
+		if err != nil {
+			return nil, err
+		}
+		opts.Sink = sink
 	}
 	if u := l.file.Approvals.NotifyWebhook; u != "" {
 		sink, err := outbox.NewNoticeSink(u, 10*time.Second, l.file.Approvals.NotifySecret)
@@ -292,6 +314,14 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 	}
 	return tools.New(store, v, opts)
 }
+
+// The formats of the outbox directory ([notifications] outbox_format).
+// Files stay the default: consumers that watch the directory for one file
+// per message keep working on an upgrade.
+const (
+	outboxFiles    = "files"    // <outbox-dir>/<message_id>.json (outbox.DirSink)
+	outboxSegments = "segments" // <outbox-dir>/segments/<seq>.jsonl (outbox.SegmentSink)
+)
 
 // usageError is a mistake in how a command was called: run prints it
 // and exits with status 2.

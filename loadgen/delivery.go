@@ -1,17 +1,22 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
 
 // Delivery is how the server's notification deliveries kept up with a
-// run, counted from its outbox directory, where the directory sink writes
-// each message as one file, <message_id>.json, once it is whole. Every
+// run, counted from its outbox directory (CountMessages), where the
+// directory sink writes each message as one file, <message_id>.json, once
+// it is whole, and the segment sink appends it as one line to
+// segments/<seq>.jsonl. Every
 // answered new create_order queues its customer's confirmation (the tool's
 // notify_customer is true unless asked otherwise, and the generator does
 // not ask) and every answered new send_notification its message; replays
@@ -21,7 +26,7 @@ type Delivery struct {
 	// QueuedPerS is Queued over the run's time: the rate deliveries must
 	// keep up with.
 	QueuedPerS float64 `json:"queued_per_s"`
-	// DeliveredDuringRun counts the message files that appeared between
+	// DeliveredDuringRun counts the messages that appeared between
 	// the run's start and its last answer (an earlier backlog of the same
 	// directory counts too), and DeliveredPerS is that over the run's time.
 	DeliveredDuringRun int     `json:"delivered_during_run"`
@@ -41,10 +46,39 @@ type Delivery struct {
 	Left int `json:"left,omitempty"`
 }
 
-// CountMessages counts the message files in dir: the names that end in
-// ".json" and do not start with "." (a sink's temporary files do). A
-// directory that does not exist holds none.
+// CountMessages counts the messages delivered to the outbox directory
+// dir, in either of its formats: the message files (names that end in
+// ".json" and do not start with "." — a sink's temporary files do), and
+// the whole lines (ending in "\n") of the segments in dir/segments (one
+// per message; outbox.SegmentSink never appends an id twice). A directory
+// that does not exist holds none.
 func CountMessages(dir string) (int, error) {
+	n, err := countFiles(dir, ".json")
+	if err != nil {
+		return 0, err
+	}
+	segs, err := os.ReadDir(filepath.Join(dir, "segments"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return n, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<20)
+	for _, e := range segs {
+		if !strings.HasSuffix(e.Name(), ".jsonl") {
+			continue
+		}
+		lines, err := countLines(filepath.Join(dir, "segments", e.Name()), buf)
+		if err != nil {
+			return 0, err
+		}
+		n += lines
+	}
+	return n, nil
+}
+
+func countFiles(dir, suffix string) (int, error) {
 	f, err := os.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
@@ -59,11 +93,34 @@ func CountMessages(dir string) (int, error) {
 	}
 	n := 0
 	for _, name := range names {
-		if strings.HasSuffix(name, ".json") && !strings.HasPrefix(name, ".") {
+		if strings.HasSuffix(name, suffix) && !strings.HasPrefix(name, ".") {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// countLines counts the "\n" in the file at path (gone: none).
+func countLines(path string, buf []byte) (int, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	for {
+		k, err := f.Read(buf)
+		n += bytes.Count(buf[:k], []byte{'\n'})
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
 }
 
 // DeliveryWatch watches an outbox directory across a run. Start it just

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"idemgate/outbox"
 )
 
 func writeMessages(t *testing.T, dir string, from, to int) {
@@ -34,6 +36,30 @@ func TestCountMessages(t *testing.T) {
 	}
 	if n, err := CountMessages(dir); n != 3 || err != nil {
 		t.Fatalf("CountMessages = %d, %v; want the 3 message files", n, err)
+	}
+	// The segment sink's lines count too, whole lines only (not a torn
+	// tail, nor its lock file).
+	sink, err := outbox.NewSegmentSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		m := &outbox.Message{MessageID: fmt.Sprintf("msg_%d", i), Channel: "email", To: []string{"a@example.com"}, Body: "hi"}
+		if err := sink.Deliver(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sink.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "segments", "000000000001.jsonl"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"message_id":"msg_torn`)
+	f.Close()
+	if n, err := CountMessages(dir); n != 7 || err != nil {
+		t.Fatalf("CountMessages = %d, %v; want 3 files and 4 lines", n, err)
 	}
 }
 

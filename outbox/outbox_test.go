@@ -240,52 +240,64 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 
 // A backlog larger than one pass drains without waiting for the interval
 // between full passes: after one kick, Run delivers everything well
-// before Interval (an hour here) could have started a second pass.
+// before Interval (an hour here) could have started a second pass — with
+// the directory sink and with the segment sink.
 func TestFullPassStartsNextAtOnce(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s := mustOpen(t)
-	dir := t.TempDir()
-	sink, err := NewDirSink(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const total = 2*passLimit + 7
-	if err := s.Update(ctx, func(tx ledger.Tx) error {
-		for i := range total {
-			m := &Message{Tenant: "t1", OperationKey: fmt.Sprintf("k%05d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello"}
-			if err := Enqueue(tx, m); err != nil {
-				return err
+	for _, tc := range []struct {
+		name      string
+		sink      func(dir string) (Sink, error)
+		delivered func(t *testing.T, dir string) int
+	}{
+		{"files", func(dir string) (Sink, error) { return NewDirSink(dir) }, func(t *testing.T, dir string) int { return len(files(t, dir)) }},
+		{"segments", func(dir string) (Sink, error) { return NewSegmentSink(dir) }, func(t *testing.T, dir string) int { return len(segmentPayloads(t, dir)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s := mustOpen(t)
+			dir := t.TempDir()
+			sink, err := tc.sink(dir)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	d := NewDeliverer(s, sink, nil)
-	d.Interval = time.Hour
-	done := make(chan struct{})
-	go func() { d.Run(ctx); close(done) }()
-	pending := func() int {
-		n := 0
-		if err := s.View(context.Background(), func(tx ledger.Tx) error {
-			return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for pending() > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	<-done
-	if n := pending(); n != 0 {
-		t.Fatalf("%d of %d messages still pending: a full pass did not start the next", n, total)
-	}
-	if got := len(files(t, dir)); got != total {
-		t.Fatalf("%d message files, want %d", got, total)
+			const total = 2*passLimit + 7
+			if err := s.Update(ctx, func(tx ledger.Tx) error {
+				for i := range total {
+					m := &Message{Tenant: "t1", OperationKey: fmt.Sprintf("k%05d", i), Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello"}
+					if err := Enqueue(tx, m); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			d := NewDeliverer(s, sink, nil)
+			d.Interval = time.Hour
+			done := make(chan struct{})
+			go func() { d.Run(ctx); close(done) }()
+			pending := func() int {
+				n := 0
+				if err := s.View(context.Background(), func(tx ledger.Tx) error {
+					return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for pending() > 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			<-done
+			if n := pending(); n != 0 {
+				t.Fatalf("%d of %d messages still pending: a full pass did not start the next", n, total)
+			}
+			if got := tc.delivered(t, dir); got != total {
+				t.Fatalf("%d messages delivered, want %d", got, total)
+			}
+		})
 	}
 }
 
