@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,12 +121,26 @@ func BenchmarkDirSink(b *testing.B) {
 // DeliverPending to a directory sink and recorded as delivered (one ledger
 // commit per pass).
 func BenchmarkDeliverPending(b *testing.B) {
-	ctx := context.Background()
-	s := mustOpen(b)
 	sink, err := NewDirSink(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
+	benchDeliverPending(b, sink, &sink.syncs)
+}
+
+// BenchmarkDeliverPendingSegments is BenchmarkDeliverPending with the
+// segment sink.
+func BenchmarkDeliverPendingSegments(b *testing.B) {
+	sink, err := NewSegmentSink(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchDeliverPending(b, sink, &sink.syncs)
+}
+
+func benchDeliverPending(b *testing.B, sink Sink, syncs *atomic.Int64) {
+	ctx := context.Background()
+	s := mustOpen(b)
 	d := NewDeliverer(s, sink, nil)
 	n := 0
 	b.ResetTimer()
@@ -152,5 +167,5 @@ func BenchmarkDeliverPending(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "msgs/s")
-	b.ReportMetric(float64(sink.syncs.Load())/float64(n), "syncs/msg")
+	b.ReportMetric(float64(syncs.Load())/float64(n), "syncs/msg")
 }

@@ -1,7 +1,8 @@
 // Package outbox is the notification outbox: messages are written in the
 // transaction of the operation that sends them (Enqueue, inside a
 // ledger.Tx), and delivered afterwards by a Deliverer to a Sink — a
-// directory of files (DirSink) or a webhook gateway (WebhookSink). Each
+// directory of files (DirSink), lines appended to segment files
+// (SegmentSink), or a webhook gateway (WebhookSink). Each
 // message has a stable id derived from its operation and step, which is
 // what makes redelivery harmless at an idempotent sink.
 package outbox
