@@ -402,6 +402,12 @@ func (s *SegmentSink) Deliver(_ context.Context, m *Message) error {
 	if err != nil {
 		return &PermanentError{Err: fmt.Errorf("encode message: %w", err)}
 	}
+	// A line the reader would not take back as this message's — too long,
+	// or an id that does not survive the JSON round trip (invalid UTF-8)
+	// or is empty — would read as a torn tail, or be missed by the index.
+	if id, ok := lineID(line, true); !ok || id != m.MessageID || len(line) >= maxLineBytes {
+		return &PermanentError{Err: fmt.Errorf("message %q cannot be written as a segment line (an empty or invalid id, or larger than %d bytes)", m.MessageID, maxLineBytes)}
+	}
 	line = append(line, '\n')
 	s.mu.Lock()
 	defer s.mu.Unlock()

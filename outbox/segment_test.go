@@ -569,3 +569,23 @@ func TestSegmentIndexIDs(t *testing.T) {
 		t.Fatalf("upper-case id: %+v %v, len %d", loc, ok, x.len())
 	}
 }
+
+// A message the segments could not give back as itself — no id, an id
+// that is not valid UTF-8, a line too long to read back — is refused as
+// a *PermanentError and nothing is written: such a line would read as a
+// torn tail (and be cut with what follows) or escape the index.
+func TestSegmentRefusesUnreadableLines(t *testing.T) {
+	dir := t.TempDir()
+	sink := mustSegmentSink(t, dir)
+	huge := benchMessage(2)
+	huge.Body = strings.Repeat("x", maxLineBytes)
+	for _, m := range []*Message{{Body: "no id"}, {MessageID: "msg_\xff", Body: "bad id"}, huge} {
+		if err := sink.Deliver(context.Background(), m); !IsPermanent(err) {
+			t.Fatalf("deliver %.40q: %v, want a *PermanentError", m.MessageID, err)
+		}
+	}
+	deliverPass(t, sink, []*Message{benchMessage(1)})
+	if got := segmentPayloads(t, dir); len(got) != 1 {
+		t.Fatalf("%d messages in the segments, want the good one alone", len(got))
+	}
+}
