@@ -67,7 +67,8 @@ type SegmentSink struct {
 	dir string // the segments directory
 	// MaxSegmentBytes bounds a segment: a pass that would take the newest
 	// segment past it starts a new one (a pass is never split, so a
-	// segment is at most MaxSegmentBytes plus one pass).
+	// segment is larger only when one pass alone is). Set it before the
+	// first Deliver; at most 2 GiB.
 	MaxSegmentBytes int64
 
 	mu    sync.Mutex
