@@ -297,6 +297,13 @@ func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why
 		// the request from now on, and the record is smaller.
 		rec.Args = nil
 	}
+	e := transitionEntry(now, a, rec, before, why)
+	for _, f := range more {
+		f(&e)
+	}
+	if err := keepAuditSeqLocked(tx, rec, &e); err != nil {
+		return err
+	}
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
@@ -324,10 +331,6 @@ func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why
 		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
 			return err
 		}
-	}
-	e := transitionEntry(now, a, rec, before, why)
-	for _, f := range more {
-		f(&e)
 	}
 	return s.appendObserved(tx, e)
 }

@@ -112,6 +112,13 @@ type Record struct {
 	FirstSeenAt   time.Time       `json:"first_seen_at"`
 	UpdatedAt     time.Time       `json:"updated_at"`
 	CompletedAt   time.Time       `json:"completed_at,omitzero"`
+	// AuditSeqs are the sequence numbers of the newest audit entries
+	// written in the same transaction as this record (its transitions), at
+	// most maxRecordAuditSeqs of them: AuditForKey finds those entries here
+	// instead of in the per-key audit index, so a transition writes no
+	// randomly keyed index entry. Older ones, and every entry written
+	// without the record (calls, replays, refusals), are in the index.
+	AuditSeqs []uint64 `json:"audit_seqs,omitempty"`
 }
 
 // Actor is who made a call, for records and audit entries. Tenant,

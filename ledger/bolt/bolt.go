@@ -554,6 +554,9 @@ func (t btx) Bucket(name []byte) ledger.Bucket {
 	if b == nil {
 		return nil
 	}
+	if slices.Contains(appendBuckets, string(name)) {
+		b.FillPercent = appendFillPercent
+	}
 	return bucket{b}
 }
 
