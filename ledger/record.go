@@ -87,9 +87,10 @@ type Record struct {
 	State       State  `json:"state"`
 	Attempts    int    `json:"attempts"`
 	Generation  uint64 `json:"generation"`
-	// Incarnation tells apart the operations that have used this key: a
-	// random id fixed when the record is created and never changed by
-	// retries, re-runs or approvals. A key is free again once its tombstone
+	// Incarnation tells apart the operations that have used this key: an
+	// id fixed when the record is created and never changed by retries,
+	// re-runs or approvals — its creation time, then random bits (see
+	// IncarnationTime; 16 random hex digits in records written before). A key is free again once its tombstone
 	// is deleted, and an operation under it then is a new one, with a new
 	// incarnation; downstream identities (order ids, message ids, the
 	// order API's Idempotency-Key) are derived from key and incarnation.

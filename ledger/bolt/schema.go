@@ -50,6 +50,11 @@ var allBuckets = func() [][]byte {
 // anywhere, where half-full pages leave room for the next insert.
 var appendBuckets = []string{ledger.AuditCollection, "by_time", "expiry"}
 
+// appendData are the downstream collections (nested in "data") filled the
+// same way: the embedded orders, keyed by tenant and an order id that
+// begins with its creation time (orders.ID).
+var appendData = []string{"orders"}
+
 // appendFillPercent is bbolt's Bucket.FillPercent for appendBuckets: a
 // little room for the few keys that arrive out of order (claims of one
 // group commit, the expiry index's several due times).
