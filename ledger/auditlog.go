@@ -131,22 +131,33 @@ const auditNear = 256
 // nearRecordAudit reports whether entry seq of (tenant, key) lands at most
 // auditNear entries after a transition that the key's record numbers.
 func nearRecordAudit(tx BTx, tenant, key string, seq uint64) bool {
-	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
-	if v == nil {
-		return false
+	ts, err := recordAuditSeqs(tx, tenant, key)
+	if err != nil {
+		return false // indexed, then: never lost
 	}
-	var r struct {
-		AuditSeqs []uint64 `json:"audit_seqs"`
-	}
-	if json.Unmarshal(v, &r) != nil {
-		return false
-	}
-	for _, t := range r.AuditSeqs {
+	for _, t := range ts {
 		if seq > t && seq-t <= auditNear {
 			return true
 		}
 	}
 	return false
+}
+
+// recordAuditSeqs returns Record.AuditSeqs of (tenant, key), or nil when
+// there is no record. It reads only that field, so a record of a newer
+// result format (which getRecord refuses) still gives its numbers.
+func recordAuditSeqs(tx BTx, tenant, key string) ([]uint64, error) {
+	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
+	if v == nil {
+		return nil, nil
+	}
+	var r struct {
+		AuditSeqs []uint64 `json:"audit_seqs"`
+	}
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+	}
+	return r.AuditSeqs, nil
 }
 
 // nearAuditEntries returns the sequence numbers of the entries of (tenant,
@@ -313,17 +324,15 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 		}
 		// The entries written with the record are numbered in it, and
 		// those near them are found by a scan there.
-		rec, err := getRecord(tx, tenant, key)
+		numbered, err := recordAuditSeqs(tx, tenant, key)
 		if err != nil {
 			return err
 		}
-		if rec != nil {
-			near, err := nearAuditEntries(tx, tenant, key, rec.AuditSeqs)
-			if err != nil {
-				return err
-			}
-			seqs = append(append(seqs, rec.AuditSeqs...), near...)
+		near, err := nearAuditEntries(tx, tenant, key, numbered)
+		if err != nil {
+			return err
 		}
+		seqs = append(append(seqs, numbered...), near...)
 		done := auditIndexed(tx)
 		ac := audit.Cursor()
 		for k, v := ac.Seek(be64(done + 1)); k != nil; k, v = ac.Next() {
