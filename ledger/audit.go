@@ -65,6 +65,10 @@ type AuditEntry struct {
 	PrunedThrough *AuditAnchor `json:"pruned_through,omitempty"`
 	PrevHash      string       `json:"prev_hash"`
 	Hash          string       `json:"hash"`
+
+	// recordSeq, when set, is the number this entry's record holds for it
+	// (Record.AuditSeqs): appendAudit then writes no per-key index entry.
+	recordSeq uint64
 }
 
 // DownstreamCall is what one execution of an operation did at its

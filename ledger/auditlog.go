@@ -24,8 +24,9 @@ func (s *Ledger) appendObserved(tx *ltx, entries ...AuditEntry) error {
 	return nil
 }
 
-// appendAudit adds entries to the hash chain and to the per-key index;
-// the caller holds tx.
+// appendAudit adds entries to the hash chain and, unless their record
+// numbers them (keepAuditSeqLocked) or they land near a transition it
+// numbers (nearRecordAudit), to the per-key index; the caller holds tx.
 func appendAudit(tx BTx, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
@@ -59,7 +60,14 @@ func appendAudit(tx BTx, entries ...AuditEntry) error {
 		if err := b.Put(be64(seq), v); err != nil {
 			return err
 		}
-		if e.Key != "" {
+		switch {
+		case e.recordSeq != 0:
+			// Its record holds this number (keepAuditSeqLocked): a
+			// mismatch would lose the entry from the key's history.
+			if e.recordSeq != seq {
+				return fmt.Errorf("ledger: audit entry %d was numbered %d in its record", seq, e.recordSeq)
+			}
+		case e.Key != "" && !nearRecordAudit(tx, e.Actor.Tenant, e.Key, seq):
 			if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, seq), nil); err != nil {
 				return err
 			}
@@ -67,6 +75,130 @@ func appendAudit(tx BTx, entries ...AuditEntry) error {
 		prev = e.Hash
 	}
 	return tx.Bucket(bucketMeta).Put(keyAuditIndexed, be64(seq))
+}
+
+// maxRecordAuditSeqs bounds Record.AuditSeqs: a record that would hold
+// more moves them to the per-key index first.
+const maxRecordAuditSeqs = 16
+
+// keepAuditSeqLocked numbers e, the next audit entry of the transaction,
+// and records that number in rec (Record.AuditSeqs) instead of in the
+// per-key index; rec must be written in the same transaction, before any
+// other audit entry is appended. The caller holds tx.
+func keepAuditSeqLocked(tx BTx, rec *Record, e *AuditEntry) error {
+	var seq uint64
+	if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
+		seq = beUint64(k)
+	}
+	if len(rec.AuditSeqs) >= maxRecordAuditSeqs {
+		if err := indexRecordAuditLocked(tx, rec); err != nil {
+			return err
+		}
+	}
+	e.recordSeq = seq + 1
+	rec.AuditSeqs = append(rec.AuditSeqs, e.recordSeq)
+	return nil
+}
+
+// indexRecordAuditLocked moves the audit entries rec numbers, and the
+// unindexed entries of its key near them (see auditNear), to the per-key
+// index (before rec is deleted, or when it holds too many); the caller
+// holds tx.
+func indexRecordAuditLocked(tx BTx, rec *Record) error {
+	near, err := nearAuditEntries(tx, rec.Tenant, rec.Key, rec.AuditSeqs)
+	if err != nil {
+		return err
+	}
+	idx := tx.Bucket(bucketAuditByKey)
+	for _, seq := range append(near, rec.AuditSeqs...) {
+		if err := idx.Put(auditKeyIndex(rec.Tenant, rec.Key, seq), nil); err != nil {
+			return err
+		}
+	}
+	rec.AuditSeqs = nil
+	return nil
+}
+
+// auditNear is how close after one of the transitions its record numbers
+// (Record.AuditSeqs) an entry of the key must land to be found by a scan
+// of the log there instead of the per-key index: a call's answer, written
+// with the next commit after its transition, and the replays of the same
+// moment. Every entry of a key is in the index or at most auditNear
+// entries after a transition its record numbers, so AuditForKey reads at
+// most maxRecordAuditSeqs × auditNear entries beyond the key's own.
+const auditNear = 256
+
+// nearRecordAudit reports whether entry seq of (tenant, key) lands at most
+// auditNear entries after a transition that the key's record numbers.
+func nearRecordAudit(tx BTx, tenant, key string, seq uint64) bool {
+	ts, err := recordAuditSeqs(tx, tenant, key)
+	if err != nil {
+		return false // indexed, then: never lost
+	}
+	for _, t := range ts {
+		if seq > t && seq-t <= auditNear {
+			return true
+		}
+	}
+	return false
+}
+
+// recordAuditSeqs returns Record.AuditSeqs of (tenant, key), or nil when
+// there is no record. It reads only that field, so a record of a newer
+// result format (which getRecord refuses) still gives its numbers.
+func recordAuditSeqs(tx BTx, tenant, key string) ([]uint64, error) {
+	v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
+	if v == nil {
+		return nil, nil
+	}
+	var r struct {
+		AuditSeqs []uint64 `json:"audit_seqs"`
+	}
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+	}
+	return r.AuditSeqs, nil
+}
+
+// nearAuditEntries returns the sequence numbers of the entries of (tenant,
+// key) at most auditNear entries after each of the transitions ts (the
+// ones nearRecordAudit left out of the index), ascending.
+func nearAuditEntries(tx BTx, tenant, key string, ts []uint64) ([]uint64, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	ts = slices.Sorted(slices.Values(ts))
+	quoted, err := json.Marshal(key)
+	if err != nil {
+		return nil, err
+	}
+	needle := append([]byte(`"key":`), quoted...)
+	c := tx.Bucket(bucketAudit).Cursor()
+	var out []uint64
+	var scanned uint64 // the last sequence number read
+	for _, t := range ts {
+		from := max(t+1, scanned+1)
+		for k, v := c.Seek(be64(from)); len(k) == 8 && beUint64(k) <= t+auditNear; k, v = c.Next() {
+			scanned = beUint64(k)
+			if !bytes.Contains(v, needle) {
+				continue
+			}
+			var e struct {
+				Key   string `json:"key"`
+				Actor struct {
+					Tenant string `json:"tenant"`
+				} `json:"actor"`
+			}
+			if err := json.Unmarshal(v, &e); err != nil {
+				return nil, fmt.Errorf("ledger: audit entry %x: %w", k, err)
+			}
+			if e.Key == key && e.Actor.Tenant == tenant {
+				out = append(out, scanned)
+			}
+		}
+		scanned = max(scanned, t+auditNear)
+	}
+	return out, nil
 }
 
 // auditKeyIndex is the per-key audit index key of entry seq of (tenant,
@@ -160,9 +292,11 @@ func (s *Ledger) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) {
 // AuditForKey returns the audit entries of (tenant, key) — its calls,
 // replays, refusals, transitions and answers — oldest first: the newest
 // limit of them (limit <= 0: all), and how many there are in all. It reads
-// the per-key index, so its cost is that of the key's own entries, not of
-// the whole log (plus a scan of the entries appended since the index's
-// watermark, which only a build without the index leaves behind).
+// the key's record (the transitions it numbers, and at most auditNear
+// entries after each), the per-key index (the other entries), and the
+// entries appended since the index's watermark (which only a build
+// without the index leaves behind): its cost is that of the key's own
+// entries, not of the whole log.
 // Buffered entries are written first, so the history is complete.
 func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int) ([]AuditEntry, int, error) {
 	if err := ctx.Err(); err != nil {
@@ -188,6 +322,17 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 				}
 			}
 		}
+		// The entries written with the record are numbered in it, and
+		// those near them are found by a scan there.
+		numbered, err := recordAuditSeqs(tx, tenant, key)
+		if err != nil {
+			return err
+		}
+		near, err := nearAuditEntries(tx, tenant, key, numbered)
+		if err != nil {
+			return err
+		}
+		seqs = append(append(seqs, numbered...), near...)
 		done := auditIndexed(tx)
 		ac := audit.Cursor()
 		for k, v := ac.Seek(be64(done + 1)); k != nil; k, v = ac.Next() {
@@ -199,6 +344,15 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 				seqs = append(seqs, e.Seq)
 			}
 		}
+		// Pruned entries are gone from the log (and from the index, not
+		// from a record): count only the kept ones.
+		first := uint64(math.MaxUint64)
+		if k, _ := ac.First(); len(k) == 8 {
+			first = beUint64(k)
+		}
+		slices.Sort(seqs)
+		seqs = slices.Compact(seqs)
+		seqs = slices.DeleteFunc(seqs, func(seq uint64) bool { return seq < first })
 		total = len(seqs)
 		if limit > 0 && len(seqs) > limit {
 			seqs = seqs[len(seqs)-limit:]

@@ -3,8 +3,9 @@ package ledger
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -142,7 +143,7 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
-			Incarnation: newIncarnation(),
+			Incarnation: newIncarnation(now),
 			Args:        c.Args, // a later re-run (after unknown, by approval) needs the request
 			Downstream:  c.Downstream,
 		}
@@ -240,19 +241,39 @@ func (s *Ledger) heldRecord(c Claim, now time.Time, earlierKey string) *Record {
 	return &Record{
 		Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 		Principal: c.Actor.Principal, State: StateAwaitingApproval, Args: c.Args, Downstream: c.Downstream,
-		FirstSeenAt: now, UpdatedAt: now, Approval: &a, Incarnation: newIncarnation(),
+		FirstSeenAt: now, UpdatedAt: now, Approval: &a, Incarnation: newIncarnation(now),
 	}
 }
 
-// newIncarnation returns a fresh Record.Incarnation: 64 random bits, so
-// two operations under one key (the second after the first's tombstone
-// was deleted) never share one.
-func newIncarnation() string {
+// newIncarnation returns a fresh Record.Incarnation for a record created
+// at now: "t", now's unix milliseconds (11 hex digits), then 52 random bits
+// (13 hex digits). Two operations under one key (the second after the
+// first's tombstone was deleted) never share one, and incarnations sort by
+// creation time, so the ids derived from them (orders.ID) are appended to
+// their collections instead of written anywhere.
+func newIncarnation(now time.Time) string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("ledger: no randomness for an incarnation: " + err.Error()) // crypto/rand does not fail on supported systems
 	}
-	return hex.EncodeToString(b[:])
+	ms := uint64(max(now.UnixMilli(), 0)) & (1<<44 - 1)
+	return fmt.Sprintf("t%011x%013x", ms, binary.BigEndian.Uint64(b[:])>>12)
+}
+
+// IncarnationTime returns the time-ordered prefix of an incarnation made
+// by this build (its 11 hex digits of unix milliseconds) and true, or ""
+// and false for one made before incarnations were time-ordered (16 random
+// hex digits), whose derived ids must stay as they were.
+func IncarnationTime(incarnation string) (string, bool) {
+	if len(incarnation) != 25 || incarnation[0] != 't' {
+		return "", false
+	}
+	for _, c := range incarnation[1:] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return "", false
+		}
+	}
+	return incarnation[1:12], true
 }
 
 // saveNew writes a record that did not exist, with its time index and,
@@ -297,6 +318,13 @@ func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why
 		// the request from now on, and the record is smaller.
 		rec.Args = nil
 	}
+	e := transitionEntry(now, a, rec, before, why)
+	for _, f := range more {
+		f(&e)
+	}
+	if err := keepAuditSeqLocked(tx, rec, &e); err != nil {
+		return err
+	}
 	if err := putRecord(tx, rec); err != nil {
 		return err
 	}
@@ -324,10 +352,6 @@ func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why
 		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
 			return err
 		}
-	}
-	e := transitionEntry(now, a, rec, before, why)
-	for _, f := range more {
-		f(&e)
 	}
 	return s.appendObserved(tx, e)
 }

@@ -51,6 +51,12 @@
 // typed (AuditEvent, AuditDecision), as are the error codes of outcomes
 // (Code): classify entries by them, never by other text.
 //
+// [Store.AuditForKey] finds a key's entries without reading the log: its
+// record numbers its newest transitions (Record.AuditSeqs), the entries
+// at most 256 after one of them (the call's answer, early replays) are
+// found by reading those 256, and every other entry of the key is in a
+// per-key index. A create therefore writes no per-key index entry.
+//
 // # Backends
 //
 // Every rule above is written once, in this package ([Ledger]), over a

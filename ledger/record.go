@@ -87,9 +87,10 @@ type Record struct {
 	State       State  `json:"state"`
 	Attempts    int    `json:"attempts"`
 	Generation  uint64 `json:"generation"`
-	// Incarnation tells apart the operations that have used this key: a
-	// random id fixed when the record is created and never changed by
-	// retries, re-runs or approvals. A key is free again once its tombstone
+	// Incarnation tells apart the operations that have used this key: an
+	// id fixed when the record is created and never changed by retries,
+	// re-runs or approvals — its creation time, then random bits (see
+	// IncarnationTime; 16 random hex digits in records written before). A key is free again once its tombstone
 	// is deleted, and an operation under it then is a new one, with a new
 	// incarnation; downstream identities (order ids, message ids, the
 	// order API's Idempotency-Key) are derived from key and incarnation.
@@ -112,6 +113,13 @@ type Record struct {
 	FirstSeenAt   time.Time       `json:"first_seen_at"`
 	UpdatedAt     time.Time       `json:"updated_at"`
 	CompletedAt   time.Time       `json:"completed_at,omitzero"`
+	// AuditSeqs are the sequence numbers of the newest audit entries
+	// written in the same transaction as this record (its transitions), at
+	// most maxRecordAuditSeqs of them: AuditForKey finds those entries here
+	// instead of in the per-key audit index, so a transition writes no
+	// randomly keyed index entry. Older ones, and every entry written
+	// without the record (calls, replays, refusals), are in the index.
+	AuditSeqs []uint64 `json:"audit_seqs,omitempty"`
 }
 
 // Actor is who made a call, for records and audit entries. Tenant,

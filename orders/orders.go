@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"idemgate/ledger"
@@ -136,10 +137,20 @@ type CancelRequest struct {
 // recorded before incarnations existed): the same operation always names
 // the same order, even when re-run after a retryable stop or run by an
 // approver, and two operations under one key (the second after the first's
-// tombstone was deleted) name two orders.
+// tombstone was deleted) name two orders. An id is "ord_" and 24 hex
+// digits; for an operation whose incarnation is time-ordered
+// (ledger.IncarnationTime) the first 11 are its creation time, so new
+// orders are appended to the collection; other operations keep the id
+// they always had.
 func ID(tenant, ref string) string {
 	sum := sha256.Sum256([]byte("order\x00" + tenant + "\x00" + ref))
-	return "ord_" + hex.EncodeToString(sum[:12])
+	h := hex.EncodeToString(sum[:12])
+	if i := strings.LastIndexByte(ref, ':'); i >= 0 {
+		if at, ok := ledger.IncarnationTime(ref[i+1:]); ok {
+			return "ord_" + at + h[:13]
+		}
+	}
+	return "ord_" + h
 }
 
 // Errors of the embedded store.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +98,32 @@ func TestEmbeddedChanges(t *testing.T) {
 	}
 	if list, next, err := e.List(ctx, "t1", "c1", 10, ""); err != nil || len(list) != 1 || next != "" {
 		t.Errorf("List = %d orders, next %q, %v; want 1, last page", len(list), next, err)
+	}
+}
+
+// TestIDStableAndTimeOrdered: an operation recorded before incarnations
+// were time-ordered (its key alone, or 16 random hex digits) keeps the id
+// it was given then, byte for byte, so a re-run finds its order; an
+// operation with a time-ordered incarnation gets an id of the same shape
+// that sorts by its creation time, distinct per operation.
+func TestIDStableAndTimeOrdered(t *testing.T) {
+	for ref, want := range map[string]string{ // the ids of the build before
+		"k1":      "ord_4de16e2cc2ac5045a7474709",
+		"k1:00ff": "ord_e6d44f1a5d157e02a0f72d71",
+		"0b7e6a52-0f3c-4a53-9d1e-3f0c1a2b4c5d:0123456789abcdef": "ord_1e013ed1a5fe2dc0f79313d0",
+		"k:t0000000000000000000000000x":                         "ord_246f0bce0d785a41fd1e26ec", // not hex: not time-ordered
+	} {
+		if got := ID("t1", ref); got != want {
+			t.Errorf("ID(t1, %q) = %s, want %s as before", ref, got, want)
+		}
+	}
+	early := ID("t1", "k2:t019ada3c5e1"+"0123456789abc")
+	late := ID("t1", "k1:t019ada3c5e2"+"0000000000000")
+	same := ID("t1", "k3:t019ada3c5e1"+"0123456789abc")
+	if !strings.HasPrefix(early, "ord_019ada3c5e1") || !strings.HasPrefix(late, "ord_019ada3c5e2") || len(early) != len("ord_")+24 {
+		t.Errorf("time-ordered id %s: want ord_ and 24 hex digits, the creation time first", early)
+	}
+	if !(early < late) || early == same {
+		t.Errorf("ids %s, %s, %s: want them ordered by creation time and distinct per operation", early, late, same)
 	}
 }

@@ -1,14 +1,18 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"idemgate/ledger"
 	"idemgate/ledger/ledgertest"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -227,5 +231,75 @@ func TestAuditLogAfterLast(t *testing.T) {
 	}
 	if got, err := s.AuditLog(ctx, math.MaxUint64, 0); err != nil || len(got) != 0 {
 		t.Fatalf("AuditLog(after MaxUint64) = %d entries, %v; want none", len(got), err)
+	}
+}
+
+// TestAuditTransitionsNotIndexed: an executed create writes no per-key
+// audit index entry (its record numbers its transition, Record.AuditSeqs),
+// nor does a replay soon after it (found by a scan near the transition);
+// a replay far after it is indexed. A file of the build before (every
+// entry indexed, records without audit_seqs) reads the same history.
+func TestAuditTransitionsNotIndexed(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, ledger.Options{})
+	ap := &applier{}
+	a := newClaim("t1", "create_order", "fp-a")
+	if _, err := s.Execute(ctx, a, ap.succeed(ledgertest.ResultOrder)); err != nil {
+		t.Fatal(err)
+	}
+	if rec := mustGet(t, s, "t1", a.Key); len(rec.AuditSeqs) != 1 {
+		t.Fatalf("record audit_seqs = %v, want its executed entry", rec.AuditSeqs)
+	}
+	if _, err := s.Execute(ctx, a, ap.succeed(ledgertest.ResultOrder)); err != nil { // a replay
+		t.Fatal(err)
+	}
+	for i := range 300 { // entries of other keys
+		s.Audit(ledger.AuditEntry{Event: ledger.EventCall, Actor: testActor("t1"), Tool: "get_order", Key: fmt.Sprint("other-", i), Decision: "read"})
+	}
+	if _, err := s.Execute(ctx, a, ap.succeed(ledgertest.ResultOrder)); err != nil { // a late replay
+		t.Fatal(err)
+	}
+	want, total, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || total != 3 {
+		t.Fatalf("AuditForKey = %v, %d, %v; want executed, replay, replay", summary(want), total, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	indexed := func(tx *bbolt.Tx) []uint64 {
+		var seqs []uint64
+		p := []byte("t1\x00" + a.Key + "\x00")
+		c := tx.Bucket(bucketAuditByKey).Cursor()
+		for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Next() {
+			seqs = append(seqs, binary.BigEndian.Uint64(k[len(p):]))
+		}
+		return seqs
+	}
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
+		if got := indexed(tx); !slices.Equal(got, []uint64{want[2].Seq}) {
+			t.Errorf("per-key index holds %v, want only the late replay %d", got, want[2].Seq)
+		}
+		// As the build before left it: every entry indexed, the record
+		// without audit_seqs.
+		for _, e := range want {
+			if err := tx.Bucket(bucketAuditByKey).Put(append([]byte("t1\x00"+a.Key+"\x00"), be64(e.Seq)...), nil); err != nil {
+				return err
+			}
+		}
+		recs := tx.Bucket(bucketRecords)
+		k := []byte("t1\x00" + a.Key)
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal(recs.Get(k), &rec); err != nil {
+			return err
+		}
+		delete(rec, "audit_seqs")
+		v, _ := json.Marshal(rec)
+		return recs.Put(k, v)
+	})
+	s = mustOpenPath(t, path, ledger.Options{})
+	got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || total != 3 || len(got) != 3 || got[0].Hash != want[0].Hash || got[1].Hash != want[1].Hash || got[2].Hash != want[2].Hash {
+		t.Errorf("old layout: AuditForKey = %v, %d, %v; want %v", summary(got), total, err, summary(want))
 	}
 }

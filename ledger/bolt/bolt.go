@@ -554,21 +554,27 @@ func (t btx) Bucket(name []byte) ledger.Bucket {
 	if b == nil {
 		return nil
 	}
+	if slices.Contains(appendBuckets, string(name)) {
+		b.FillPercent = appendFillPercent
+	}
 	return bucket{b}
 }
 
 // Data keeps the downstream collections as buckets nested in "data".
 func (t btx) Data(name string, create bool) (ledger.Bucket, error) {
 	data := t.tx.Bucket(bucketData)
-	if b := data.Bucket([]byte(name)); b != nil {
-		return bucket{b}, nil
+	b := data.Bucket([]byte(name))
+	if b == nil {
+		if !create {
+			return nil, nil
+		}
+		var err error
+		if b, err = data.CreateBucket([]byte(name)); err != nil {
+			return nil, err
+		}
 	}
-	if !create {
-		return nil, nil
-	}
-	b, err := data.CreateBucket([]byte(name))
-	if err != nil {
-		return nil, err
+	if slices.Contains(appendData, name) {
+		b.FillPercent = appendFillPercent
 	}
 	return bucket{b}, nil
 }

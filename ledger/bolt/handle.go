@@ -137,6 +137,13 @@ func (h *handle) openLocked() (*bbolt.DB, error) {
 	// Our own lock already serialises processes, so bbolt's flock never
 	// waits; the timeout only guards against a foreign process holding the
 	// file (an old idemgate, a bbolt tool).
+	//
+	// The freelist stays synced (no NoFreelistSync): that would save one
+	// page of a commit's thirty-odd, but every open of a file written so
+	// then rebuilds the freelist by reading every page of the file (170 ms
+	// measured for a ledger of 100 000 creates, 600 MB; proportionally more
+	// at a million), and processes sharing a file reopen it at each
+	// hand-over.
 	opts := &bbolt.Options{Timeout: 10 * time.Second, ReadOnly: h.readOnly, PreLoadFreelist: true,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			flag &^= os.O_CREATE // precheck saw the file; never create one here

@@ -41,3 +41,21 @@ var allBuckets = func() [][]byte {
 	}
 	return out
 }()
+
+// appendBuckets are the collections whose keys begin with a time or a
+// sequence number, so new keys land at (or near) the end: their pages are
+// filled to appendFillPercent before they split, instead of bbolt's half,
+// so the file grows by about half as many of their pages, and a commit
+// splits fewer. The others are keyed by operation keys and hashes, written
+// anywhere, where half-full pages leave room for the next insert.
+var appendBuckets = []string{ledger.AuditCollection, "by_time", "expiry"}
+
+// appendData are the downstream collections (nested in "data") filled the
+// same way: the embedded orders, keyed by tenant and an order id that
+// begins with its creation time (orders.ID).
+var appendData = []string{"orders"}
+
+// appendFillPercent is bbolt's Bucket.FillPercent for appendBuckets: a
+// little room for the few keys that arrive out of order (claims of one
+// group commit, the expiry index's several due times).
+const appendFillPercent = 0.95

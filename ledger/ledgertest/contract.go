@@ -169,6 +169,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"SettleHowAudited", contractSettleHowAudited},
 		{"AuditBufferSurvivesPanic", contractAuditBufferSurvivesPanic},
 		{"OnHeld", contractOnHeld},
+		{"AuditHistoryOfKey", contractAuditHistoryOfKey},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })

@@ -591,3 +591,73 @@ func contractAuditBufferSurvivesPanic(t *testing.T, open func(t *testing.T, o le
 		t.Errorf("VerifyAudit: %v", err)
 	}
 }
+
+// contractAuditHistoryOfKey: AuditForKey returns exactly the entries of
+// the whole log that name the key, in order — through more transitions
+// than a record numbers itself (Record.AuditSeqs is bounded), replays,
+// and after the record was compacted to a tombstone and then deleted.
+func contractAuditHistoryOfKey(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	c := newClaim("t1", "create_order", "fp-history")
+	c.OnLeaseExpiry = ledger.StateRetryable
+	other := newClaim("t1", "create_order", "fp-other")
+	var d ledger.Decision
+	for range 12 { // 23 transitions (claimed, then retryable and claimed again) and 12 answers
+		d = e.claim(c)
+		wantKind(t, d, ledger.DecisionClaimed)
+		// The call's answer, as the tools write it, and entries of
+		// another key between.
+		e.s.Audit(ledger.AuditEntry{Event: ledger.EventAnswer, Actor: c.Actor, Tool: c.Tool, Key: c.Key, StateAfter: ledger.StateInProgress})
+		e.exec(other, e.ap.succeed(ResultOrder))
+		e.clock.Advance(e.opts.Lease)
+	}
+	d = e.claim(c)
+	if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder)}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	wantKind(t, e.exec(c, e.ap.succeed(ResultOrder)), ledger.DecisionReplay)
+	check := func(when string, atLeast int) {
+		t.Helper()
+		log, err := e.s.AuditLog(e.ctx, 0, 0)
+		if err != nil {
+			t.Fatalf("AuditLog: %v", err)
+		}
+		var want []uint64
+		for _, en := range log {
+			if en.Key == c.Key && en.Actor.Tenant == "t1" {
+				want = append(want, en.Seq)
+			}
+		}
+		got, total, err := e.s.AuditForKey(e.ctx, "t1", c.Key, 0)
+		if err != nil {
+			t.Fatalf("%s: AuditForKey: %v", when, err)
+		}
+		var seqs []uint64
+		for _, en := range got {
+			seqs = append(seqs, en.Seq)
+		}
+		if total != len(want) || !slices.Equal(seqs, want) || len(want) < atLeast {
+			t.Errorf("%s: AuditForKey = %v (total %d), want the log's %v (at least %d)", when, seqs, total, want, atLeast)
+		}
+		if newest, total2, err := e.s.AuditForKey(e.ctx, "t1", c.Key, 3); err != nil || total2 != total || len(newest) != 3 || newest[2].Seq != want[len(want)-1] {
+			t.Errorf("%s: AuditForKey limit 3 = %d entries (total %d), %v; want the newest 3 of %d", when, len(newest), total2, err, total)
+		}
+	}
+	check("succeeded", 38)
+	if rec := mustGet(t, e.s, "t1", c.Key); len(rec.AuditSeqs) == 0 || len(rec.AuditSeqs) > 16 {
+		t.Errorf("the record numbers %d audit entries, want 1 to 16 (bounded)", len(rec.AuditSeqs))
+	}
+	e.clock.Advance(e.opts.Retention)
+	if n, _, err := e.s.Sweep(e.ctx); err != nil || n == 0 {
+		t.Fatalf("Sweep at retention = %d, %v", n, err)
+	}
+	check("tombstone", 39)
+	e.clock.Advance(e.opts.TombstoneRetention)
+	if _, n, err := e.s.Sweep(e.ctx); err != nil || n == 0 {
+		t.Fatalf("Sweep at tombstone retention = %d deleted, %v", n, err)
+	}
+	if _, err := e.s.Get(e.ctx, "t1", c.Key); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("Get after deletion: %v, want ErrNotFound", err)
+	}
+	check("deleted", 40)
+}
