@@ -101,20 +101,42 @@ func (e *envelopeError) response() []byte {
 // let through (nil): mcp-go answers it with a parse error. Time and
 // memory are O(len(msg)).
 func checkEnvelope(msg []byte) *envelopeError {
+	e, _ := examineEnvelope(msg)
+	return e
+}
+
+// examineEnvelope is checkEnvelope that also returns, for a message it
+// lets through, the request's id as written when the message is one JSON
+// object with a method and a string or numeric id (nil for a
+// notification, a response, null or no id, and text that is not one JSON
+// value): one walk of the message serves both the check and the stdio
+// drain's count of requests in flight.
+func examineEnvelope(msg []byte) (refused *envelopeError, requestID json.RawMessage) {
 	if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
 		w := newWalker(msg)
 		w.run() // reads up to the deep part, for the id
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest,
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
-				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}
+				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}, nil
 	}
 	w := newWalker(msg)
 	if err := w.run(); err != nil {
 		if errors.Is(err, errSyntax) {
-			return nil
+			return nil, nil
 		}
-		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}
+		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}, nil
 	}
+	e := w.verdict()
+	if e == nil && w.methodKind == "a string" {
+		requestID = w.id
+	}
+	return e, requestID
+}
+
+// verdict is the refusal of a message walked whole without one, from
+// what the walk noted of its id, method and tool name; nil to let it
+// through.
+func (w *walker) verdict() *envelopeError {
 	switch w.idKind {
 	case "", "a string", "a number", "null":
 	default:
