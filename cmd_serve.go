@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -26,6 +27,7 @@ import (
 )
 
 func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	setGCDefault()
 	stopProfiles, err := startProfiles(os.Getenv("IDEMGATE_CPUPROFILE"), os.Getenv("IDEMGATE_MEMPROFILE"))
 	if err != nil {
 		return err
@@ -314,4 +316,22 @@ func writeProfile(name, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// serveGOGC is serve's garbage-collection target when the GOGC
+// environment variable is unset (Go's default is 100). A server's live
+// heap is small — a few MB: the ledger's data is bbolt's memory map, not
+// heap — while each call allocates tens of KB (JSON-RPC, schema
+// validation, the answer), so at 100 the collector ran every few dozen
+// calls; measured with idemgate bench, it was about a tenth of the
+// server's CPU. At 400 it runs a quarter as often, for a heap of some
+// 5 × the live data instead of 2 ×.
+const serveGOGC = 400
+
+// setGCDefault applies serveGOGC unless GOGC is set, which the runtime
+// has then already applied, as for any Go program.
+func setGCDefault() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(serveGOGC)
+	}
 }

@@ -18,9 +18,9 @@ type countingEffect struct {
 	built *atomic.Int64
 }
 
-func (e countingEffect) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
+func (e countingEffect) applier(s *Service, tenant string, args json.RawMessage, decoded any) (ledger.ApplyFunc, error) {
 	e.built.Add(1)
-	return e.effect.applier(s, tenant, args)
+	return e.effect.applier(s, tenant, args, decoded)
 }
 
 func countApplier(svc *Service, tool string) *atomic.Int64 {
@@ -155,5 +155,24 @@ func TestReplayCallEntryIsLean(t *testing.T) {
 	if call.Key != key || call.Tool != "create_order" || call.StateAfter != ledger.StateSucceeded || call.Attempt != 1 ||
 		call.PolicyRule == "" || call.PolicyAction == "" || call.Actor.Principal != agent.Principal {
 		t.Errorf("replay entry lost a field: %+v", call)
+	}
+}
+
+// The arguments a call decoded are what the policy and the applier see:
+// decodeOnce gives them back, and decodes the saved bytes when it is given
+// none, or a value of another type.
+func TestDecodeOnce(t *testing.T) {
+	e := &sideEffect[createOrderArgs]{}
+	args := json.RawMessage(`{"customer_id":"c-1","currency":"EUR","items":[{"sku":"A","quantity":2,"unit_price_minor":150}],"notify_customer":true}`)
+	fromBytes, err := e.decodeOnce(args, nil)
+	if err != nil || fromBytes.CustomerID != "c-1" || len(fromBytes.Items) != 1 || !fromBytes.NotifyCustomer {
+		t.Fatalf("decodeOnce(args, nil) = %+v, %v", fromBytes, err)
+	}
+	decoded := createOrderArgs{CustomerID: "c-2"}
+	if got, _ := e.decodeOnce(args, decoded); got.CustomerID != "c-2" {
+		t.Errorf("decodeOnce with the call's decoded arguments = %+v, want them", got)
+	}
+	if got, _ := e.decodeOnce(args, sendNotificationArgs{}); got.CustomerID != "c-1" {
+		t.Errorf("decodeOnce with another tool's arguments = %+v, want the bytes decoded", got)
 	}
 }

@@ -129,8 +129,10 @@ type call struct {
 	policy approvals.Verdict
 	// refused is set when the call was refused before the ledger was asked.
 	refused *refusal
-	// args is c.req.Args as JSON, kept from decoding them (nil: not yet).
-	args json.RawMessage
+	// args is c.req.Args as JSON, kept from decoding them (nil: not yet),
+	// and decoded those bytes as the tool's argument type (nil: not yet).
+	args    json.RawMessage
+	decoded any
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -335,15 +337,15 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		s.log.Error("no effect for a side-effecting call", "tool", c.req.Tool)
 		return internalError(key)
 	}
-	args := c.args
+	args, decoded := c.args, c.decoded
 	if args == nil {
 		b, err := json.Marshal(c.req.Args)
 		if err != nil {
 			return s.ledgerError(c, err)
 		}
-		args = b
+		args, decoded = b, nil
 	}
-	facts, err := eff.policyFacts(args)
+	facts, err := eff.policyFacts(args, decoded)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
@@ -360,7 +362,7 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		total = &approvals.Total{AmountMinor: facts.Amount, Currency: facts.Currency}
 	}
 	apply := audited(s.downstream(c.req.Tool), func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		run, err := eff.applier(s, tenant, args)
+		run, err := eff.applier(s, tenant, args, decoded)
 		if err != nil {
 			return ledger.Outcome{}, err // rolls the claim back: nothing is recorded
 		}
