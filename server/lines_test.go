@@ -62,12 +62,29 @@ func TestStdioDrainRefusesBeforeMCP(t *testing.T) {
 	ok2 := "not json\n"
 	out := &syncBuilder{}
 	d := NewStdioDrain(strings.NewReader(ok1+bad+deep+ok2), out)
-	read := make(chan []byte)
-	go func() { b, _ := io.ReadAll(d.Reader()); read <- b }()
-	<-d.InputDone()
-	deadline := time.Now().Add(5 * time.Second)
-	for strings.Count(out.String(), "\n") < 2 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	lines := make(chan string)
+	go func() {
+		r := bufio.NewReader(d.Reader())
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				close(lines)
+				return
+			}
+			lines <- line
+		}
+	}()
+	var passed []string
+	for len(passed) < 2 {
+		select {
+		case l := <-lines:
+			passed = append(passed, l)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("passed on %q, then nothing", passed)
+		}
+	}
+	if got := strings.Join(passed, ""); got != ok1+ok2 {
+		t.Errorf("passed on %q, want %q", got, ok1+ok2)
 	}
 	// The request passed on (id 1) is never answered here: Drain gives up
 	// on it at once, then ends the reader.
@@ -76,8 +93,8 @@ func TestStdioDrainRefusesBeforeMCP(t *testing.T) {
 	if left := d.Drain(ctx); left != 1 {
 		t.Errorf("Drain: %d unanswered, want 1 (the tools/list passed on)", left)
 	}
-	if got := <-read; string(got) != ok1+ok2 {
-		t.Errorf("passed on %q, want %q", got, ok1+ok2)
+	if l, more := <-lines; more {
+		t.Errorf("passed on %q after the drain", l)
 	}
 	answers := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	if len(answers) != 2 ||

@@ -176,3 +176,30 @@ func TestDecodeOnce(t *testing.T) {
 		t.Errorf("decodeOnce with another tool's arguments = %+v, want the bytes decoded", got)
 	}
 }
+
+// Arguments given as the client's JSON are the same request as the same
+// arguments decoded: a call with the JSON (other key order, another
+// spelling of a number) replays the order placed with the map, and a
+// refusal of JSON arguments still names their operation_key.
+func TestCallWithRawArguments(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	key := uuid.NewString()
+	first := svc.Call(ctx, agent, "create_order", orderArgs(key, 2), nil)
+	if first.IsError {
+		t.Fatalf("first call = %+v", first)
+	}
+	raw := json.RawMessage(`{"items":[{"unit_price_minor":5e2,"quantity":2.0,"sku":"s1"}],"currency":"EUR","customer_id":"c1","operation_key":"` + key + `"}`)
+	r := svc.Call(ctx, agent, "create_order", raw, nil)
+	if !r.Replayed || string(r.Result) != string(first.Result) {
+		t.Fatalf("the same arguments as JSON = %+v, want the first answer replayed", r)
+	}
+	bad := json.RawMessage(`{"operation_key":"` + uuid.NewString() + `","customer_id":"c-1","currency":"EUR","items":"none"}`)
+	var badKey struct {
+		Key string `json:"operation_key"`
+	}
+	json.Unmarshal(bad, &badKey)
+	if r := svc.Call(ctx, agent, "create_order", bad, nil); r.Error == nil || r.Error.Code != string(CodeInvalidArguments) || r.OperationKey != badKey.Key {
+		t.Fatalf("invalid JSON arguments = %+v, want invalid_arguments naming key %s", r, badKey.Key)
+	}
+}

@@ -241,7 +241,9 @@ func (s *Service) Deliverer() *outbox.Deliverer { return s.outbox }
 // validated before anything touches the ledger, so invalid calls leave no
 // record and the key may be reused with corrected arguments. Every call of a
 // side-effecting tool, and every refusal, ends with an audit entry of what
-// was answered (see audit).
+// was answered (see audit). args are the arguments decoded (a
+// map[string]any, as an MCP library gives them) or as JSON
+// (json.RawMessage, as the client sent them).
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
 	t, ok := s.tools[name]
 	if !ok {
@@ -256,13 +258,7 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 			s.log.Error("prepare arguments", "tool", name, "err", err)
 			return internalError("")
 		}
-		key := ""
-		if m, ok := args.(map[string]any); ok {
-			key, _ = m["operation_key"].(string)
-			if len(key) > 64 {
-				key = ""
-			}
-		}
+		key := operationKeyOf(args)
 		c.refused = &refusal{code: CodeInvalidArguments, detail: ve.Error(), key: key}
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
 		next := NextFixRetry
@@ -285,6 +281,26 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 	}
 	c.req = req
 	return t.run(s, ctx, c)
+}
+
+// operationKeyOf is the operation_key string among arguments as Call
+// takes them (a decoded map, or JSON), "" when there is none or it is
+// longer than a key can be.
+func operationKeyOf(args any) string {
+	var key string
+	switch a := args.(type) {
+	case map[string]any:
+		key, _ = a["operation_key"].(string)
+	case json.RawMessage:
+		var m map[string]any // the exact name, as in a decoded map
+		if json.Unmarshal(a, &m) == nil {
+			key, _ = m["operation_key"].(string)
+		}
+	}
+	if len(key) > 64 {
+		return ""
+	}
+	return key
 }
 
 // finish ends a call (deferred by Call): a panic becomes an internal-error
