@@ -5,15 +5,22 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strings"
 	"sync"
 )
 
-// StdioDrain sits between a stdio client and the stdio server so that a
-// shutdown answers what was asked: it counts the requests passed to the
-// server and the answers written back, and Drain stops passing new input,
+// StdioDrain sits between a stdio client and the stdio server. Every line
+// it reads is checked once by the strict envelope (checkEnvelope): a line
+// it refuses is answered with its JSON-RPC error on the output and never
+// reaches the server; lines longer than MaxMessageBytes are replaced by a
+// line that is not JSON (the server answers a parse error). And so that
+// a shutdown answers what was asked, it counts the requests passed to the
+// server and the answers written back: Drain stops passing new input,
 // waits until every request read has its answer, and only then ends the
 // server's input. (mcp-go's stdio server cancels every call in flight the
-// moment its input ends.)
+// moment its input ends.) Its Writer makes each Write atomic with respect
+// to the others, so refusals and the server's answers never interleave
+// (mcp-go writes each message with one Write call).
 type StdioDrain struct {
 	lines     chan []byte
 	inputDone chan struct{}
@@ -48,11 +55,10 @@ func NewStdioDrain(in io.Reader, out io.Writer) *StdioDrain {
 // pump reads lines until in ends; it exits then, or when the drain is
 // released. A pump blocked reading a client that never writes again stays
 // so until the process exits.
-func (d *StdioDrain) pump(in io.Reader) {
+func (d *StdioDrain) pump(in *boundedLines) {
 	defer close(d.inputDone)
-	r := newLineReader(in)
 	for {
-		line, err := r()
+		line, err := in.readLine() // a new slice for every line
 		if len(line) > 0 {
 			select {
 			case d.lines <- line:
@@ -62,28 +68,6 @@ func (d *StdioDrain) pump(in io.Reader) {
 		}
 		if err != nil {
 			return
-		}
-	}
-}
-
-// newLineReader returns a function yielding whole lines of in.
-func newLineReader(in io.Reader) func() ([]byte, error) {
-	buf := make([]byte, 0, 64<<10)
-	chunk := make([]byte, 64<<10)
-	return func() ([]byte, error) {
-		for {
-			if i := bytes.IndexByte(buf, '\n'); i >= 0 {
-				line := bytes.Clone(buf[:i+1])
-				buf = append(buf[:0], buf[i+1:]...)
-				return line, nil
-			}
-			n, err := in.Read(chunk)
-			buf = append(buf, chunk[:n]...)
-			if err != nil {
-				line := bytes.Clone(buf)
-				buf = buf[:0]
-				return line, err
-			}
 		}
 	}
 }
@@ -107,6 +91,10 @@ func (r drainReader) Read(p []byte) (int, error) {
 			<-d.released
 			return 0, io.EOF
 		case line := <-d.lines:
+			refused, rawID := examineEnvelope(line)
+			if refused != nil {
+				rawID = refused.ID // its refusal answers it under this id
+			}
 			d.mu.Lock()
 			if d.stopped {
 				// Read after the shutdown began: not served, as if it had
@@ -114,11 +102,17 @@ func (r drainReader) Read(p []byte) (int, error) {
 				d.mu.Unlock()
 				continue
 			}
-			if id, ok := requestID(line); ok {
+			if id, ok := normalizeID(rawID); ok {
 				d.pending[id]++
 				d.npend++
 			}
 			d.mu.Unlock()
+			if refused != nil {
+				if _, err := d.Writer().Write(append(refused.response(), '\n')); err != nil {
+					return 0, err
+				}
+				continue
+			}
 			d.cur = line
 		}
 	}
@@ -190,26 +184,31 @@ func (d *StdioDrain) Drain(ctx context.Context) int {
 	return d.npend
 }
 
-// requestID is the normalized id of a request (a message with a method
-// and an id); notifications and responses have none. A message the strict
-// envelope refuses is answered, before mcp-go, with the id its refusal
-// names: none (null) when the id is ambiguous or too long.
-func requestID(line []byte) (string, bool) {
-	if e := checkEnvelope(line); e != nil {
-		return normalizeID(e.ID)
-	}
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method *string         `json:"method"`
-	}
-	if json.Unmarshal(line, &m) != nil || m.Method == nil {
-		return "", false
-	}
-	return normalizeID(m.ID)
-}
+// responsePrefix is how every answer mcp-go writes begins (the
+// marshalled JSONRPCResponse or JSONRPCError: jsonrpc, id, then result or
+// error).
+var responsePrefix = []byte(`{"jsonrpc":"2.0","id":`)
 
 // responseID is the normalized id of a response (an id without a method).
+// An answer shaped as mcp-go writes them (responsePrefix, a number or a
+// string without escapes, then result or error, and a closing brace at
+// the end) is read from its first bytes, not decoded whole: a replay's
+// answer is kilobytes, and what lies between is mcp-go's own encoding.
 func responseID(line []byte) (string, bool) {
+	if rest, ok := bytes.CutPrefix(line, responsePrefix); ok && bytes.HasSuffix(bytes.TrimRight(line, " \r"), []byte("}")) {
+		if n := plainIDLen(rest); n > 0 {
+			if after := rest[n:]; bytes.HasPrefix(after, []byte(`,"result":`)) || bytes.HasPrefix(after, []byte(`,"error":`)) {
+				if id, ok := normalizeID(rest[:n]); ok {
+					return id, true
+				}
+			}
+		}
+	}
+	return decodeResponseID(line)
+}
+
+// decodeResponseID is responseID for any message, decoded whole.
+func decodeResponseID(line []byte) (string, bool) {
 	var m struct {
 		ID     json.RawMessage `json:"id"`
 		Method *string         `json:"method"`
@@ -232,4 +231,28 @@ func normalizeID(raw json.RawMessage) (string, bool) {
 	}
 	b, _ := json.Marshal(v)
 	return string(b), true
+}
+
+// plainIDLen is the length of the JSON number, or string without
+// escapes, that b begins with; 0 for anything else.
+func plainIDLen(b []byte) int {
+	if len(b) == 0 {
+		return 0
+	}
+	if b[0] == '"' {
+		for i := 1; i < len(b) && i <= maxIDLen+1; i++ {
+			switch c := b[i]; {
+			case c == '"':
+				return i + 1
+			case c == '\\' || c < 0x20:
+				return 0
+			}
+		}
+		return 0
+	}
+	i := 0
+	for i < len(b) && i < maxNumberLen && strings.IndexByte("-+.0123456789eE", b[i]) >= 0 {
+		i++
+	}
+	return i
 }

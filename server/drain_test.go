@@ -18,9 +18,9 @@ func TestStdioDrain(t *testing.T) {
 	var out strings.Builder
 	d := NewStdioDrain(inR, &out)
 	go func() {
-		io.WriteString(inW, `{"jsonrpc":"2.0","id":1,"method":"tools/call"}`+"\n")
+		io.WriteString(inW, `{"jsonrpc":"2.0","id":1,"method":"ping"}`+"\n")
 		io.WriteString(inW, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
-		io.WriteString(inW, `{"jsonrpc":"2.0","id":"a","method":"tools/call"}`+"\n")
+		io.WriteString(inW, `{"jsonrpc":"2.0","id":"a","method":"ping"}`+"\n")
 	}()
 	r := bufio.NewReader(d.Reader())
 	for i := 0; i < 3; i++ {
@@ -56,7 +56,7 @@ func TestStdioDrain(t *testing.T) {
 
 // TestStdioDrainGrace: Drain gives up when its context ends.
 func TestStdioDrainGrace(t *testing.T) {
-	d := NewStdioDrain(strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"tools/call"}`+"\n"), io.Discard)
+	d := NewStdioDrain(strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"ping"}`+"\n"), io.Discard)
 	if _, err := bufio.NewReader(d.Reader()).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +79,7 @@ func TestStdioDrainRefusedMessages(t *testing.T) {
 		`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":5}}` + "\n"
 	out := &syncBuilder{}
 	d := NewStdioDrain(strings.NewReader(in), out)
-	r, _ := stdioStreams(d.Reader(), d.Writer())
-	go io.Copy(io.Discard, r) // mcp-go's reading: every line is refused before it
+	go io.Copy(io.Discard, d.Reader()) // mcp-go's reading: every line is refused before it
 	deadline := time.Now().Add(5 * time.Second)
 	for strings.Count(out.String(), "\n") < 4 {
 		if time.Now().After(deadline) {
@@ -112,4 +111,38 @@ func (s *syncBuilder) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestResponseID: an answer read from its first bytes has the id decoding
+// it whole gives, and whatever is not shaped as mcp-go's answers is
+// decoded whole.
+func TestResponseID(t *testing.T) {
+	big := `{"content":[{"type":"text","text":"` + strings.Repeat("x", 5000) + `"}]}`
+	tests := []struct {
+		name, line string
+		want       string
+		ok         bool
+	}{
+		{"number", `{"jsonrpc":"2.0","id":7,"result":` + big + `}`, "7", true},
+		{"number written as a float", `{"jsonrpc":"2.0","id":7.0,"result":{}}`, "7", true},
+		{"string", `{"jsonrpc":"2.0","id":"a-1","result":{}}`, `"a-1"`, true},
+		{"escaped string", `{"jsonrpc":"2.0","id":"a\u0062","result":{}}`, `"ab"`, true},
+		{"error answer", `{"jsonrpc":"2.0","id":9,"error":{"code":-32601,"message":"x"}}`, "9", true},
+		{"null id", `{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}`, "", false},
+		{"a request to the client", `{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{}}`, "", false},
+		{"a notification", `{"jsonrpc":"2.0","method":"notifications/progress","params":{}}`, "", false},
+		{"other member order", `{"id":4,"jsonrpc":"2.0","result":{}}`, "4", true},
+		{"not json", `{"jsonrpc":"2.0","id":4,"result":`, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := responseID([]byte(tt.line))
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("responseID = %q, %v; want %q, %v", got, ok, tt.want, tt.ok)
+			}
+			if whole, wok := decodeResponseID([]byte(tt.line)); whole != got || wok != ok {
+				t.Errorf("decoded whole: %q, %v; from the first bytes: %q, %v", whole, wok, got, ok)
+			}
+		})
+	}
 }

@@ -101,20 +101,55 @@ func (e *envelopeError) response() []byte {
 // let through (nil): mcp-go answers it with a parse error. Time and
 // memory are O(len(msg)).
 func checkEnvelope(msg []byte) *envelopeError {
+	e, _ := examineEnvelope(msg)
+	return e
+}
+
+// examineEnvelope is checkEnvelope that also returns, for a message it
+// lets through, the request's id as written when the message is one JSON
+// object with a method and a string or numeric id (nil for a
+// notification, a response, null or no id, and text that is not one JSON
+// value): one walk of the message serves both the check and the stdio
+// drain's count of requests in flight.
+func examineEnvelope(msg []byte) (refused *envelopeError, requestID json.RawMessage) {
 	if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
-		w := newWalker(msg)
+		// Not known to be JSON: a decoder checks how the tokens are
+		// arranged.
+		dec := json.NewDecoder(bytes.NewReader(msg))
+		dec.UseNumber()
+		w := &walker{dec: dec}
 		w.run() // reads up to the deep part, for the id
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest,
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
-				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}
+				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}, nil
 	}
-	w := newWalker(msg)
+	if !json.Valid(msg) {
+		return nil, nil // mcp-go answers a parse error
+	}
+	return examineTokens(&lexer{b: msg})
+}
+
+// examineTokens is examineEnvelope's walk of a valid JSON message, read
+// from src.
+func examineTokens(src tokenSource) (refused *envelopeError, requestID json.RawMessage) {
+	w := &walker{dec: src}
 	if err := w.run(); err != nil {
 		if errors.Is(err, errSyntax) {
-			return nil
+			return nil, nil
 		}
-		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}
+		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}, nil
 	}
+	e := w.verdict()
+	if e == nil && w.methodKind == "a string" {
+		requestID = w.id
+	}
+	return e, requestID
+}
+
+// verdict is the refusal of a message walked whole without one, from
+// what the walk noted of its id, method and tool name; nil to let it
+// through.
+func (w *walker) verdict() *envelopeError {
 	switch w.idKind {
 	case "", "a string", "a number", "null":
 	default:
@@ -151,17 +186,20 @@ var errSyntax = errors.New("not one JSON value")
 
 // frame is one open array or object of the walk.
 type frame struct {
-	object  bool
-	names   map[string]string // folded name → name as written
-	wantKey bool              // an object's next token is a member name
-	key     string            // the member being read
-	index   int               // an array's current element
+	object bool
+	// names are the object's member names so far, folded and as
+	// written; byFold indexes them once there are more than a few.
+	names   []memberName
+	byFold  map[string]string
+	wantKey bool   // an object's next token is a member name
+	key     string // the member being read
+	index   int    // an array's current element
 }
 
 // walker reads a message token by token, keeping only the stack of open
 // containers and, per open object, its member names.
 type walker struct {
-	dec   *json.Decoder
+	dec   tokenSource
 	stack []frame
 	code  int // the JSON-RPC code of the refusal run returned
 
@@ -200,12 +238,6 @@ func echoedExactly(lit string) bool {
 	want, ok1 := new(big.Rat).SetString(lit)
 	got, ok2 := new(big.Rat).SetString(string(echo))
 	return ok1 && ok2 && want.Cmp(got) == 0
-}
-
-func newWalker(msg []byte) *walker {
-	dec := json.NewDecoder(bytes.NewReader(msg))
-	dec.UseNumber()
-	return &walker{dec: dec}
 }
 
 // run walks the whole value. It returns errSyntax (wrapped) for text that
@@ -286,10 +318,7 @@ func kindOf(d json.Delim) string {
 func (w *walker) member(name string) error {
 	f := &w.stack[len(w.stack)-1]
 	folded := foldName(name)
-	if f.names == nil {
-		f.names = map[string]string{}
-	}
-	if prev, dup := f.names[folded]; dup {
+	if prev, dup := f.seen(folded); dup {
 		where := w.path()
 		if where == "" {
 			where = "the message"
@@ -305,10 +334,48 @@ func (w *walker) member(name string) error {
 		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
 			" in " + where + " differ only in case (member names must be unique, ignoring case)")
 	}
-	f.names[folded] = name
+	f.add(folded, name)
 	f.key = name
 	f.wantKey = false
 	return nil
+}
+
+// memberName is one member name of an object, folded (foldName) and as
+// written.
+type memberName struct{ folded, name string }
+
+// frameIndexAt is how many member names an object holds before they are
+// indexed by a map rather than searched.
+const frameIndexAt = 8
+
+// seen returns the member name as written that folds to folded, if any.
+func (f *frame) seen(folded string) (string, bool) {
+	if f.byFold != nil {
+		name, ok := f.byFold[folded]
+		return name, ok
+	}
+	for _, m := range f.names {
+		if m.folded == folded {
+			return m.name, true
+		}
+	}
+	return "", false
+}
+
+// add notes a member name not seen before.
+func (f *frame) add(folded, name string) {
+	if f.byFold != nil {
+		f.byFold[folded] = name
+		return
+	}
+	f.names = append(f.names, memberName{folded, name})
+	if len(f.names) > frameIndexAt {
+		f.byFold = make(map[string]string, 2*len(f.names))
+		for _, m := range f.names {
+			f.byFold[m.folded] = m.name
+		}
+		f.names = nil
+	}
 }
 
 // valueDone moves the innermost container past the value just read.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"idemgate/schemas"
 )
 
 const call = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_order","arguments":`
@@ -289,4 +292,53 @@ func confusable(msg []byte) bool {
 			stack[n-1].wantKey = true
 		}
 	}
+}
+
+// decoderTokens is the tokens json.Decoder reads from msg: what the
+// envelope walk read before it had a lexer of its own, and what the lexer
+// must match.
+func decoderTokens(msg []byte) tokenSource {
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	dec.UseNumber()
+	return dec
+}
+
+// FuzzLexerMatchesDecoder: on any valid JSON the lexer yields exactly the
+// tokens json.Decoder does, and the envelope check reads the message as
+// it did over the decoder: the same refusal (code, id, message) or none,
+// and the same request id.
+func FuzzLexerMatchesDecoder(f *testing.F) {
+	for _, s := range []string{
+		call + `{"a":1}}}`, call + `{"a":1,"A":2}}}`, `{"id":1,"id":2}`, `[[[[]]]]`, `{"a":"\"{["}`,
+		`{"params":{"name":1}, "method":"tools/call"}`, `{"id":"` + strings.Repeat("x", 200) + `"}`, `1e400`, `"\u212A"`,
+		`{"jsonrpc":"2.0","id":"a\u0062","method":"ping"}`, `{"s":"\ud83d\ude00 é \xff \ud800"}`, ` [ -0 , 0.5e-3 , 1E+2 , true , false , null ] `,
+		`{"jsonrpc":"2.0","id":9007199254740993,"method":"ping"}`, `{"k":1,"\u212A":2}`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"A":11}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		if !json.Valid(msg) {
+			return
+		}
+		lex, dec := &lexer{b: msg}, decoderTokens(msg)
+		for {
+			want, werr := dec.Token()
+			got, gerr := lex.Token()
+			if (werr == nil) != (gerr == nil) || !reflect.DeepEqual(got, want) {
+				t.Fatalf("%q: lexer %#v, %v; decoder %#v, %v", msg, got, gerr, want, werr)
+			}
+			if werr != nil {
+				break
+			}
+		}
+		if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
+			return // walked by a decoder either way
+		}
+		gotE, gotID := examineEnvelope(msg)
+		wantE, wantID := examineTokens(decoderTokens(msg))
+		if !reflect.DeepEqual(gotE, wantE) || !bytes.Equal(gotID, wantID) {
+			t.Fatalf("%q: lexer walk %+v, id %s; decoder walk %+v, id %s", msg, gotE, gotID, wantE, wantID)
+		}
+	})
 }

@@ -139,7 +139,14 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 				}
 			}
 		}
-		resp := svc.Call(ctx, actor, name, req.Params.Arguments, progress)
+		// The arguments as the client sent them, when mcp-go kept them
+		// (every call read off the wire): validation reads JSON, so it
+		// need not encode mcp-go's decoded map again.
+		var args any = req.Params.Arguments
+		if raw := req.Params.RawArguments; len(raw) > 0 {
+			args = raw
+		}
+		resp := svc.Call(ctx, actor, name, args, progress)
 		metrics.observeCall(name, resp, time.Since(started))
 		return toResult(resp), nil
 	}

@@ -215,6 +215,13 @@ func (s *Sessions) createWithID(ctx context.Context, sid, tokenHash string, id I
 // Lookup returns the live session id of the token, or errNoSession. It
 // refreshes the session's last-seen time when that is older than a tenth
 // of the idle timeout.
+//
+// Each request of a session costs one ledger read (and one write per
+// tenth of the idle timeout). Nothing a replica verified is cached: a
+// session ended on any replica (DELETE, eviction, expiry) is refused by
+// every replica from its next request on (TestHTTPSessionsAcrossProcesses),
+// which a cache would only promise after its lifetime. Clients of the
+// 2026-07-28 era have no sessions and never get here.
 func (s *Sessions) Lookup(ctx context.Context, tokenHash, id string) (*sessionRecord, error) {
 	if !validSessionID(id) {
 		return nil, errNoSession

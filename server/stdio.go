@@ -35,7 +35,7 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, cfg StdioConfig) er
 	listen, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- listenStdio(listen, s, drain.Reader(), drain.Writer(), cfg.Workers, logger) }()
+	go func() { errc <- listenStdio(listen, s, drain, cfg.Workers, logger) }()
 	select {
 	case err := <-errc:
 		return err
@@ -57,14 +57,15 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, cfg StdioConfig) er
 	}
 }
 
-// listenStdio serves s on in/out until in is closed or ctx is done.
-// workers bounds concurrent tool calls (mcp-go's default is 5); a message
-// larger than MaxMessageBytes is answered with a parse error and dropped.
-func listenStdio(ctx context.Context, s *mcpserver.MCPServer, in io.Reader, out io.Writer, workers int, logger *slog.Logger) error {
+// listenStdio serves s on the drain's streams until its input ends or
+// ctx is done. workers bounds concurrent tool calls (mcp-go's default is
+// 5). The drain has checked every line (a refused one never reaches s; a
+// message larger than MaxMessageBytes is answered with a parse error and
+// dropped).
+func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain, workers int, logger *slog.Logger) error {
 	std := mcpserver.NewStdioServer(s)
 	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
 	mcpserver.WithWorkerPoolSize(workers)(std)
 	mcpserver.WithQueueSize(1000)(std)
-	in, out = stdioStreams(in, out)
-	return std.Listen(ctx, in, out)
+	return std.Listen(ctx, drain.Reader(), drain.Writer())
 }

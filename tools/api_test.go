@@ -169,7 +169,7 @@ func TestEffectFacts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.tool, func(t *testing.T) {
-			got, err := svc.effectOf(tt.tool).policyFacts(json.RawMessage(tt.args))
+			got, err := svc.effectOf(tt.tool).policyFacts(json.RawMessage(tt.args), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

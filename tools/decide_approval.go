@@ -44,7 +44,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 			s.log.Error("no applier for held tool", "tool", rec.Tool, "key", rec.Key)
 			return internalError(rec.Key)
 		}
-		if apply, err = eff.applier(s, rec.Tenant, rec.Args); err != nil {
+		if apply, err = eff.applier(s, rec.Tenant, rec.Args, nil); err != nil {
 			return s.ledgerError(c, err)
 		}
 		apply = audited(s.downstream(rec.Tool), apply)

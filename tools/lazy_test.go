@@ -18,9 +18,9 @@ type countingEffect struct {
 	built *atomic.Int64
 }
 
-func (e countingEffect) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
+func (e countingEffect) applier(s *Service, tenant string, args json.RawMessage, decoded any) (ledger.ApplyFunc, error) {
 	e.built.Add(1)
-	return e.effect.applier(s, tenant, args)
+	return e.effect.applier(s, tenant, args, decoded)
 }
 
 func countApplier(svc *Service, tool string) *atomic.Int64 {
@@ -155,5 +155,51 @@ func TestReplayCallEntryIsLean(t *testing.T) {
 	if call.Key != key || call.Tool != "create_order" || call.StateAfter != ledger.StateSucceeded || call.Attempt != 1 ||
 		call.PolicyRule == "" || call.PolicyAction == "" || call.Actor.Principal != agent.Principal {
 		t.Errorf("replay entry lost a field: %+v", call)
+	}
+}
+
+// The arguments a call decoded are what the policy and the applier see:
+// decodeOnce gives them back, and decodes the saved bytes when it is given
+// none, or a value of another type.
+func TestDecodeOnce(t *testing.T) {
+	e := &sideEffect[createOrderArgs]{}
+	args := json.RawMessage(`{"customer_id":"c-1","currency":"EUR","items":[{"sku":"A","quantity":2,"unit_price_minor":150}],"notify_customer":true}`)
+	fromBytes, err := e.decodeOnce(args, nil)
+	if err != nil || fromBytes.CustomerID != "c-1" || len(fromBytes.Items) != 1 || !fromBytes.NotifyCustomer {
+		t.Fatalf("decodeOnce(args, nil) = %+v, %v", fromBytes, err)
+	}
+	decoded := createOrderArgs{CustomerID: "c-2"}
+	if got, _ := e.decodeOnce(args, decoded); got.CustomerID != "c-2" {
+		t.Errorf("decodeOnce with the call's decoded arguments = %+v, want them", got)
+	}
+	if got, _ := e.decodeOnce(args, sendNotificationArgs{}); got.CustomerID != "c-1" {
+		t.Errorf("decodeOnce with another tool's arguments = %+v, want the bytes decoded", got)
+	}
+}
+
+// Arguments given as the client's JSON are the same request as the same
+// arguments decoded: a call with the JSON (other key order, another
+// spelling of a number) replays the order placed with the map, and a
+// refusal of JSON arguments still names their operation_key.
+func TestCallWithRawArguments(t *testing.T) {
+	ctx := context.Background()
+	svc := newService(t, nil, nil)
+	key := uuid.NewString()
+	first := svc.Call(ctx, agent, "create_order", orderArgs(key, 2), nil)
+	if first.IsError {
+		t.Fatalf("first call = %+v", first)
+	}
+	raw := json.RawMessage(`{"items":[{"unit_price_minor":5e2,"quantity":2.0,"sku":"s1"}],"currency":"EUR","customer_id":"c1","operation_key":"` + key + `"}`)
+	r := svc.Call(ctx, agent, "create_order", raw, nil)
+	if !r.Replayed || string(r.Result) != string(first.Result) {
+		t.Fatalf("the same arguments as JSON = %+v, want the first answer replayed", r)
+	}
+	bad := json.RawMessage(`{"operation_key":"` + uuid.NewString() + `","customer_id":"c-1","currency":"EUR","items":"none"}`)
+	var badKey struct {
+		Key string `json:"operation_key"`
+	}
+	json.Unmarshal(bad, &badKey)
+	if r := svc.Call(ctx, agent, "create_order", bad, nil); r.Error == nil || r.Error.Code != string(CodeInvalidArguments) || r.OperationKey != badKey.Key {
+		t.Fatalf("invalid JSON arguments = %+v, want invalid_arguments naming key %s", r, badKey.Key)
 	}
 }

@@ -62,7 +62,7 @@ func (s *Service) totalOf(rec *ledger.Record) *approvals.Total {
 	if eff == nil || len(rec.Args) == 0 {
 		return nil
 	}
-	f, err := eff.policyFacts(rec.Args)
+	f, err := eff.policyFacts(rec.Args, nil)
 	if err != nil || !f.HasAmount {
 		return nil
 	}

@@ -129,8 +129,10 @@ type call struct {
 	policy approvals.Verdict
 	// refused is set when the call was refused before the ledger was asked.
 	refused *refusal
-	// args is c.req.Args as JSON, kept from decoding them (nil: not yet).
-	args json.RawMessage
+	// args is c.req.Args as JSON, kept from decoding them (nil: not yet),
+	// and decoded those bytes as the tool's argument type (nil: not yet).
+	args    json.RawMessage
+	decoded any
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -239,7 +241,9 @@ func (s *Service) Deliverer() *outbox.Deliverer { return s.outbox }
 // validated before anything touches the ledger, so invalid calls leave no
 // record and the key may be reused with corrected arguments. Every call of a
 // side-effecting tool, and every refusal, ends with an audit entry of what
-// was answered (see audit).
+// was answered (see audit). args are the arguments decoded (a
+// map[string]any, as an MCP library gives them) or as JSON
+// (json.RawMessage, as the client sent them).
 func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, args any, progress Progress) (resp *Response) {
 	t, ok := s.tools[name]
 	if !ok {
@@ -254,13 +258,7 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 			s.log.Error("prepare arguments", "tool", name, "err", err)
 			return internalError("")
 		}
-		key := ""
-		if m, ok := args.(map[string]any); ok {
-			key, _ = m["operation_key"].(string)
-			if len(key) > 64 {
-				key = ""
-			}
-		}
+		key := operationKeyOf(args)
 		c.refused = &refusal{code: CodeInvalidArguments, detail: ve.Error(), key: key}
 		msg := "The arguments were refused: " + ve.Error() + ". Fix them and call again."
 		next := NextFixRetry
@@ -283,6 +281,26 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 	}
 	c.req = req
 	return t.run(s, ctx, c)
+}
+
+// operationKeyOf is the operation_key string among arguments as Call
+// takes them (a decoded map, or JSON), "" when there is none or it is
+// longer than a key can be.
+func operationKeyOf(args any) string {
+	var key string
+	switch a := args.(type) {
+	case map[string]any:
+		key, _ = a["operation_key"].(string)
+	case json.RawMessage:
+		var m map[string]any // the exact name, as in a decoded map
+		if json.Unmarshal(a, &m) == nil {
+			key, _ = m["operation_key"].(string)
+		}
+	}
+	if len(key) > 64 {
+		return ""
+	}
+	return key
 }
 
 // finish ends a call (deferred by Call): a panic becomes an internal-error
@@ -335,15 +353,15 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		s.log.Error("no effect for a side-effecting call", "tool", c.req.Tool)
 		return internalError(key)
 	}
-	args := c.args
+	args, decoded := c.args, c.decoded
 	if args == nil {
 		b, err := json.Marshal(c.req.Args)
 		if err != nil {
 			return s.ledgerError(c, err)
 		}
-		args = b
+		args, decoded = b, nil
 	}
-	facts, err := eff.policyFacts(args)
+	facts, err := eff.policyFacts(args, decoded)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
@@ -360,7 +378,7 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		total = &approvals.Total{AmountMinor: facts.Amount, Currency: facts.Currency}
 	}
 	apply := audited(s.downstream(c.req.Tool), func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		run, err := eff.applier(s, tenant, args)
+		run, err := eff.applier(s, tenant, args, decoded)
 		if err != nil {
 			return ledger.Outcome{}, err // rolls the claim back: nothing is recorded
 		}

@@ -38,7 +38,7 @@ func define[A any](spec Spec, run func(s *Service, ctx context.Context, c *call,
 		if err := json.Unmarshal(b, &a); err != nil {
 			return s.ledgerError(c, err)
 		}
-		c.args = b
+		c.args, c.decoded = b, a
 		return run(s, ctx, c, a)
 	}}
 	if eff != nil {
@@ -94,10 +94,13 @@ type sideEffect[A any] struct {
 type effect interface {
 	// human is what answers call one such operation.
 	human() string
-	// policyFacts is what the approval policy evaluates.
-	policyFacts(args json.RawMessage) (approvals.Facts, error)
-	// applier builds the effect inside the ledger's transaction.
-	applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error)
+	// policyFacts is what the approval policy evaluates. decoded, when
+	// not nil, is args already decoded as the tool's arguments (a call's
+	// call.decoded), which saves decoding them again.
+	policyFacts(args json.RawMessage, decoded any) (approvals.Facts, error)
+	// applier builds the effect inside the ledger's transaction; decoded
+	// as for policyFacts.
+	applier(s *Service, tenant string, args json.RawMessage, decoded any) (ledger.ApplyFunc, error)
 	// onOrders reports whether the effect goes to the order system.
 	onOrders() bool
 	// writesTo is the downstream of an effect not onOrders.
@@ -117,10 +120,19 @@ func (e *sideEffect[A]) decode(args json.RawMessage) (A, error) {
 	return a, err
 }
 
+// decodeOnce is decoded when it holds the arguments as an A (decoded
+// from args by define), else args decoded.
+func (e *sideEffect[A]) decodeOnce(args json.RawMessage, decoded any) (A, error) {
+	if a, ok := decoded.(A); ok {
+		return a, nil
+	}
+	return e.decode(args)
+}
+
 func (e *sideEffect[A]) human() string { return e.noun }
 
-func (e *sideEffect[A]) policyFacts(args json.RawMessage) (approvals.Facts, error) {
-	a, err := e.decode(args)
+func (e *sideEffect[A]) policyFacts(args json.RawMessage, decoded any) (approvals.Facts, error) {
+	a, err := e.decodeOnce(args, decoded)
 	if err != nil {
 		return approvals.Facts{}, err
 	}
@@ -132,8 +144,8 @@ func (e *sideEffect[A]) policyFacts(args json.RawMessage) (approvals.Facts, erro
 	return f, nil
 }
 
-func (e *sideEffect[A]) applier(s *Service, tenant string, args json.RawMessage) (ledger.ApplyFunc, error) {
-	a, err := e.decode(args)
+func (e *sideEffect[A]) applier(s *Service, tenant string, args json.RawMessage, decoded any) (ledger.ApplyFunc, error) {
+	a, err := e.decodeOnce(args, decoded)
 	if err != nil {
 		return nil, err
 	}
