@@ -32,7 +32,8 @@ func (e *RemoteError) Error() string { return e.Text }
 
 // Client forwards transactions to a Server. Its functions run here; each
 // read is a round trip to the writer, inside the writer's transaction,
-// and writes are sent without waiting. It is safe for concurrent use: each
+// unless it was prefetched (see hotReads), and writes are sent without
+// waiting. It is safe for concurrent use: each
 // transaction has a connection of its own (idle ones are kept).
 type Client struct {
 	dial func() (net.Conn, error)
