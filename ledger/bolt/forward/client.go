@@ -699,9 +699,15 @@ func randRead(b []byte) { rand.Read(b) }
 // transactions it was seen in, the last of them within the latest
 // hotWindow transactions, is prefetched. What is prefetched only saves
 // time: a read that misses goes to the writer as before.
+//
+// Besides, the latest keys read by Views are prefetched (viewed): a
+// caller that looks before it writes (the ledger's claim looks up its
+// record in a View first) then finds the key in its Update at once.
 type hotReads struct {
-	n    uint64 // transactions learned from
-	seen map[string]*hotRead
+	n      uint64 // transactions learned from
+	seen   map[string]*hotRead
+	viewed [maxViewed]prefetch // a ring: the latest Gets of Views
+	vi     int                 // the next slot of viewed
 }
 
 type hotRead struct {
@@ -713,7 +719,8 @@ const (
 	hotWindow  = 16
 	hotMinHits = 2
 	maxHot     = 256 // reads remembered
-	maxPreTx   = 32  // prefetches sent with one transaction (≤ maxPrefetch)
+	maxPreTx   = 32  // hot prefetches sent with one transaction
+	maxViewed  = 8   // viewed prefetches (maxPreTx + maxViewed ≤ maxPrefetch)
 )
 
 func hotKey(p prefetch) string {
@@ -730,6 +737,10 @@ func (c *Client) learn(t *clientTx) {
 		h.seen = map[string]*hotRead{}
 	}
 	for _, p := range t.reads {
+		if !t.writable && p.op == preGet {
+			h.viewed[h.vi] = p
+			h.vi = (h.vi + 1) % maxViewed
+		}
 		k := hotKey(p)
 		r := h.seen[k]
 		if r == nil {
@@ -764,15 +775,27 @@ func (h *hotReads) evict() {
 	}
 }
 
-// prefetches returns the reads to prefetch for the next transaction.
+// prefetches returns the reads to prefetch for the next transaction: the
+// hot ones and the viewed ones, each once.
 func (h *hotReads) prefetches() []prefetch {
 	var ps []prefetch
-	for _, r := range h.seen {
+	have := map[string]bool{}
+	for k, r := range h.seen {
 		if r.hits >= hotMinHits && h.n-r.last < hotWindow {
 			ps = append(ps, r.p)
+			have[k] = true
 			if len(ps) == maxPreTx {
 				break
 			}
+		}
+	}
+	for _, p := range h.viewed {
+		if p.ref.name == "" && p.key == nil {
+			continue // a slot not used yet
+		}
+		if k := hotKey(p); !have[k] {
+			ps = append(ps, p)
+			have[k] = true
 		}
 	}
 	return ps

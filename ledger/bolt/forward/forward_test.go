@@ -260,3 +260,35 @@ func TestVersion1Writer(t *testing.T) {
 		t.Errorf("ReadBack of an unknown marker = %v, %v; want false, nil", found, err)
 	}
 }
+
+// TestViewedKeyPrefetchedFresh: a key a View just read is prefetched for
+// the next Update, read again in the Update's transaction: a commit in
+// between is seen, not the View's value.
+func TestViewedKeyPrefetchedFresh(t *testing.T) {
+	dial := newWriter(t)
+	c, other := newClient(t, dial), newClient(t, dial)
+	update(t, c, func(tx ledger.BTx) error {
+		b, err := tx.Data("t", true)
+		if err != nil {
+			return err
+		}
+		put(t, b, "x", "old")
+		return nil
+	})
+	var got string
+	if err := c.View(ctx, func(tx ledger.BTx) error { got = string(coll(t, tx).Get([]byte("x"))); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got != "old" {
+		t.Fatalf("View read x = %q, want old", got)
+	}
+	update(t, other, func(tx ledger.BTx) error { put(t, coll(t, tx), "x", "new"); return nil })
+	hits, trips := c.PrefetchHits(), c.RoundTrips()
+	update(t, c, func(tx ledger.BTx) error { got = string(coll(t, tx).Get([]byte("x"))); return nil })
+	if got != "new" {
+		t.Errorf("the Update read x = %q, want new (committed after the View)", got)
+	}
+	if c.PrefetchHits()-hits != 1 || c.RoundTrips() != trips {
+		t.Errorf("the Update's read of the viewed key: %d prefetched, %d round trips; want 1, 0", c.PrefetchHits()-hits, c.RoundTrips()-trips)
+	}
+}
