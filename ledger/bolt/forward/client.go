@@ -92,7 +92,7 @@ func (c *Client) get() (*clientConn, error) {
 	v1 := c.v1
 	c.mu.Unlock()
 	cc, err := c.connect(v1)
-	if err == nil || v1 {
+	if !errors.Is(err, errNoHello) {
 		return cc, err
 	}
 	// A version 1 writer closes the connection at msgHello; speak version
@@ -102,6 +102,9 @@ func (c *Client) get() (*clientConn, error) {
 	c.mu.Unlock()
 	return c.connect(true)
 }
+
+// errNoHello: the writer took the connection but did not answer msgHello.
+var errNoHello = errors.New("forward: the writer did not answer msgHello")
 
 // connect dials a new connection; unless v1, it asks the writer's version.
 func (c *Client) connect(v1 bool) (*clientConn, error) {
@@ -125,7 +128,7 @@ func (c *Client) connect(v1 bool) (*clientConn, error) {
 	}
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("%w: %v", ErrWriterLost, err)
+		return nil, fmt.Errorf("%w: %w: %v", ErrWriterLost, errNoHello, err)
 	}
 	cc.proto = min(cc.proto, protoVersion)
 	return cc, nil
