@@ -382,6 +382,28 @@ type clientTx struct {
 	// reads are this run's reads of the writer's state, in order, for the
 	// Client to learn which to prefetch next time.
 	reads []prefetch
+	// ahead holds the cursors with read-ahead pairs or moves to catch up
+	// on the writer (see clientCursor); writes counts this run's writes.
+	ahead  []*clientCursor
+	writes int
+}
+
+// beforeWrite runs before each write is sent: every cursor's moves taken
+// from a read-ahead are made on the writer first, in order before the
+// write as fn made them, and the rest of each read-ahead is dropped (the
+// write may change what those moves return).
+func (t *clientTx) beforeWrite() {
+	for _, c := range t.ahead {
+		if c.taken > 0 {
+			t.cc.w.byte(msgSkip)
+			t.cc.w.uint(c.id)
+			t.cc.w.uint(c.dir)
+			t.cc.w.uint(c.taken)
+		}
+		c.taken, c.pairs, c.listed = 0, nil, false
+	}
+	t.ahead = t.ahead[:0]
+	t.writes++
 }
 
 // cursorAnswer is a prefetched first move of a cursor, kept by the writer as
@@ -587,6 +609,7 @@ func (b *clientBucket) Put(key, value []byte) error {
 	if b.t.err != nil {
 		return b.t.err
 	}
+	b.t.beforeWrite()
 	b.t.cc.w.byte(msgPut)
 	b.ref()
 	b.t.cc.w.bytes(key)
@@ -606,6 +629,7 @@ func (b *clientBucket) Delete(key []byte) error {
 	if b.t.err != nil {
 		return b.t.err
 	}
+	b.t.beforeWrite()
 	b.t.cc.w.byte(msgDelete)
 	b.ref()
 	b.t.cc.w.bytes(key)
@@ -622,16 +646,37 @@ func (b *clientBucket) Cursor() ledger.Cursor {
 // clientCursor is a cursor of the writer's transaction: each move is a
 // round trip, except a first move the writer answered in advance
 // (prefetched): the cursor then continues as the writer's prefetched one.
+//
+// A cursor that moves on (Next, Prev) asks the writer to read ahead
+// (version 2): the next moves in that direction come back with the
+// answer, and are taken here while the transaction writes nothing (see
+// beforeWrite); taken counts those the writer's cursor has not made yet.
+// It asks only while the transaction has written nothing since the
+// cursor's latest First, Last or Seek: a bbolt cursor that has seen a
+// write in its transaction may return what a new cursor (the writer's
+// read-ahead) would not, and the answers must be the cursor's own.
 type clientCursor struct {
-	b     *clientBucket
-	id    uint64
-	moved bool
+	b      *clientBucket
+	id     uint64
+	moved  bool
+	dir    uint64      // the direction of pairs (curNext or curPrev)
+	pairs  [][2][]byte // read ahead, not taken yet
+	taken  uint64
+	listed bool // in its transaction's ahead
+	placed bool // a First, Last or Seek was made, after the transaction's write number pos
+	pos    int
 }
+
+// aheadMoves is how many pairs a cursor moving on asks to read ahead.
+const aheadMoves = 8
 
 func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 	t := c.b.t
 	if t.err != nil {
 		return nil, nil
+	}
+	if op <= curSeek {
+		c.placed, c.pos = true, t.writes
 	}
 	if !c.moved && op <= curSeek {
 		if k, v, ok := c.prefetched(op, seek); ok {
@@ -639,6 +684,9 @@ func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 		}
 	}
 	c.moved = true
+	if t.cc.proto >= 2 {
+		return c.moveAhead(op, seek)
+	}
 	t.cc.w.byte(msgCursor)
 	t.cc.w.uint(c.id)
 	t.cc.w.uint(op)
@@ -658,6 +706,76 @@ func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 		return nil, nil
 	}
 	return k, v
+}
+
+// moveAhead makes a move with msgCursorAhead: from the pairs read ahead
+// when it is one more move in their direction, else on the writer, which
+// first makes the moves taken from them.
+func (c *clientCursor) moveAhead(op uint64, seek []byte) ([]byte, []byte) {
+	t := c.b.t
+	if op == c.dir && len(c.pairs) > 0 {
+		p := c.pairs[0]
+		c.pairs = c.pairs[1:]
+		c.taken++
+		t.c.hits.Add(1)
+		return p[0], p[1]
+	}
+	dir := c.dir
+	if dir != curPrev {
+		dir = curNext
+	}
+	var ahead uint64
+	if (op == curNext || op == curPrev) && c.placed && c.pos == t.writes {
+		ahead = aheadMoves
+	}
+	t.cc.w.byte(msgCursorAhead)
+	t.cc.w.uint(c.id)
+	t.cc.w.uint(op)
+	c.b.ref()
+	t.cc.w.bytes(seek)
+	t.cc.w.uint(dir)
+	t.cc.w.uint(c.taken)
+	t.cc.w.uint(ahead)
+	c.taken, c.pairs = 0, nil
+	if !t.roundTrip(msgPair) {
+		return nil, nil
+	}
+	k, v, err := c.readPair()
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	n, err := t.cc.r.uint()
+	if err == nil && n > maxAhead {
+		err = errCorrupt
+	}
+	for i := uint64(0); err == nil && i < n; i++ {
+		var p [2][]byte
+		if p[0], p[1], err = c.readPair(); err == nil {
+			c.pairs = append(c.pairs, p)
+		}
+	}
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	if len(c.pairs) > 0 {
+		c.dir = op
+		if !c.listed {
+			c.listed = true
+			t.ahead = append(t.ahead, c)
+		}
+	}
+	return k, v
+}
+
+func (c *clientCursor) readPair() ([]byte, []byte, error) {
+	k, err := c.b.t.cc.r.bytes()
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := c.b.t.cc.r.bytes()
+	return k, v, err
 }
 
 // prefetched answers a new cursor's first move from a prefetch: the

@@ -23,7 +23,9 @@
 // writer reads them in that transaction just before fn runs and sends
 // the answers with its start. fn finds them there unless it wrote the
 // key (or, for a cursor's first move, the collection) first; anything
-// else is a round trip as before. Data collections a committed
+// else is a round trip as before. A cursor that moves on gets the next
+// moves read ahead, taken while the transaction writes nothing since the
+// cursor's latest First, Last or Seek. Data collections a committed
 // transaction saw are remembered for the connection (none is ever
 // dropped). Not done, and why: running fn first in a read transaction
 // to learn all its reads (its random keys too) would run fn one extra

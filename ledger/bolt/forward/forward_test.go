@@ -3,7 +3,9 @@ package forward_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand"
 	"net"
 	"os"
 	"path/filepath"
@@ -207,36 +209,7 @@ func TestCollectionOfRolledBackTransactionNotRemembered(t *testing.T) {
 // connection there, as version 1 did) is still served, without
 // prefetches.
 func TestVersion1Writer(t *testing.T) {
-	dial := newWriter(t)
-	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "v1.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // a proxy that closes a connection whose first message is msgHello
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer in.Close()
-				var first [1]byte
-				if _, err := io.ReadFull(in, first[:]); err != nil || first[0] == 'H' {
-					return
-				}
-				out, err := dial()
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				out.Write(first[:])
-				go io.Copy(in, out)
-				io.Copy(out, in)
-			}()
-		}
-	}()
-	c := newClient(t, func() (net.Conn, error) { return net.Dial("unix", ln.Addr().String()) })
+	c := newClient(t, v1Proxy(t, newWriter(t)))
 	update(t, c, func(tx ledger.BTx) error {
 		b, err := tx.Data("t", true)
 		if err != nil {
@@ -290,5 +263,197 @@ func TestViewedKeyPrefetchedFresh(t *testing.T) {
 	}
 	if c.PrefetchHits()-hits != 1 || c.RoundTrips() != trips {
 		t.Errorf("the Update's read of the viewed key: %d prefetched, %d round trips; want 1, 0", c.PrefetchHits()-hits, c.RoundTrips()-trips)
+	}
+}
+
+// v1Proxy serves dial's writer to clients that speak version 1 only: it
+// closes a connection whose first message is msgHello, as a version 1
+// writer does, and relays every other one.
+func v1Proxy(t *testing.T, dial func() (net.Conn, error)) func() (net.Conn, error) {
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "v1.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				var first [1]byte
+				if _, err := io.ReadFull(in, first[:]); err != nil || first[0] == 'H' {
+					return
+				}
+				out, err := dial()
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				out.Write(first[:])
+				go io.Copy(in, out)
+				io.Copy(out, in)
+			}()
+		}
+	}()
+	return func() (net.Conn, error) { return net.Dial("unix", ln.Addr().String()) }
+}
+
+// TestReadAheadIsExact: cursors that walk a collection forwards and
+// backwards, turning, seeking, deleting and inserting as they go, return
+// through a version 2 Client (prefetches, read-ahead) exactly what they
+// return through a version 1 one (every move a round trip to the
+// writer's own cursor), and leave the same collection behind.
+func TestReadAheadIsExact(t *testing.T) {
+	dial := newWriter(t)
+	v2, v1 := newClient(t, dial), newClient(t, v1Proxy(t, dial))
+	walk := func(c *forward.Client, name string) (moves []string, final []string) {
+		update(t, c, func(tx ledger.BTx) error {
+			b, err := tx.Data(name, true)
+			if err != nil {
+				return err
+			}
+			for i := range 40 {
+				put(t, b, fmt.Sprintf("k%02d", i), strings.Repeat("v", i))
+			}
+			return nil
+		})
+		for round := range 3 { // later rounds with what the Client learned
+			update(t, c, func(tx ledger.BTx) error {
+				moves = moves[:0]
+				b, _ := tx.Data(name, false)
+				cur := b.Cursor()
+				note := func(k, v []byte) []byte {
+					moves = append(moves, fmt.Sprintf("%s=%d", k, len(v)))
+					return k
+				}
+				i := 0
+				for k := note(cur.First()); k != nil && i < 30; k = note(cur.Next()) {
+					i++
+					switch {
+					case i%7 == 0:
+						if err := b.Delete(k); err != nil {
+							return err
+						}
+					case i%11 == 0:
+						put(t, b, string(k)+"x", "inserted")
+					case i%13 == 0:
+						note(cur.Prev())
+						note(cur.Prev())
+					}
+				}
+				for k := note(cur.Last()); k != nil && i < 45; k = note(cur.Prev()) {
+					i++
+				}
+				note(cur.Seek([]byte(fmt.Sprintf("k%02d", 20+round))))
+				note(cur.Next())
+				return nil
+			})
+		}
+		if err := c.View(ctx, func(tx ledger.BTx) error {
+			b, _ := tx.Data(name, false)
+			cur := b.Cursor()
+			final = nil
+			for k, v := cur.First(); k != nil; k, v = cur.Next() {
+				final = append(final, string(k)+"="+string(v))
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return moves, final
+	}
+	hits := v2.PrefetchHits()
+	m2, f2 := walk(v2, "walk2")
+	if v2.PrefetchHits()-hits < 20 {
+		t.Errorf("only %d moves were read ahead or prefetched", v2.PrefetchHits()-hits)
+	}
+	m1, f1 := walk(v1, "walk1")
+	if strings.Join(m1, " ") != strings.Join(m2, " ") {
+		t.Errorf("moves differ:\nversion 1: %v\nversion 2: %v", m1, m2)
+	}
+	if strings.Join(f1, " ") != strings.Join(f2, " ") {
+		t.Errorf("collections differ:\nversion 1: %v\nversion 2: %v", f1, f2)
+	}
+	if v1.PrefetchHits() != 0 {
+		t.Errorf("the version 1 client had %d prefetch hits", v1.PrefetchHits())
+	}
+}
+
+// TestReadAheadRandomWalks: random mixes of every cursor move, Gets,
+// Puts and Deletes return the same through a version 2 Client as through
+// a version 1 one.
+func TestReadAheadRandomWalks(t *testing.T) {
+	dial := newWriter(t)
+	v2, v1 := newClient(t, dial), newClient(t, v1Proxy(t, dial))
+	run := func(c *forward.Client, name string, seed int64) string {
+		update(t, c, func(tx ledger.BTx) error {
+			b, err := tx.Data(name, true)
+			if err != nil {
+				return err
+			}
+			for i := range 60 {
+				put(t, b, fmt.Sprintf("k%02d", i), strings.Repeat("v", i%17))
+			}
+			return nil
+		})
+		var out []string
+		for round := range 4 {
+			update(t, c, func(tx ledger.BTx) error {
+				out = out[:0]
+				r := rand.New(rand.NewSource(seed*10 + int64(round)))
+				b, _ := tx.Data(name, false)
+				cur := b.Cursor()
+				note := func(what string, k, v []byte) {
+					out = append(out, fmt.Sprintf("%s:%s=%d", what, k, len(v)))
+				}
+				var at []byte
+				for range 80 {
+					key := []byte(fmt.Sprintf("k%02d", r.Intn(70)))
+					var k, v []byte
+					switch n := r.Intn(20); {
+					case n < 8:
+						k, v = cur.Next()
+						note("next", k, v)
+					case n < 11:
+						k, v = cur.Prev()
+						note("prev", k, v)
+					case n < 12:
+						k, v = cur.First()
+						note("first", k, v)
+					case n < 13:
+						k, v = cur.Last()
+						note("last", k, v)
+					case n < 15:
+						k, v = cur.Seek(key)
+						note("seek", k, v)
+					case n < 16:
+						note("get", key, b.Get(key))
+					case n < 18 && at != nil:
+						if err := b.Delete(at); err != nil {
+							return err
+						}
+					case n < 20:
+						put(t, b, string(key)+"p", "x")
+					}
+					if k != nil {
+						at = k
+					}
+				}
+				return nil
+			})
+		}
+		return strings.Join(out, " ")
+	}
+	for seed := range int64(6) {
+		name := fmt.Sprintf("w%d", seed)
+		if got, want := run(v2, name+"a", seed), run(v1, name+"b", seed); got != want {
+			t.Errorf("seed %d: version 2 moved\n%s\nversion 1\n%s", seed, got, want)
+		}
+	}
+	if v2.PrefetchHits() < 50 {
+		t.Errorf("only %d reads were read ahead or prefetched", v2.PrefetchHits())
 	}
 }

@@ -2,6 +2,7 @@ package forward
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -436,10 +437,98 @@ func (sc *serverConn) step(st *txState) error {
 		}
 		sc.w.byte(msgPair)
 		writePair(sc.w, k, v)
+	case msgCursorAhead:
+		var f [2]uint64 // id, op
+		for i := range f {
+			if f[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		ref, err := readRef()
+		if err != nil {
+			return fail(err)
+		}
+		seek, err := sc.r.bytes()
+		if err != nil {
+			return fail(err)
+		}
+		var g [3]uint64 // dir, skip, ahead
+		for i := range g {
+			if g[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		id, op, dir, skip, ahead := f[0], f[1], g[0], g[1], g[2]
+		if (dir != curNext && dir != curPrev) || skip > maxAhead || ahead > maxAhead {
+			return fail(errCorrupt)
+		}
+		b, _ := st.bucket(ref)
+		cur, ok := st.cursors[id]
+		if !ok && b != nil {
+			cur = b.Cursor()
+			st.cursors[id] = cur
+		}
+		var k, v []byte
+		var pairs [][2][]byte
+		if cur != nil {
+			for range skip { // the moves the forwarder took from its last read-ahead
+				moveCursor(cur, dir, nil)
+			}
+			k, v = moveCursor(cur, op, seek)
+			pairs = readAhead(b, k, op, ahead)
+		}
+		sc.w.byte(msgPair)
+		writePair(sc.w, k, v)
+		sc.w.uint(uint64(len(pairs)))
+		for _, p := range pairs {
+			writePair(sc.w, p[0], p[1])
+		}
+	case msgSkip:
+		var f [3]uint64 // id, dir, n
+		for i := range f {
+			if f[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		id, dir, n := f[0], f[1], f[2]
+		cur, ok := st.cursors[id]
+		if !ok || (dir != curNext && dir != curPrev) || n > maxAhead {
+			return fail(errCorrupt)
+		}
+		for range n {
+			moveCursor(cur, dir, nil)
+		}
+		return nil // no answer
 	default:
 		return fail(errCorrupt)
 	}
 	return nil
+}
+
+// readAhead returns the pairs up to ahead further moves op (curNext or
+// curPrev) would return after a cursor of b stopped at k, read with a
+// cursor of its own; none for other moves.
+func readAhead(b ledger.Bucket, k []byte, op, ahead uint64) [][2][]byte {
+	if b == nil || k == nil || ahead == 0 || (op != curNext && op != curPrev) {
+		return nil
+	}
+	c := b.Cursor()
+	if at, _ := c.Seek(k); !bytes.Equal(at, k) {
+		return nil
+	}
+	var pairs [][2][]byte
+	size := 0
+	for range ahead {
+		k, v := moveCursor(c, op, nil)
+		if k == nil {
+			break
+		}
+		pairs = append(pairs, [2][]byte{k, v})
+		if size += len(k) + len(v); size > maxAheadBytes {
+			break
+		}
+	}
+	return pairs
 }
 
 // moveCursor makes one move of cur.

@@ -17,6 +17,16 @@ import (
 // +curLast or +curSeek makes that first move of a new cursor, which the
 // forwarder then moves as cursor prefetchCursor(i).
 //
+// Read-ahead (version 2): msgCursorAhead first moves cursor id skip
+// times in direction dir (curNext or curPrev: the pairs the forwarder
+// took from its last read-ahead), then makes the move op, and answers it
+// with msgPair followed by a count and up to ahead (≤ maxAhead) pairs:
+// the moves op would make next, read with a second cursor so that id
+// stays where the forwarder's cursor is. The forwarder takes those pairs
+// while its transaction writes nothing; before its first write it sends
+// msgSkip for the pairs it took (so the writer's cursor has made the
+// same moves before that write) and drops the rest.
+//
 // Version 1 writers (before msgHello) close the connection at msgHello;
 // a Client then speaks version 1 to them (no prefetches).
 //
@@ -34,6 +44,9 @@ import (
 //	msgPut kind name key value            (no answer: pipelined)
 //	msgDelete kind name key               (no answer: pipelined)
 //	msgCursor id op kind name seek        (answered by msgPair)
+//	msgCursorAhead id op kind name seek dir skip ahead   (version 2: answered by
+//	                                      msgPair, then up to ahead more pairs, see below)
+//	msgSkip id dir n                      (version 2, no answer: see below)
 //	msgCommit                             fn returned nil
 //	msgAbort                              fn returned an error or panicked
 //
@@ -61,9 +74,11 @@ const (
 	msgCommit   = 'c'
 	msgAbort    = 'a'
 
-	msgHello     = 'H'
-	msgUpdatePre = 'W'
-	msgViewPre   = 'Q'
+	msgHello       = 'H'
+	msgUpdatePre   = 'W'
+	msgViewPre     = 'Q'
+	msgCursorAhead = 'A'
+	msgSkip        = 'K'
 
 	msgStart = 'S'
 	msgDone  = 'O'
@@ -102,6 +117,13 @@ const (
 
 // maxPrefetch bounds the prefetches of one transaction.
 const maxPrefetch = 64
+
+// maxAhead bounds the pairs of one read-ahead, and maxAheadBytes their
+// size (a read-ahead stops after the pair that passes it).
+const (
+	maxAhead      = 16
+	maxAheadBytes = 16 << 10
+)
 
 // prefetchCursor is the cursor id of the i-th prefetch's cursor: above
 // any id the forwarder numbers its own cursors with.
