@@ -18,7 +18,10 @@ import (
 // polls every 50 ms, which starves unlucky processes). "wait" is the
 // doorbell: a process holds it shared while it waits for its turn, and the
 // holder probes it with a non-blocking exclusive lock to learn that someone
-// is waiting.
+// is waiting. Once it holds "wait" shared, a waiter also opens the wait
+// file, which the holder watches where the platform allows (doorbell):
+// the holder then probes only when rung, and otherwise now and then, for
+// a waiter that does not ring (an older idemgate).
 //
 // A reader (a read-only open) takes the turn shared, so readers do not
 // wait for each other, and yields to a waiting writer like any holder.
@@ -27,8 +30,9 @@ import (
 // own shared flock on the ledger file still keeps writers out while it
 // reads.
 type fileLock struct {
-	lock *os.File // nil: no lock files (read-only directory)
-	wait *os.File
+	lock     *os.File // nil: no lock files (read-only directory)
+	wait     *os.File
+	waitPath string
 }
 
 func openFileLock(dbPath string, readOnly bool) (*fileLock, error) {
@@ -41,7 +45,7 @@ func openFileLock(dbPath string, readOnly bool) (*fileLock, error) {
 		l.Close()
 		return &fileLock{}, err
 	}
-	return &fileLock{lock: l, wait: w}, nil
+	return &fileLock{lock: l, wait: w, waitPath: dbPath + ".wait"}, nil
 }
 
 // openLockFile opens (creating) one lock file for a writer. A reader
@@ -65,6 +69,9 @@ func (f *fileLock) acquire(shared bool) error {
 	}
 	if err := flock(f.wait, syscall.LOCK_SH); err != nil {
 		return err
+	}
+	if r, err := os.Open(f.waitPath); err == nil { // the doorbell
+		r.Close()
 	}
 	how := syscall.LOCK_EX
 	if shared {
@@ -98,6 +105,15 @@ func (f *fileLock) othersWaiting() bool {
 		flock(f.wait, syscall.LOCK_UN)
 	}
 	return false
+}
+
+// doorbell returns a doorbell that rings when another process may have
+// started waiting (nil: none here; poll othersWaiting instead).
+func (f *fileLock) doorbell() *doorbell {
+	if f.lock == nil {
+		return nil
+	}
+	return newDoorbell(f.waitPath)
 }
 
 func (f *fileLock) close() error {

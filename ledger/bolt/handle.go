@@ -24,8 +24,9 @@ type handle struct {
 	path      string
 	lock      *fileLock
 	idleClose time.Duration
-	poll      time.Duration
-	readOnly  bool // bbolt ReadOnly: the file is opened O_RDONLY and never written
+	poll      time.Duration // how often the holder probes for a waiter without a doorbell
+	bellPoll  time.Duration // and with one (for a waiter that does not ring)
+	readOnly  bool          // bbolt ReadOnly: the file is opened O_RDONLY and never written
 	// mayCreate: the first open may create a new ledger where no file
 	// exists. Later opens never do: a ledger deleted under a running
 	// process must not come back empty.
@@ -42,6 +43,7 @@ type handle struct {
 	db       *bbolt.DB
 	opening  bool
 	yielding bool // another process waits: start nothing new, close when idle
+	belled   bool // the open file's watch has a doorbell: release need not probe
 	active   int
 	lastUse  time.Time
 	closed   bool
@@ -53,7 +55,7 @@ func newHandle(path string, readOnly, mayCreate bool, onOpen func(*bbolt.DB, boo
 	if err != nil {
 		return nil, fmt.Errorf("ledger: lock file beside %s: %w", path, err)
 	}
-	h := &handle{path: path, lock: l, idleClose: 50 * time.Millisecond, poll: time.Millisecond, onOpen: onOpen, readOnly: readOnly, mayCreate: mayCreate}
+	h := &handle{path: path, lock: l, idleClose: 50 * time.Millisecond, poll: time.Millisecond, bellPoll: 20 * time.Millisecond, onOpen: onOpen, readOnly: readOnly, mayCreate: mayCreate}
 	h.cond = sync.NewCond(&h.mu)
 	return h, nil
 }
@@ -202,7 +204,7 @@ func (h *handle) release() {
 	defer h.mu.Unlock()
 	h.active--
 	h.lastUse = time.Now()
-	if !h.yielding && h.lock.othersWaiting() {
+	if !h.yielding && !h.belled && h.lock.othersWaiting() {
 		h.yielding = true
 	}
 	if h.active == 0 {
@@ -214,15 +216,41 @@ func (h *handle) release() {
 }
 
 // watch runs while db is open and closes it when another process waits or
-// the file has been idle for idleClose. It exits when db is closed.
+// the file has been idle for idleClose. It exits when db is closed. With
+// a doorbell it probes for a waiter when rung (and every bellPoll),
+// without one every poll.
 func (h *handle) watch(db *bbolt.DB, done chan struct{}) {
-	t := time.NewTicker(h.poll)
+	bell := h.lock.doorbell()
+	var rang <-chan struct{}
+	every := h.poll
+	if bell != nil {
+		defer bell.close()
+		rang, every = bell.rang, h.bellPoll
+		h.mu.Lock()
+		if h.db == db {
+			h.belled = true
+		}
+		h.mu.Unlock()
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first { // the first pass probes at once: a waiter may have rung before the bell was up
+			select {
+			case <-done:
+				return
+			case _, ok := <-rang:
+				if !ok { // the watch failed: poll
+					rang = nil
+					h.mu.Lock()
+					if h.db == db {
+						h.belled = false
+					}
+					h.mu.Unlock()
+					t.Reset(h.poll)
+				}
+			case <-t.C:
+			}
 		}
 		h.mu.Lock()
 		if h.db != db {
@@ -250,7 +278,7 @@ func (h *handle) closeLocked() {
 		_ = err
 	}
 	h.db = nil
-	h.yielding = false
+	h.yielding, h.belled = false, false
 	close(h.pollDone)
 	h.lock.release()
 	h.cond.Broadcast()

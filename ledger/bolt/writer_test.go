@@ -390,7 +390,10 @@ func TestForwardedRoundTrips(t *testing.T) {
 		}
 	}
 	after := f.sh.client.RoundTrips()
-	t.Logf("round trips per forwarded Execute: new key %.1f, replay %.1f", float64(mid-before)/n, float64(after-mid)/n)
+	t.Logf("round trips per forwarded Execute: new key %.1f, replay %.1f; reads prefetched, both: %d", float64(mid-before)/n, float64(after-mid)/n, f.sh.client.PrefetchHits())
+	if f.sh.client.PrefetchHits() == 0 {
+		t.Error("no read of a forwarded Execute was prefetched")
+	}
 }
 
 // TestSocketPathTooLongNoRuntimeDir: without $XDG_RUNTIME_DIR the hashed

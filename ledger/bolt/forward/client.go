@@ -2,6 +2,7 @@ package forward
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -31,7 +32,8 @@ func (e *RemoteError) Error() string { return e.Text }
 
 // Client forwards transactions to a Server. Its functions run here; each
 // read is a round trip to the writer, inside the writer's transaction,
-// and writes are sent without waiting. It is safe for concurrent use: each
+// unless it was prefetched (see hotReads), and writes are sent without
+// waiting. It is safe for concurrent use: each
 // transaction has a connection of its own (idle ones are kept).
 type Client struct {
 	dial func() (net.Conn, error)
@@ -39,13 +41,21 @@ type Client struct {
 	mu     sync.Mutex
 	idle   []*clientConn
 	closed bool
+	v1     bool // the writer speaks version 1: no msgHello, no prefetches
+	hot    hotReads
 
 	trips atomic.Int64 // round trips inside transactions (RoundTrips)
+	hits  atomic.Int64 // reads answered by a prefetch (PrefetchHits)
 }
 
 // RoundTrips returns how many reads this client has waited for inside
 // transactions (a measure of a forwarded transaction's cost).
 func (c *Client) RoundTrips() int64 { return c.trips.Load() }
+
+// PrefetchHits returns how many reads inside transactions were answered
+// by the prefetch that came with the transaction's start, without a
+// round trip of their own.
+func (c *Client) PrefetchHits() int64 { return c.hits.Load() }
 
 // maxIdle bounds the idle connections a Client keeps.
 const maxIdle = 64
@@ -59,7 +69,12 @@ type clientConn struct {
 	c     net.Conn
 	r     reader
 	w     writer
+	proto uint64          // the version this connection speaks
 	known map[string]bool // ledger collections seen to exist (a writable backend never drops one)
+	// knownData holds the data collections a finished transaction of this
+	// connection saw: committed, so they exist in every later transaction
+	// (no collection is ever dropped).
+	knownData map[string]bool
 }
 
 func (c *Client) get() (*clientConn, error) {
@@ -74,12 +89,49 @@ func (c *Client) get() (*clientConn, error) {
 		c.mu.Unlock()
 		return cc, nil
 	}
+	v1 := c.v1
 	c.mu.Unlock()
+	cc, err := c.connect(v1)
+	if !errors.Is(err, errNoHello) {
+		return cc, err
+	}
+	// A version 1 writer closes the connection at msgHello; speak version
+	// 1 to it. (A writer lost right then is also lost for the next dial.)
+	c.mu.Lock()
+	c.v1 = true
+	c.mu.Unlock()
+	return c.connect(true)
+}
+
+// errNoHello: the writer took the connection but did not answer msgHello.
+var errNoHello = errors.New("forward: the writer did not answer msgHello")
+
+// connect dials a new connection; unless v1, it asks the writer's version.
+func (c *Client) connect(v1 bool) (*clientConn, error) {
 	conn, err := c.dial()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrWriterLost, err)
 	}
-	return &clientConn{c: conn, r: reader{bufio.NewReaderSize(conn, 16<<10)}, w: writer{bufio.NewWriterSize(conn, 16<<10)}, known: map[string]bool{}}, nil
+	cc := &clientConn{c: conn, r: reader{bufio.NewReaderSize(conn, 16<<10)}, w: writer{bufio.NewWriterSize(conn, 16<<10)},
+		proto: 1, known: map[string]bool{}, knownData: map[string]bool{}}
+	if v1 {
+		return cc, nil
+	}
+	cc.w.byte(msgHello)
+	cc.w.uint(protoVersion)
+	err = cc.w.flush()
+	if err == nil {
+		err = cc.r.expect(msgBool)
+	}
+	if err == nil {
+		cc.proto, err = cc.r.uint()
+	}
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w: %w: %v", ErrWriterLost, errNoHello, err)
+	}
+	cc.proto = min(cc.proto, protoVersion)
+	return cc, nil
 }
 
 func (c *Client) put(cc *clientConn) {
@@ -188,9 +240,23 @@ func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error
 		return err
 	}
 	writable := begin == msgUpdate
+	var pre []prefetch
+	if cc.proto >= 2 {
+		c.mu.Lock()
+		pre = c.hot.prefetches()
+		c.mu.Unlock()
+		if begin == msgUpdate {
+			begin = msgUpdatePre
+		} else {
+			begin = msgViewPre
+		}
+	}
 	cc.w.byte(begin)
 	if writable {
 		cc.w.bytes(marker)
+	}
+	if cc.proto >= 2 {
+		cc.w.prefetches(pre)
 	}
 	if err := cc.w.flush(); err != nil {
 		cc.c.Close()
@@ -203,6 +269,7 @@ func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error
 		// sentCommit: the latest run of fn ended in msgCommit, so a lost
 		// connection now leaves the outcome unknown.
 		sentCommit bool
+		last       *clientTx // the latest run of fn
 	)
 	lost := func(err error) error {
 		cc.c.Close()
@@ -219,8 +286,14 @@ func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error
 		switch t {
 		case msgStart:
 			sentCommit = false
+			tx := &clientTx{c: c, cc: cc, writable: writable}
+			if cc.proto >= 2 {
+				if err := tx.readPrefetched(pre); err != nil {
+					return lost(err)
+				}
+			}
 			if !didPanic {
-				tx := &clientTx{c: c, cc: cc, writable: writable}
+				last = tx
 				fnErr, panicked, didPanic = callFn(fn, tx)
 				if tx.err != nil {
 					// A read failed, so fn may have been misled; nothing was
@@ -238,12 +311,21 @@ func (c *Client) run(begin byte, marker []byte, fn func(ledger.BTx) error) error
 				return lost(err)
 			}
 		case msgDone:
+			if last != nil {
+				for name := range last.data {
+					cc.knownData[name] = true
+				}
+				c.learn(last)
+			}
 			c.put(cc)
 			return nil
 		case msgFail:
 			fe, err := cc.readFail()
 			if err != nil {
 				return lost(err)
+			}
+			if last != nil {
+				c.learn(last)
 			}
 			c.put(cc)
 			if errors.Is(fe, errAborted) {
@@ -290,6 +372,83 @@ type clientTx struct {
 	// data holds the data collections seen to exist in this run (a
 	// collection is never dropped).
 	data map[string]bool
+	// pre holds the prefetched Gets, read in the writer's transaction
+	// before fn ran: a key fn has not written since (not in seen) still
+	// has that value. preCur holds the prefetched first moves of cursors,
+	// true while fn has not written to their collection (see written).
+	pre     map[seenKey][]byte
+	preCur  []cursorAnswer
+	written map[bucketRef]bool
+	// reads are this run's reads of the writer's state, in order, for the
+	// Client to learn which to prefetch next time.
+	reads []prefetch
+	// ahead holds the cursors with read-ahead pairs or moves to catch up
+	// on the writer (see clientCursor); writes counts this run's writes.
+	ahead  []*clientCursor
+	writes int
+}
+
+// beforeWrite runs before each write is sent: every cursor's moves taken
+// from a read-ahead are made on the writer first, in order before the
+// write as fn made them, and the rest of each read-ahead is dropped (the
+// write may change what those moves return).
+func (t *clientTx) beforeWrite() {
+	for _, c := range t.ahead {
+		if c.taken > 0 {
+			t.cc.w.byte(msgSkip)
+			t.cc.w.uint(c.id)
+			t.cc.w.uint(c.dir)
+			t.cc.w.uint(c.taken)
+		}
+		c.taken, c.pairs, c.listed = 0, nil, false
+	}
+	t.ahead = t.ahead[:0]
+	t.writes++
+}
+
+// cursorAnswer is a prefetched first move of a cursor, kept by the writer as
+// cursor id.
+type cursorAnswer struct {
+	p    prefetch
+	id   uint64
+	k, v []byte
+	used bool
+}
+
+// readPrefetched reads msgStart's answers to pre.
+func (t *clientTx) readPrefetched(pre []prefetch) error {
+	for i, p := range pre {
+		if p.op == preGet {
+			v, err := t.cc.r.bytes()
+			if err != nil {
+				return err
+			}
+			if t.pre == nil {
+				t.pre = map[seenKey][]byte{}
+			}
+			t.pre[seenKey{p.ref.kind, p.ref.name, string(p.key)}] = v
+			continue
+		}
+		k, err := t.cc.r.bytes()
+		if err != nil {
+			return err
+		}
+		v, err := t.cc.r.bytes()
+		if err != nil {
+			return err
+		}
+		t.preCur = append(t.preCur, cursorAnswer{p: p, id: prefetchCursor(uint64(i)), k: k, v: v})
+	}
+	return nil
+}
+
+// wrote notes a write to b: from now on, a prefetched cursor of b no
+// longer shows what a new cursor would.
+func (t *clientTx) wrote(b *clientBucket) {
+	if t.written == nil {
+		t.written = map[bucketRef]bool{}
+	}
+	t.written[bucketRef{b.kind, b.name}] = true
 }
 
 type seenKey struct {
@@ -358,7 +517,7 @@ func (t *clientTx) Data(name string, create bool) (ledger.Bucket, error) {
 	if create && !t.writable {
 		return nil, errViewWrite
 	}
-	if t.err != nil || t.data[name] {
+	if t.err != nil || t.data[name] || t.cc.knownData[name] {
 		return b, nil
 	}
 	t.cc.w.byte(msgData)
@@ -418,7 +577,14 @@ func (b *clientBucket) Get(key []byte) []byte {
 	if t.err != nil {
 		return nil
 	}
-	if v, ok := t.seen[seenKey{b.kind, b.name, string(key)}]; ok {
+	sk := seenKey{b.kind, b.name, string(key)}
+	if v, ok := t.seen[sk]; ok {
+		return v
+	}
+	t.reads = append(t.reads, prefetch{bucketRef{b.kind, b.name}, preGet, bytes.Clone(key)})
+	if v, ok := t.pre[sk]; ok {
+		t.c.hits.Add(1)
+		t.remember(b, key, v)
 		return v
 	}
 	t.cc.w.byte(msgGet)
@@ -443,6 +609,7 @@ func (b *clientBucket) Put(key, value []byte) error {
 	if b.t.err != nil {
 		return b.t.err
 	}
+	b.t.beforeWrite()
 	b.t.cc.w.byte(msgPut)
 	b.ref()
 	b.t.cc.w.bytes(key)
@@ -451,6 +618,7 @@ func (b *clientBucket) Put(key, value []byte) error {
 	}
 	b.t.cc.w.bytes(value)
 	b.t.remember(b, key, value)
+	b.t.wrote(b)
 	return nil
 }
 
@@ -461,10 +629,12 @@ func (b *clientBucket) Delete(key []byte) error {
 	if b.t.err != nil {
 		return b.t.err
 	}
+	b.t.beforeWrite()
 	b.t.cc.w.byte(msgDelete)
 	b.ref()
 	b.t.cc.w.bytes(key)
 	b.t.remember(b, key, nil)
+	b.t.wrote(b)
 	return nil
 }
 
@@ -474,16 +644,48 @@ func (b *clientBucket) Cursor() ledger.Cursor {
 }
 
 // clientCursor is a cursor of the writer's transaction: each move is a
-// round trip.
+// round trip, except a first move the writer answered in advance
+// (prefetched): the cursor then continues as the writer's prefetched one.
+//
+// A cursor that moves on (Next, Prev) asks the writer to read ahead
+// (version 2): the next moves in that direction come back with the
+// answer, and are taken here while the transaction writes nothing (see
+// beforeWrite); taken counts those the writer's cursor has not made yet.
+// It asks only while the transaction has written nothing since the
+// cursor's latest First, Last or Seek: a bbolt cursor that has seen a
+// write in its transaction may return what a new cursor (the writer's
+// read-ahead) would not, and the answers must be the cursor's own.
 type clientCursor struct {
-	b  *clientBucket
-	id uint64
+	b      *clientBucket
+	id     uint64
+	moved  bool
+	dir    uint64      // the direction of pairs (curNext or curPrev)
+	pairs  [][2][]byte // read ahead, not taken yet
+	taken  uint64
+	listed bool // in its transaction's ahead
+	placed bool // a First, Last or Seek was made, after the transaction's write number pos
+	pos    int
 }
+
+// aheadMoves is how many pairs a cursor moving on asks to read ahead.
+const aheadMoves = 8
 
 func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 	t := c.b.t
 	if t.err != nil {
 		return nil, nil
+	}
+	if op <= curSeek {
+		c.placed, c.pos = true, t.writes
+	}
+	if !c.moved && op <= curSeek {
+		if k, v, ok := c.prefetched(op, seek); ok {
+			return k, v
+		}
+	}
+	c.moved = true
+	if t.cc.proto >= 2 {
+		return c.moveAhead(op, seek)
 	}
 	t.cc.w.byte(msgCursor)
 	t.cc.w.uint(c.id)
@@ -506,6 +708,103 @@ func (c *clientCursor) move(op uint64, seek []byte) ([]byte, []byte) {
 	return k, v
 }
 
+// moveAhead makes a move with msgCursorAhead: from the pairs read ahead
+// when it is one more move in their direction, else on the writer, which
+// first makes the moves taken from them.
+func (c *clientCursor) moveAhead(op uint64, seek []byte) ([]byte, []byte) {
+	t := c.b.t
+	if op == c.dir && len(c.pairs) > 0 {
+		p := c.pairs[0]
+		c.pairs = c.pairs[1:]
+		c.taken++
+		t.c.hits.Add(1)
+		return p[0], p[1]
+	}
+	dir := c.dir
+	if dir != curPrev {
+		dir = curNext
+	}
+	var ahead uint64
+	if (op == curNext || op == curPrev) && c.placed && c.pos == t.writes {
+		ahead = aheadMoves
+	}
+	t.cc.w.byte(msgCursorAhead)
+	t.cc.w.uint(c.id)
+	t.cc.w.uint(op)
+	c.b.ref()
+	t.cc.w.bytes(seek)
+	t.cc.w.uint(dir)
+	t.cc.w.uint(c.taken)
+	t.cc.w.uint(ahead)
+	c.taken, c.pairs = 0, nil
+	if !t.roundTrip(msgPair) {
+		return nil, nil
+	}
+	k, v, err := c.readPair()
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	n, err := t.cc.r.uint()
+	if err == nil && n > maxAhead {
+		err = errCorrupt
+	}
+	for i := uint64(0); err == nil && i < n; i++ {
+		var p [2][]byte
+		if p[0], p[1], err = c.readPair(); err == nil {
+			c.pairs = append(c.pairs, p)
+		}
+	}
+	if err != nil {
+		t.fail(err)
+		return nil, nil
+	}
+	if len(c.pairs) > 0 {
+		c.dir = op
+		if !c.listed {
+			c.listed = true
+			t.ahead = append(t.ahead, c)
+		}
+	}
+	return k, v
+}
+
+func (c *clientCursor) readPair() ([]byte, []byte, error) {
+	k, err := c.b.t.cc.r.bytes()
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := c.b.t.cc.r.bytes()
+	return k, v, err
+}
+
+// prefetched answers a new cursor's first move from a prefetch: the
+// writer made the same move on a new cursor of the same collection before
+// fn ran, and fn has not written to that collection since, so the answer
+// and the writer's cursor are what this move would have made.
+func (c *clientCursor) prefetched(op uint64, seek []byte) ([]byte, []byte, bool) {
+	t := c.b.t
+	ref := bucketRef{c.b.kind, c.b.name}
+	p := prefetch{ref, preCursor + op, seek}
+	if op != curSeek {
+		p.key = nil
+	}
+	t.reads = append(t.reads, prefetch{ref, p.op, bytes.Clone(p.key)})
+	if t.written[ref] {
+		return nil, nil, false
+	}
+	for i := range t.preCur {
+		pc := &t.preCur[i]
+		if pc.used || pc.p.ref != ref || pc.p.op != p.op || !bytes.Equal(pc.p.key, p.key) {
+			continue
+		}
+		pc.used, c.moved, c.id = true, true, pc.id
+		t.c.hits.Add(1)
+		return pc.k, pc.v, true
+	}
+	return nil, nil, false
+}
+
 func (c *clientCursor) First() ([]byte, []byte)           { return c.move(curFirst, nil) }
 func (c *clientCursor) Last() ([]byte, []byte)            { return c.move(curLast, nil) }
 func (c *clientCursor) Seek(seek []byte) ([]byte, []byte) { return c.move(curSeek, seek) }
@@ -513,3 +812,112 @@ func (c *clientCursor) Next() ([]byte, []byte)            { return c.move(curNex
 func (c *clientCursor) Prev() ([]byte, []byte)            { return c.move(curPrev, nil) }
 
 func randRead(b []byte) { rand.Read(b) }
+
+// hotReads learns which reads a Client's transactions make again and
+// again (a ledger's meta keys, the audit chain's head), so that the next
+// transaction asks the writer for them with its start instead of one
+// round trip each. A read made in at least hotMinHits of the
+// transactions it was seen in, the last of them within the latest
+// hotWindow transactions, is prefetched. What is prefetched only saves
+// time: a read that misses goes to the writer as before.
+//
+// Besides, the latest keys read by Views are prefetched (viewed): a
+// caller that looks before it writes (the ledger's claim looks up its
+// record in a View first) then finds the key in its Update at once.
+type hotReads struct {
+	n      uint64 // transactions learned from
+	seen   map[string]*hotRead
+	viewed [maxViewed]prefetch // a ring: the latest Gets of Views
+	vi     int                 // the next slot of viewed
+}
+
+type hotRead struct {
+	p          prefetch
+	hits, last uint64
+}
+
+const (
+	hotWindow  = 16
+	hotMinHits = 2
+	maxHot     = 256 // reads remembered
+	maxPreTx   = 32  // hot prefetches sent with one transaction
+	maxViewed  = 8   // viewed prefetches (maxPreTx + maxViewed ≤ maxPrefetch)
+)
+
+func hotKey(p prefetch) string {
+	return fmt.Sprintf("%d\x00%s\x00%d\x00%s", p.ref.kind, p.ref.name, p.op, p.key)
+}
+
+// learn records the reads of t, a run of fn that ended.
+func (c *Client) learn(t *clientTx) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &c.hot
+	h.n++
+	if h.seen == nil {
+		h.seen = map[string]*hotRead{}
+	}
+	for _, p := range t.reads {
+		if !t.writable && p.op == preGet {
+			h.viewed[h.vi] = p
+			h.vi = (h.vi + 1) % maxViewed
+		}
+		k := hotKey(p)
+		r := h.seen[k]
+		if r == nil {
+			if len(h.seen) >= maxHot {
+				h.evict()
+			}
+			r = &hotRead{p: p}
+			h.seen[k] = r
+		}
+		if r.last != h.n { // once per transaction
+			r.hits++
+			r.last = h.n
+		}
+	}
+}
+
+// evict forgets the reads not made within the window, and when that is
+// not enough, every read seen only once.
+func (h *hotReads) evict() {
+	for k, r := range h.seen {
+		if h.n-r.last >= hotWindow {
+			delete(h.seen, k)
+		}
+	}
+	if len(h.seen) < maxHot {
+		return
+	}
+	for k, r := range h.seen {
+		if r.hits < hotMinHits {
+			delete(h.seen, k)
+		}
+	}
+}
+
+// prefetches returns the reads to prefetch for the next transaction: the
+// hot ones and the viewed ones, each once.
+func (h *hotReads) prefetches() []prefetch {
+	var ps []prefetch
+	have := map[string]bool{}
+	for k, r := range h.seen {
+		if r.hits >= hotMinHits && h.n-r.last < hotWindow {
+			ps = append(ps, r.p)
+			have[k] = true
+			if len(ps) == maxPreTx {
+				break
+			}
+		}
+	}
+	for _, p := range h.viewed {
+		if p.ref.name == "" && p.key == nil {
+			continue // a slot not used yet
+		}
+		if k := hotKey(p); !have[k] {
+			ps = append(ps, p)
+			have[k] = true
+		}
+	}
+	return ps
+}

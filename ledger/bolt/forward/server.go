@@ -2,6 +2,7 @@ package forward
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -125,15 +126,28 @@ func (s *Server) serve(c net.Conn) {
 			return
 		}
 		switch t {
-		case msgUpdate, msgView:
+		case msgHello:
+			if _, err := sc.r.uint(); err != nil {
+				return
+			}
+			sc.w.byte(msgBool)
+			sc.w.uint(protoVersion)
+		case msgUpdate, msgView, msgUpdatePre, msgViewPre:
+			update := t == msgUpdate || t == msgUpdatePre
 			var marker []byte
-			if t == msgUpdate {
+			if update {
 				if marker, err = sc.r.bytes(); err != nil {
 					return
 				}
 			}
-			fn := func(tx ledger.BTx) error { return sc.runTx(tx, t == msgUpdate, marker) }
-			if t == msgUpdate {
+			var pre []prefetch
+			if t == msgUpdatePre || t == msgViewPre {
+				if pre, err = sc.r.prefetches(); err != nil {
+					return
+				}
+			}
+			fn := func(tx ledger.BTx) error { return sc.runTx(tx, update, marker, pre) }
+			if update {
 				err = s.b.Update(ctx, fn)
 			} else {
 				err = s.b.View(ctx, fn)
@@ -191,12 +205,19 @@ func (sc *serverConn) reply(err error) {
 // forwarder to run fn and serves its reads and writes until it commits or
 // aborts. It may run again for the same request (the group commit re-runs
 // a batch's members alone when one failed); each run starts afresh.
-func (sc *serverConn) runTx(tx ledger.BTx, writable bool, marker []byte) error {
+//
+// pre are the reads the forwarder expects to make (see prefetch): they are
+// answered with msgStart, read in tx before fn runs, so that fn finds them
+// without a round trip.
+func (sc *serverConn) runTx(tx ledger.BTx, writable bool, marker []byte, pre []prefetch) error {
 	if sc.broken != nil {
 		return sc.broken
 	}
 	st := txState{tx: tx, buckets: map[bucketRef]ledger.Bucket{}, cursors: map[uint64]ledger.Cursor{}}
 	sc.w.byte(msgStart)
+	for i, p := range pre {
+		st.answer(sc.w, uint64(i), p)
+	}
 	if err := sc.w.flush(); err != nil {
 		sc.broken = err
 		return err
@@ -257,6 +278,31 @@ func (st *txState) bucket(ref bucketRef) (ledger.Bucket, error) {
 		st.buckets[ref] = b
 	}
 	return b, nil
+}
+
+// answer reads the i-th prefetch p in st's transaction and writes the
+// answer: a Get's value, or a cursor's first pair (the cursor is kept as
+// prefetchCursor(i), where the forwarder's later moves of it go).
+func (st *txState) answer(w writer, i uint64, p prefetch) {
+	b, err := st.bucket(p.ref)
+	if err != nil {
+		b = nil // as msgGet and msgCursor answer: a missing collection
+	}
+	if p.op == preGet {
+		var v []byte
+		if b != nil {
+			v = b.Get(p.key)
+		}
+		w.bytes(v)
+		return
+	}
+	var k, v []byte
+	if b != nil {
+		cur := b.Cursor()
+		st.cursors[prefetchCursor(i)] = cur
+		k, v = moveCursor(cur, p.op-preCursor, p.key)
+	}
+	writePair(w, k, v)
 }
 
 // step serves one message; it returns errCommit at msgCommit, errAborted
@@ -387,31 +433,131 @@ func (sc *serverConn) step(st *txState) error {
 			}
 		}
 		if cur != nil {
-			switch op {
-			case curFirst:
-				k, v = cur.First()
-			case curLast:
-				k, v = cur.Last()
-			case curSeek:
-				k, v = cur.Seek(seek)
-			case curNext:
-				k, v = cur.Next()
-			case curPrev:
-				k, v = cur.Prev()
-			}
-		}
-		if k == nil {
-			v = nil
-		} else if v == nil {
-			v = []byte{} // a present key has a non-nil value (bbolt: nil marks a nested bucket)
+			k, v = moveCursor(cur, op, seek)
 		}
 		sc.w.byte(msgPair)
-		sc.w.bytes(k)
-		sc.w.bytes(v)
+		writePair(sc.w, k, v)
+	case msgCursorAhead:
+		var f [2]uint64 // id, op
+		for i := range f {
+			if f[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		ref, err := readRef()
+		if err != nil {
+			return fail(err)
+		}
+		seek, err := sc.r.bytes()
+		if err != nil {
+			return fail(err)
+		}
+		var g [3]uint64 // dir, skip, ahead
+		for i := range g {
+			if g[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		id, op, dir, skip, ahead := f[0], f[1], g[0], g[1], g[2]
+		if (dir != curNext && dir != curPrev) || skip > maxAhead || ahead > maxAhead {
+			return fail(errCorrupt)
+		}
+		b, _ := st.bucket(ref)
+		cur, ok := st.cursors[id]
+		if !ok && b != nil {
+			cur = b.Cursor()
+			st.cursors[id] = cur
+		}
+		var k, v []byte
+		var pairs [][2][]byte
+		if cur != nil {
+			for range skip { // the moves the forwarder took from its last read-ahead
+				moveCursor(cur, dir, nil)
+			}
+			k, v = moveCursor(cur, op, seek)
+			pairs = readAhead(b, k, op, ahead)
+		}
+		sc.w.byte(msgPair)
+		writePair(sc.w, k, v)
+		sc.w.uint(uint64(len(pairs)))
+		for _, p := range pairs {
+			writePair(sc.w, p[0], p[1])
+		}
+	case msgSkip:
+		var f [3]uint64 // id, dir, n
+		for i := range f {
+			if f[i], err = sc.r.uint(); err != nil {
+				return fail(err)
+			}
+		}
+		id, dir, n := f[0], f[1], f[2]
+		cur, ok := st.cursors[id]
+		if !ok || (dir != curNext && dir != curPrev) || n > maxAhead {
+			return fail(errCorrupt)
+		}
+		for range n {
+			moveCursor(cur, dir, nil)
+		}
+		return nil // no answer
 	default:
 		return fail(errCorrupt)
 	}
 	return nil
+}
+
+// readAhead returns the pairs up to ahead further moves op (curNext or
+// curPrev) would return after a cursor of b stopped at k, read with a
+// cursor of its own; none for other moves.
+func readAhead(b ledger.Bucket, k []byte, op, ahead uint64) [][2][]byte {
+	if b == nil || k == nil || ahead == 0 || (op != curNext && op != curPrev) {
+		return nil
+	}
+	c := b.Cursor()
+	if at, _ := c.Seek(k); !bytes.Equal(at, k) {
+		return nil
+	}
+	var pairs [][2][]byte
+	size := 0
+	for range ahead {
+		k, v := moveCursor(c, op, nil)
+		if k == nil {
+			break
+		}
+		pairs = append(pairs, [2][]byte{k, v})
+		if size += len(k) + len(v); size > maxAheadBytes {
+			break
+		}
+	}
+	return pairs
+}
+
+// moveCursor makes one move of cur.
+func moveCursor(cur ledger.Cursor, op uint64, seek []byte) (k, v []byte) {
+	switch op {
+	case curFirst:
+		return cur.First()
+	case curLast:
+		return cur.Last()
+	case curSeek:
+		return cur.Seek(seek)
+	case curNext:
+		return cur.Next()
+	case curPrev:
+		return cur.Prev()
+	}
+	return nil, nil
+}
+
+// writePair writes a cursor's pair: no value without a key, and a present
+// key's value is never nil (bbolt's nil value marks a nested bucket).
+func writePair(w writer, k, v []byte) {
+	if k == nil {
+		v = nil
+	} else if v == nil {
+		v = []byte{}
+	}
+	w.bytes(k)
+	w.bytes(v)
 }
 
 func boolUint(b bool) uint64 {
