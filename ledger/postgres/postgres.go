@@ -32,8 +32,8 @@
 // together (group commit, group.go: one lock, one COMMIT and one WAL
 // flush for up to 128 of them), a transaction remembers what it read
 // (meta keys, the audit chain's head are read once per batch), and a
-// transaction's writes are kept in memory and sent in one batch before
-// COMMIT. What remains serial is each function's reads of its own keys
+// transaction's writes are kept in memory and sent before COMMIT in one
+// round trip, as a few multi-row statements. What remains serial is each function's reads of its own keys
 // (some six round trips for a create). Partitioning the audit chain by
 // tenant would let tenants' writers run in parallel (not built yet; see
 // SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
@@ -817,8 +817,15 @@ func containsStr(list []string, s string) bool {
 	return false
 }
 
-// flush sends the pending writes (of coll, or of every collection when
-// coll is "") in one batch.
+// flush sends the pending writes (of colls, or of every collection when
+// none is named) in one batch of multi-row statements: the puts as one
+// upsert of parallel arrays, the deletes as one statement per collection
+// (key = ANY, an index scan whatever the table's size; a join with the
+// arrays could be planned as a scan of the whole table), split by
+// rowChunks. A statement per row cost PostgreSQL and this process a
+// statement's overhead for each of the some twenty rows of a create. The
+// pending writes hold one value per key, so no statement touches a row
+// twice and their order does not matter.
 func (t *btx) flush(colls ...string) error {
 	if t.err != nil {
 		return t.err
@@ -832,16 +839,25 @@ func (t *btx) flush(colls ...string) error {
 		}
 	}
 	batch := &pgx.Batch{}
+	var puts rowChunks
 	for _, c := range colls {
+		var dels rowChunks
 		for k, v := range t.pending[c] {
 			t.wrote(c, k, v)
 			if v == nil {
-				batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = $2", c, []byte(k))
+				dels.add(c, []byte(k), nil)
 			} else {
-				batch.Queue("INSERT INTO idemgate_kv (collection, key, value) VALUES ($1, $2, $3) ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value", c, []byte(k), *v)
+				puts.add(c, []byte(k), v)
 			}
 		}
+		for _, ch := range dels {
+			batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", c, ch.keys)
+		}
 		delete(t.pending, c)
+	}
+	for _, ch := range puts {
+		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+			ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value`, ch.colls, ch.keys, ch.values)
 	}
 	if t.marker != "" && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
@@ -855,6 +871,54 @@ func (t *btx) flush(colls ...string) error {
 		return err
 	}
 	return nil
+}
+
+// One multi-row statement carries at most maxChunkRows rows and, past its
+// first row, maxChunkBytes of keys and values: PostgreSQL bounds one
+// array parameter to 1 GB, and a flush of many large values is sent as
+// several statements rather than one huge array.
+const (
+	maxChunkRows  = 1000
+	maxChunkBytes = 16 << 20
+)
+
+// rowChunk is the rows of one multi-row statement, as parallel arrays
+// (values nil for deletes).
+type rowChunk struct {
+	colls  []string
+	keys   [][]byte
+	values [][]byte
+	bytes  int
+}
+
+// rowChunks collects rows into chunks of at most maxChunkRows rows and
+// about maxChunkBytes.
+type rowChunks []rowChunk
+
+// add adds a row: a put of *value, or a delete when value is nil.
+func (r *rowChunks) add(coll string, key []byte, value *[]byte) {
+	n := len(key)
+	if value != nil {
+		n += len(*value)
+	}
+	if len(*r) == 0 {
+		*r = append(*r, rowChunk{})
+	}
+	c := &(*r)[len(*r)-1]
+	if len(c.keys) >= maxChunkRows || (len(c.keys) > 0 && c.bytes+n > maxChunkBytes) {
+		*r = append(*r, rowChunk{})
+		c = &(*r)[len(*r)-1]
+	}
+	c.colls = append(c.colls, coll)
+	c.keys = append(c.keys, key)
+	if value != nil {
+		v := *value
+		if v == nil {
+			v = []byte{} // a nil []byte is sent as NULL
+		}
+		c.values = append(c.values, v)
+	}
+	c.bytes += n
 }
 
 // bucket is one collection seen from a transaction.
