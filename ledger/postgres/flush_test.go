@@ -175,3 +175,81 @@ func TestRowChunksBound(t *testing.T) {
 		}
 	}
 }
+
+// TestBeginWriteReadsWhatTheLastBatchRead: an Update starts with the meta
+// rows and the last rows the previous one read already in memory (one
+// round trip with BEGIN and the lock), and what it finds there is the
+// database's state under the lock — another replica's writes in between
+// included, a row it deleted absent.
+func TestBeginWriteReadsWhatTheLastBatchRead(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	ba, err := openBackend(url, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ba.Close()
+	bb, err := OpenBackend(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	ctx := context.Background()
+	const coll = "warm_test"
+	meta := []byte(ledger.MetaCollection)
+	write := func(be ledger.Backend, x, gone string, last string) {
+		t.Helper()
+		err := be.Update(ctx, func(tx ledger.BTx) error {
+			m := tx.Bucket(meta)
+			m.Put([]byte("warm-x"), []byte(x))
+			if gone == "" {
+				m.Delete([]byte("warm-gone"))
+			} else {
+				m.Put([]byte("warm-gone"), []byte(gone))
+			}
+			b, _ := tx.Data(coll, true)
+			return b.Put([]byte(last), []byte("v-"+last))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(tx ledger.BTx) (x, gone, last string) {
+		m := tx.Bucket(meta)
+		b, _ := tx.Data(coll, true)
+		k, _ := b.Cursor().Last()
+		return string(m.Get([]byte("warm-x"))), string(m.Get([]byte("warm-gone"))), string(k)
+	}
+	write(ba, "1", "here", "k1")
+	// A reads the rows: the next Update of A fetches them with its BEGIN.
+	if err := ba.Update(ctx, func(tx ledger.BTx) error { read(tx); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !containsStr(ba.warm.keys, "warm-x") || !containsStr(ba.warm.keys, "warm-gone") || !containsStr(ba.warm.tails, "data:"+coll) {
+		t.Fatalf("after reading them, the next Update would not fetch them: %+v", ba.warm)
+	}
+	write(bb, "2", "", "k2") // another replica changes all three
+	err = ba.Update(ctx, func(ltx ledger.BTx) error {
+		tx := ltx.(*btx)
+		if _, ok := tx.cache[ledger.MetaCollection]["warm-x"]; !ok {
+			t.Error("warm-x was not fetched with BEGIN")
+		}
+		if _, ok := tx.tails["data:"+coll]; !ok {
+			t.Error("the last row was not fetched with BEGIN")
+		}
+		x, gone, last := read(tx)
+		if x != "2" || gone != "" || last != "k2" {
+			t.Errorf("read %q %q %q, want the other replica's writes: %q %q %q", x, gone, last, "2", "", "k2")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A transaction that reads none of them: the next one fetches nothing.
+	if err := ba.Update(ctx, func(tx ledger.BTx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(ba.warm.keys) != 0 || len(ba.warm.tails) != 0 {
+		t.Errorf("after an Update that read nothing: %+v, want nothing to fetch", ba.warm)
+	}
+}

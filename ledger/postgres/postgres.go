@@ -204,7 +204,8 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default()}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default(),
+		keepWriter: pool.Config().MaxConns >= 2}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
@@ -345,7 +346,10 @@ type backend struct {
 	gcMu                     sync.Mutex
 	gcQueue                  []*gcJob
 	gcRunning                bool
-	txCommitted, fnCommitted int64 // under mu
+	wconn                    *pgxpool.Conn // the leader's connection (writerConn); only the leader touches it
+	warm                     warmth        // what the last write transaction read first (beginWrite); the leader's too
+	keepWriter               bool          // the pool has room to keep wconn between batches
+	txCommitted, fnCommitted int64         // under mu
 }
 
 var (
@@ -519,27 +523,27 @@ func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error
 // function fails (its error is in its job) the transaction is rolled back
 // and the error is errMemberFailed.
 func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
-	var pt pgx.Tx
-	err = b.bounded(ctx, func(ctx context.Context) (err error) {
-		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		return err
-	})
+	c, err := b.writerConn(ctx)
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
+	defer func() {
+		if err != nil {
+			b.dropWriterConn() // the pool closes it if it is broken
+		}
+	}()
+	tx := &btx{b: b, ctx: ctx, writable: true}
+	err = b.bounded(ctx, func(ctx context.Context) error { return b.beginWrite(ctx, c, tx) })
+	pt := tx.pt
 	committed := false
 	defer func() {
 		if !committed {
-			b.rollback(ctx, pt)
+			b.rollback(ctx, pt) // nothing to do when BEGIN failed
 		}
 	}()
-	if err := b.bounded(ctx, func(ctx context.Context) error {
-		_, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey)
-		return err
-	}); err != nil {
+	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
 	for _, j := range jobs {
 		j.err = j.run(tx)
 		if tx.err != nil { // a failed read may have misled fn: its error is not the cause
@@ -554,7 +558,10 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		return transient(err), b.txError(err)
 	}
 	if err := b.bounded(ctx, pt.Commit); err != nil {
-		// The outcome is unknown: read it back rather than guess.
+		// The outcome is unknown: read it back rather than guess, on
+		// another connection (this one is suspect, and with a pool of
+		// one the read-back would wait for it).
+		b.dropWriterConn()
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
 		case !known:
@@ -564,6 +571,7 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		}
 	}
 	committed = true
+	b.warm = tx.warmth()
 	if len(tx.created) > 0 {
 		b.mu.Lock()
 		for _, n := range tx.created {
@@ -572,6 +580,136 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		b.mu.Unlock()
 	}
 	return false, nil
+}
+
+// beginWrite begins tx, an Update's transaction, and takes the writer
+// lock, in one round trip: BEGIN, the lock and, behind them, the reads
+// the last batch started with (the rows it read from the meta collection,
+// the last rows of the collections whose last row it asked for: the
+// ledger's clocks and the audit chain's head, read by every write) are
+// sent together, and what they read is remembered in tx. A statement
+// runs only after the one before it (one connection), so those reads
+// happen under the lock, as if the functions had made them. A guess that
+// is no longer read costs a lookup, never a wrong answer.
+func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) error {
+	batch := &pgx.Batch{}
+	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	batch.Queue("SELECT pg_advisory_xact_lock($1)", writerLockKey)
+	w := b.warm
+	if len(w.keys) > 0 {
+		keys := make([][]byte, len(w.keys))
+		for i, k := range w.keys {
+			keys[i] = []byte(k)
+		}
+		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
+			found := map[string][]byte{}
+			for rows.Next() {
+				var k, v []byte
+				if err := rows.Scan(&k, &v); err != nil {
+					return err
+				}
+				if v == nil {
+					v = []byte{}
+				}
+				found[string(k)] = v
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for _, k := range w.keys {
+				if v, ok := found[k]; ok {
+					tx.remember(ledger.MetaCollection, k, &v)
+				} else {
+					tx.remember(ledger.MetaCollection, k, nil)
+				}
+			}
+			return nil
+		})
+	}
+	for _, coll := range w.tails {
+		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 ORDER BY collection DESC, key DESC LIMIT 1", coll).Query(func(rows pgx.Rows) error {
+			tl := tail{}
+			for rows.Next() {
+				if err := rows.Scan(&tl.k, &tl.v); err != nil {
+					return err
+				}
+				if tl.v == nil {
+					tl.v = []byte{}
+				}
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if tx.tails == nil {
+				tx.tails = map[string]tail{}
+			}
+			tx.tails[coll] = tl
+			return nil
+		})
+	}
+	br := c.SendBatch(ctx, batch)
+	tx.pt = br.Tx()
+	return br.Close()
+}
+
+// warmth is what a write transaction started with, for beginWrite to read
+// at the start of the next one.
+type warmth struct {
+	keys  []string // of the meta collection, read from the database
+	tails []string // collections whose last row was asked for
+}
+
+// Bounds on warmth: the meta collection holds a handful of keys, and a
+// transaction that read many is not the common case to prepare for.
+const (
+	maxWarmKeys  = 16
+	maxWarmTails = 4
+)
+
+// warmth reports what t read: the meta keys and the last rows (noteRead,
+// noteTail) it asked for, from the database or from what beginWrite
+// fetched, so that a guess nothing reads any more is dropped.
+func (t *btx) warmth() warmth {
+	return warmth{keys: t.metaRead, tails: t.tailsRead}
+}
+
+// noteRead notes a Get of key in an Update, for warmth.
+func (t *btx) noteRead(coll string, key []byte) {
+	if t.writable && coll == ledger.MetaCollection && len(t.metaRead) < maxWarmKeys && !containsStr(t.metaRead, string(key)) {
+		t.metaRead = append(t.metaRead, string(key))
+	}
+}
+
+// noteTail notes that an Update asked for coll's last row, for warmth.
+func (t *btx) noteTail(coll string) {
+	if t.writable && len(t.tailsRead) < maxWarmTails && !containsStr(t.tailsRead, coll) {
+		t.tailsRead = append(t.tailsRead, coll)
+	}
+}
+
+// writerConn returns the connection the group commit's leader writes on:
+// kept from one batch to the next while writers queue (group.go), so the
+// serial writer does not wait for a connection behind the reads of every
+// client, and acquired from the pool again after a failure or once the
+// queue is empty. Only the leader calls it.
+func (b *backend) writerConn(ctx context.Context) (*pgxpool.Conn, error) {
+	if b.wconn != nil {
+		return b.wconn, nil
+	}
+	err := b.bounded(ctx, func(ctx context.Context) (err error) {
+		b.wconn, err = b.pool.Acquire(ctx)
+		return err
+	})
+	return b.wconn, err
+}
+
+// dropWriterConn gives the writer's connection back to the pool (which
+// closes a broken one). Only the leader calls it.
+func (b *backend) dropWriterConn() {
+	if b.wconn != nil {
+		b.wconn.Release()
+		b.wconn = nil
+	}
 }
 
 // readBack learns whether the transaction that wrote marker committed,
@@ -706,6 +844,9 @@ type btx struct {
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
 	tails    map[string]tail                 // collection → its last row in the database, when known
+	// What an Update read first, for the next one's beginWrite (warmth).
+	metaRead  []string // meta keys read from the database
+	tailsRead []string // collections whose last row was fetched
 }
 
 // cachedRow is a row of the database as this transaction knows it
@@ -939,6 +1080,7 @@ func (bk *bucket) Get(key []byte) []byte {
 		return nil
 	}
 	if r, ok := t.cache[bk.coll][string(key)]; ok {
+		t.noteRead(bk.coll, key) // perhaps one beginWrite fetched
 		if !r.present {
 			return nil
 		}
@@ -948,12 +1090,13 @@ func (bk *bucket) Get(key []byte) []byte {
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
 		return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		t.remember(bk.coll, string(key), nil)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.fail(err)
 		return nil
 	}
-	if err != nil {
-		t.fail(err)
+	t.noteRead(bk.coll, key)
+	if err != nil { // no such row
+		t.remember(bk.coll, string(key), nil)
 		return nil
 	}
 	if v == nil {
@@ -1085,6 +1228,7 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		if t.tails == nil {
 			t.tails = map[string]tail{}
 		}
+		t.noteTail(c.bk.coll)
 		if len(c.rows) == 0 {
 			t.tails[c.bk.coll] = tail{}
 		} else {
@@ -1126,6 +1270,8 @@ func (c *cursor) First() ([]byte, []byte) {
 func (c *cursor) Last() ([]byte, []byte) {
 	if !c.lastKnown() {
 		c.fetch("", nil, true)
+	} else {
+		c.bk.tx.noteTail(c.bk.coll) // perhaps one beginWrite fetched
 	}
 	return c.at()
 }
