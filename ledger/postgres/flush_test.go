@@ -253,3 +253,88 @@ func TestBeginWriteReadsWhatTheLastBatchRead(t *testing.T) {
 		t.Errorf("after an Update that read nothing: %+v, want nothing to fetch", ba.warm)
 	}
 }
+
+// TestCarriedRowsOnlyWhileNoOneElseWrites: an Update starts with the rows
+// the last Updates of its process touched — unless any other transaction
+// was given an id since (another replica's write), after which it reads
+// the database again; a transaction that rolled back carries nothing, and
+// a row untouched for carryBatches Updates is dropped.
+func TestCarriedRowsOnlyWhileNoOneElseWrites(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	ba, err := openBackend(url, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ba.Close()
+	bb, err := OpenBackend(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	ctx := context.Background()
+	const coll = "carry_test"
+	dc := "data:" + coll
+	update := func(be ledger.Backend, fn func(tx *btx, b ledger.Bucket) error) error {
+		return be.Update(ctx, func(ltx ledger.BTx) error {
+			b, _ := ltx.Data(coll, true)
+			tx, _ := ltx.(*btx)
+			return fn(tx, b)
+		})
+	}
+	mustUpdate := func(be ledger.Backend, fn func(tx *btx, b ledger.Bucket) error) {
+		t.Helper()
+		if err := update(be, fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	carriedAtStart := func(tx *btx, key string) (string, bool) {
+		r, ok := tx.cache[dc][key]
+		return string(r.v), ok && r.present
+	}
+	mustUpdate(ba, func(_ *btx, b ledger.Bucket) error {
+		b.Put([]byte("k"), []byte("a1"))
+		return b.Put([]byte("j"), []byte("j1"))
+	})
+	mustUpdate(ba, func(tx *btx, b ledger.Bucket) error {
+		if v, ok := carriedAtStart(tx, "k"); !ok || v != "a1" {
+			t.Errorf("k at the start of the next Update: %q, %v; want a1 carried", v, ok)
+		}
+		return nil
+	})
+	mustUpdate(bb, func(_ *btx, b ledger.Bucket) error { return b.Put([]byte("k"), []byte("b1")) })
+	mustUpdate(ba, func(tx *btx, b ledger.Bucket) error {
+		if _, ok := carriedAtStart(tx, "j"); ok {
+			t.Error("rows carried past another replica's write")
+		}
+		if got := string(b.Get([]byte("k"))); got != "b1" {
+			t.Errorf("k after another replica wrote it: %q, want b1", got)
+		}
+		return nil
+	})
+	errRefused := fmt.Errorf("refused")
+	if err := update(ba, func(_ *btx, b ledger.Bucket) error {
+		b.Put([]byte("k"), []byte("rolled back"))
+		b.Cursor().First() // sends the write
+		return errRefused
+	}); err != errRefused {
+		t.Fatalf("a refused Update: %v", err)
+	}
+	mustUpdate(ba, func(tx *btx, b ledger.Bucket) error {
+		if got := string(b.Get([]byte("k"))); got != "b1" {
+			t.Errorf("k after a rolled-back write of it: %q, want b1", got)
+		}
+		return b.Put([]byte("j"), []byte("j2"))
+	})
+	for i := range carryBatches + 1 {
+		mustUpdate(ba, func(tx *btx, b ledger.Bucket) error {
+			_, ok := carriedAtStart(tx, "j")
+			if i < carryBatches && !ok {
+				t.Errorf("j not carried into the %d-th Update after it was written", i+1)
+			}
+			if i == carryBatches && ok {
+				t.Errorf("j still carried %d Updates after it was last touched", carryBatches)
+			}
+			return nil
+		})
+	}
+}

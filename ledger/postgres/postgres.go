@@ -348,6 +348,7 @@ type backend struct {
 	gcRunning                bool
 	wconn                    *pgxpool.Conn // the leader's connection (writerConn); only the leader touches it
 	warm                     warmth        // what the last write transaction read first (beginWrite); the leader's too
+	carry                    carried       // rows the last write transaction knew (carried); the leader's too
 	keepWriter               bool          // the pool has room to keep wconn between batches
 	txCommitted, fnCommitted int64         // under mu
 }
@@ -572,6 +573,7 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 	}
 	committed = true
 	b.warm = tx.warmth()
+	b.carry = tx.carryOut()
 	if len(tx.created) > 0 {
 		b.mu.Lock()
 		for _, n := range tx.created {
@@ -595,6 +597,17 @@ func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) erro
 	batch := &pgx.Batch{}
 	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	batch.Queue("SELECT pg_advisory_xact_lock($1)", writerLockKey)
+	carry := b.carry
+	b.carry = carried{}
+	batch.Queue("SELECT txid_current()").QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&tx.xid); err != nil {
+			return err
+		}
+		if carry.rows != nil && tx.xid == carry.xid+1 {
+			tx.cache, tx.cached = carry.rows, carry.n
+		}
+		return nil
+	})
 	w := b.warm
 	if len(w.keys) > 0 {
 		keys := make([][]byte, len(w.keys))
@@ -650,6 +663,52 @@ func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) erro
 	br := c.SendBatch(ctx, batch)
 	tx.pt = br.Tx()
 	return br.Close()
+}
+
+// Rows carried from one Update to the next. An Update's memory of rows
+// (btx.cache: what it read under the writer lock and what it wrote) is
+// still the database's state when the next Update of this process takes
+// the lock, provided no other transaction wrote in between. That is
+// known from transaction ids: every writer of idemgate_kv takes the
+// writer lock before it writes (so before it is given an id), and the
+// id, taken right after the lock (beginWrite), is one more than the last
+// Update's only when no transaction at all — of any replica, command or
+// database of the cluster — was given one since. Then the next Update
+// starts with the rows the last carryBatches Updates touched, and the
+// outbox's claim and delivery records find the messages written a few
+// batches before without a round trip each; otherwise it starts empty.
+// A transaction that did not commit cleanly (a member failed, COMMIT
+// read back) carries nothing.
+type carried struct {
+	rows map[string]map[string]cachedRow
+	n    int   // entries in rows
+	xid  int64 // the transaction id of the Update that committed them
+}
+
+// carryBatches is how many consecutive Updates a row is carried for
+// after the last one that read or wrote it.
+const carryBatches = 4
+
+// carryOut is what a committed Update carries to the next one: its rows
+// touched by the last carryBatches Updates.
+func (t *btx) carryOut() carried {
+	if t.xid == 0 {
+		return carried{}
+	}
+	n := 0
+	for c, m := range t.cache {
+		for k, r := range m {
+			if r.at <= t.xid-carryBatches {
+				delete(m, k)
+			} else {
+				n++
+			}
+		}
+		if len(m) == 0 {
+			delete(t.cache, c)
+		}
+	}
+	return carried{rows: t.cache, n: n, xid: t.xid}
 }
 
 // warmth is what a write transaction started with, for beginWrite to read
@@ -843,6 +902,7 @@ type btx struct {
 	notices  []string                        // NOTIFY payloads the final flush sends (notify.go)
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
+	xid      int64                           // an Update's transaction id (beginWrite); 0 in a View
 	tails    map[string]tail                 // collection → its last row in the database, when known
 	// What an Update read first, for the next one's beginWrite (warmth).
 	metaRead  []string // meta keys read from the database
@@ -854,6 +914,7 @@ type btx struct {
 type cachedRow struct {
 	v       []byte
 	present bool
+	at      int64 // the Update (its transaction id) that last read or wrote it; 0 in a View
 }
 
 // tail is the last row of a collection in the database (k nil: none).
@@ -882,9 +943,9 @@ func (t *btx) remember(coll, key string, v *[]byte) {
 		t.cached++
 	}
 	if v == nil {
-		m[key] = cachedRow{}
+		m[key] = cachedRow{at: t.xid}
 	} else {
-		m[key] = cachedRow{v: *v, present: true}
+		m[key] = cachedRow{v: *v, present: true, at: t.xid}
 	}
 }
 
@@ -1081,6 +1142,10 @@ func (bk *bucket) Get(key []byte) []byte {
 	}
 	if r, ok := t.cache[bk.coll][string(key)]; ok {
 		t.noteRead(bk.coll, key) // perhaps one beginWrite fetched
+		if r.at != t.xid {       // carried from an earlier Update: still in use
+			r.at = t.xid
+			t.cache[bk.coll][string(key)] = r
+		}
 		if !r.present {
 			return nil
 		}
