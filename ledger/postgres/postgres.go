@@ -30,11 +30,16 @@
 // bounded by the round trips of the serial part times the latency to the
 // database. To keep it high a process commits its concurrent Updates
 // together (group commit, group.go: one lock, one COMMIT and one WAL
-// flush for up to 128 of them), a transaction remembers what it read
-// (meta keys, the audit chain's head are read once per batch), and a
-// transaction's writes are kept in memory and sent before COMMIT in one
-// round trip, as a few multi-row statements. What remains serial is each function's reads of its own keys
-// (some six round trips for a create). Partitioning the audit chain by
+// flush for up to 128 of them) on a connection its leader keeps while
+// writers queue; BEGIN, the lock and the reads every batch starts with
+// (the ledger's clocks, the audit chain's head) are one round trip
+// (beginWrite); a transaction remembers what it read and wrote, and hands
+// it to the process's next Update when no other transaction wrote in
+// between (carried); and its writes are kept in memory and sent before
+// COMMIT in one round trip, as a few multi-row statements. What remains
+// serial is each function's reads of keys it has not seen (about four
+// round trips for a create: its record, its fingerprint, its new order's
+// and message's ids). Partitioning the audit chain by
 // tenant would let tenants' writers run in parallel (not built yet; see
 // SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
 // for its whole duration, no lock, never blocked by writers.
