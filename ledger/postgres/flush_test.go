@@ -323,10 +323,14 @@ func TestCarriedRowsOnlyWhileNoOneElseWrites(t *testing.T) {
 		if got := string(b.Get([]byte("k"))); got != "b1" {
 			t.Errorf("k after a rolled-back write of it: %q, want b1", got)
 		}
+		b.Put([]byte("large"), make([]byte, maxCarriedValue+1))
 		return b.Put([]byte("j"), []byte("j2"))
 	})
 	for i := range carryBatches + 1 {
 		mustUpdate(ba, func(tx *btx, b ledger.Bucket) error {
+			if _, ok := tx.cache[dc]["large"]; ok && i == 0 {
+				t.Error("a value larger than maxCarriedValue was carried")
+			}
 			_, ok := carriedAtStart(tx, "j")
 			if i < carryBatches && !ok {
 				t.Errorf("j not carried into the %d-th Update after it was written", i+1)

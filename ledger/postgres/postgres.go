@@ -691,27 +691,38 @@ type carried struct {
 }
 
 // carryBatches is how many consecutive Updates a row is carried for
-// after the last one that read or wrote it.
-const carryBatches = 4
+// after the last one that read or wrote it; rows whose value is larger
+// than maxCarriedValue are not carried, and when the rest hold more than
+// maxCarriedBytes nothing is (the memory between Updates stays small
+// whatever the values).
+const (
+	carryBatches    = 4
+	maxCarriedValue = 64 << 10
+	maxCarriedBytes = 32 << 20
+)
 
 // carryOut is what a committed Update carries to the next one: its rows
-// touched by the last carryBatches Updates.
+// touched by the last carryBatches Updates, within the bounds above.
 func (t *btx) carryOut() carried {
 	if t.xid == 0 {
 		return carried{}
 	}
-	n := 0
+	n, size := 0, 0
 	for c, m := range t.cache {
 		for k, r := range m {
-			if r.at <= t.xid-carryBatches {
+			if r.at <= t.xid-carryBatches || len(r.v) > maxCarriedValue {
 				delete(m, k)
 			} else {
 				n++
+				size += len(c) + len(k) + len(r.v)
 			}
 		}
 		if len(m) == 0 {
 			delete(t.cache, c)
 		}
+	}
+	if size > maxCarriedBytes {
+		return carried{}
 	}
 	return carried{rows: t.cache, n: n, xid: t.xid}
 }
