@@ -575,6 +575,7 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		case !did:
 			return true, b.txError(err) // certainly not committed: run it again
 		}
+		tx.xid = 0 // committed, but carry nothing from a transaction read back
 	}
 	committed = true
 	b.warm = tx.warmth()
