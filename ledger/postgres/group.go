@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"idemgate/ledger"
 )
 
@@ -97,12 +99,22 @@ func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 		o.wake <- false
 	}
 	b.gcMu.Lock()
+	// The writer's connection goes with the lead while writers queue; it
+	// goes back to the pool when none does (or for Close, or when the
+	// pool is too small to keep one aside: the reads would wait for it).
+	var idle *pgxpool.Conn
+	if len(b.gcQueue) == 0 || !b.keepWriter || b.isClosed() {
+		idle, b.wconn = b.wconn, nil
+	}
 	if len(b.gcQueue) > 0 {
 		b.gcQueue[0].wake <- true
 	} else {
 		b.gcRunning = false
 	}
 	b.gcMu.Unlock()
+	if idle != nil {
+		idle.Release()
+	}
 	if j.panicked != nil {
 		panic(j.panicked)
 	}

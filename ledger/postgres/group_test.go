@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,5 +158,85 @@ func TestTransactionMemoryAgreesWithTheDatabase(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWriterConnectionGoesBackWhenIdle: under concurrent Updates and
+// Views the leader keeps one connection for the batches, gives it back to
+// the pool once no writer queues, and on a pool of one connection (where
+// keeping it would starve the reads) never keeps it: every call
+// finishes, and Close returns.
+func TestWriterConnectionGoesBackWhenIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		param string
+		keep  bool
+	}{{"default pool", "", true}, {"pool of one", "pool_max_conns=1", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := pgtest.NewDatabase(t)
+			if tc.param != "" {
+				sep := "?"
+				if strings.Contains(url, "?") {
+					sep = "&"
+				}
+				url += sep + tc.param
+			}
+			be, err := openBackend(url, true, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if be.keepWriter != tc.keep {
+				t.Errorf("keepWriter %v, want %v", be.keepWriter, tc.keep)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan error, 200)
+			for i := range 100 {
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					errs <- be.Update(ctx, func(tx ledger.BTx) error {
+						b, _ := tx.Data("idle_test", true)
+						return b.Put([]byte(fmt.Sprintf("k%03d", i)), []byte("v"))
+					})
+				}()
+				go func() {
+					defer wg.Done()
+					errs <- be.View(ctx, func(tx ledger.BTx) error {
+						if b, _ := tx.Data("idle_test", false); b != nil {
+							b.Get([]byte("k000"))
+						}
+						return nil
+					})
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			be.gcMu.Lock()
+			held, running := be.wconn != nil, be.gcRunning
+			be.gcMu.Unlock()
+			if held || running {
+				t.Errorf("after the last Update: writer connection held %v, leader running %v", held, running)
+			}
+			if n := be.pool.Stat().AcquiredConns(); n != 0 {
+				t.Errorf("%d connections still acquired from the pool", n)
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- be.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Close did not return")
+			}
+		})
 	}
 }

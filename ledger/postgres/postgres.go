@@ -30,11 +30,16 @@
 // bounded by the round trips of the serial part times the latency to the
 // database. To keep it high a process commits its concurrent Updates
 // together (group commit, group.go: one lock, one COMMIT and one WAL
-// flush for up to 128 of them), a transaction remembers what it read
-// (meta keys, the audit chain's head are read once per batch), and a
-// transaction's writes are kept in memory and sent in one batch before
-// COMMIT. What remains serial is each function's reads of its own keys
-// (some six round trips for a create). Partitioning the audit chain by
+// flush for up to 128 of them) on a connection its leader keeps while
+// writers queue; BEGIN, the lock and the reads every batch starts with
+// (the ledger's clocks, the audit chain's head) are one round trip
+// (beginWrite); a transaction remembers what it read and wrote, and hands
+// it to the process's next Update when no other transaction wrote in
+// between (carried); and its writes are kept in memory and sent before
+// COMMIT in one round trip, as a few multi-row statements. What remains
+// serial is each function's reads of keys it has not seen (about four
+// round trips for a create: its record, its fingerprint, its new order's
+// and message's ids). Partitioning the audit chain by
 // tenant would let tenants' writers run in parallel (not built yet; see
 // SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
 // for its whole duration, no lock, never blocked by writers.
@@ -204,7 +209,8 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default()}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default(),
+		keepWriter: pool.Config().MaxConns >= 2}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
@@ -345,7 +351,11 @@ type backend struct {
 	gcMu                     sync.Mutex
 	gcQueue                  []*gcJob
 	gcRunning                bool
-	txCommitted, fnCommitted int64 // under mu
+	wconn                    *pgxpool.Conn // the leader's connection (writerConn); only the leader touches it
+	warm                     warmth        // what the last write transaction read first (beginWrite); the leader's too
+	carry                    carried       // rows the last write transaction knew (carried); the leader's too
+	keepWriter               bool          // the pool has room to keep wconn between batches
+	txCommitted, fnCommitted int64         // under mu
 }
 
 var (
@@ -519,27 +529,27 @@ func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error
 // function fails (its error is in its job) the transaction is rolled back
 // and the error is errMemberFailed.
 func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
-	var pt pgx.Tx
-	err = b.bounded(ctx, func(ctx context.Context) (err error) {
-		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		return err
-	})
+	c, err := b.writerConn(ctx)
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
+	defer func() {
+		if err != nil {
+			b.dropWriterConn() // the pool closes it if it is broken
+		}
+	}()
+	tx := &btx{b: b, ctx: ctx, writable: true}
+	err = b.bounded(ctx, func(ctx context.Context) error { return b.beginWrite(ctx, c, tx) })
+	pt := tx.pt
 	committed := false
 	defer func() {
 		if !committed {
-			b.rollback(ctx, pt)
+			b.rollback(ctx, pt) // nothing to do when BEGIN failed
 		}
 	}()
-	if err := b.bounded(ctx, func(ctx context.Context) error {
-		_, err := pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", writerLockKey)
-		return err
-	}); err != nil {
+	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	tx := &btx{b: b, ctx: ctx, pt: pt, writable: true}
 	for _, j := range jobs {
 		j.err = j.run(tx)
 		if tx.err != nil { // a failed read may have misled fn: its error is not the cause
@@ -554,7 +564,10 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		return transient(err), b.txError(err)
 	}
 	if err := b.bounded(ctx, pt.Commit); err != nil {
-		// The outcome is unknown: read it back rather than guess.
+		// The outcome is unknown: read it back rather than guess, on
+		// another connection (this one is suspect, and with a pool of
+		// one the read-back would wait for it).
+		b.dropWriterConn()
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
 		case !known:
@@ -562,8 +575,11 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		case !did:
 			return true, b.txError(err) // certainly not committed: run it again
 		}
+		tx.xid = 0 // committed, but carry nothing from a transaction read back
 	}
 	committed = true
+	b.warm = tx.warmth()
+	b.carry = tx.carryOut()
 	if len(tx.created) > 0 {
 		b.mu.Lock()
 		for _, n := range tx.created {
@@ -572,6 +588,204 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		b.mu.Unlock()
 	}
 	return false, nil
+}
+
+// beginWrite begins tx, an Update's transaction, and takes the writer
+// lock, in one round trip: BEGIN, the lock and, behind them, the reads
+// the last batch started with (the rows it read from the meta collection,
+// the last rows of the collections whose last row it asked for: the
+// ledger's clocks and the audit chain's head, read by every write) are
+// sent together, and what they read is remembered in tx. A statement
+// runs only after the one before it (one connection), so those reads
+// happen under the lock, as if the functions had made them. A guess that
+// is no longer read costs a lookup, never a wrong answer.
+func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) error {
+	batch := &pgx.Batch{}
+	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	batch.Queue("SELECT pg_advisory_xact_lock($1)", writerLockKey)
+	carry := b.carry
+	b.carry = carried{}
+	batch.Queue("SELECT txid_current()").QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&tx.xid); err != nil {
+			return err
+		}
+		if carry.rows != nil && tx.xid == carry.xid+1 {
+			tx.cache, tx.cached = carry.rows, carry.n
+		}
+		return nil
+	})
+	w := b.warm
+	if len(w.keys) > 0 {
+		keys := make([][]byte, len(w.keys))
+		for i, k := range w.keys {
+			keys[i] = []byte(k)
+		}
+		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
+			found := map[string][]byte{}
+			for rows.Next() {
+				var k, v []byte
+				if err := rows.Scan(&k, &v); err != nil {
+					return err
+				}
+				if v == nil {
+					v = []byte{}
+				}
+				found[string(k)] = v
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for _, k := range w.keys {
+				if v, ok := found[k]; ok {
+					tx.remember(ledger.MetaCollection, k, &v)
+				} else {
+					tx.remember(ledger.MetaCollection, k, nil)
+				}
+			}
+			return nil
+		})
+	}
+	for _, coll := range w.tails {
+		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 ORDER BY collection DESC, key DESC LIMIT 1", coll).Query(func(rows pgx.Rows) error {
+			tl := tail{}
+			for rows.Next() {
+				if err := rows.Scan(&tl.k, &tl.v); err != nil {
+					return err
+				}
+				if tl.v == nil {
+					tl.v = []byte{}
+				}
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if tx.tails == nil {
+				tx.tails = map[string]tail{}
+			}
+			tx.tails[coll] = tl
+			return nil
+		})
+	}
+	br := c.SendBatch(ctx, batch)
+	tx.pt = br.Tx()
+	return br.Close()
+}
+
+// Rows carried from one Update to the next. An Update's memory of rows
+// (btx.cache: what it read under the writer lock and what it wrote) is
+// still the database's state when the next Update of this process takes
+// the lock, provided no other transaction wrote in between. That is
+// known from transaction ids: every writer of idemgate_kv takes the
+// writer lock before it writes (so before it is given an id), and the
+// id, taken right after the lock (beginWrite), is one more than the last
+// Update's only when no transaction at all — of any replica, command or
+// database of the cluster — was given one since. Then the next Update
+// starts with the rows the last carryBatches Updates touched, and the
+// outbox's claim and delivery records find the messages written a few
+// batches before without a round trip each; otherwise it starts empty.
+// A transaction that did not commit cleanly (a member failed, COMMIT
+// read back) carries nothing.
+type carried struct {
+	rows map[string]map[string]cachedRow
+	n    int   // entries in rows
+	xid  int64 // the transaction id of the Update that committed them
+}
+
+// carryBatches is how many consecutive Updates a row is carried for
+// after the last one that read or wrote it; rows whose value is larger
+// than maxCarriedValue are not carried, and when the rest hold more than
+// maxCarriedBytes nothing is (the memory between Updates stays small
+// whatever the values).
+const (
+	carryBatches    = 4
+	maxCarriedValue = 64 << 10
+	maxCarriedBytes = 32 << 20
+)
+
+// carryOut is what a committed Update carries to the next one: its rows
+// touched by the last carryBatches Updates, within the bounds above.
+func (t *btx) carryOut() carried {
+	if t.xid == 0 {
+		return carried{}
+	}
+	n, size := 0, 0
+	for c, m := range t.cache {
+		for k, r := range m {
+			if r.at <= t.xid-carryBatches || len(r.v) > maxCarriedValue {
+				delete(m, k)
+			} else {
+				n++
+				size += len(c) + len(k) + len(r.v)
+			}
+		}
+		if len(m) == 0 {
+			delete(t.cache, c)
+		}
+	}
+	if size > maxCarriedBytes {
+		return carried{}
+	}
+	return carried{rows: t.cache, n: n, xid: t.xid}
+}
+
+// warmth is what a write transaction started with, for beginWrite to read
+// at the start of the next one.
+type warmth struct {
+	keys  []string // of the meta collection, read from the database
+	tails []string // collections whose last row was asked for
+}
+
+// Bounds on warmth: the meta collection holds a handful of keys, and a
+// transaction that read many is not the common case to prepare for.
+const (
+	maxWarmKeys  = 16
+	maxWarmTails = 4
+)
+
+// warmth reports what t read: the meta keys and the last rows (noteRead,
+// noteTail) it asked for, from the database or from what beginWrite
+// fetched, so that a guess nothing reads any more is dropped.
+func (t *btx) warmth() warmth {
+	return warmth{keys: t.metaRead, tails: t.tailsRead}
+}
+
+// noteRead notes a Get of key in an Update, for warmth.
+func (t *btx) noteRead(coll string, key []byte) {
+	if t.writable && coll == ledger.MetaCollection && len(t.metaRead) < maxWarmKeys && !containsStr(t.metaRead, string(key)) {
+		t.metaRead = append(t.metaRead, string(key))
+	}
+}
+
+// noteTail notes that an Update asked for coll's last row, for warmth.
+func (t *btx) noteTail(coll string) {
+	if t.writable && len(t.tailsRead) < maxWarmTails && !containsStr(t.tailsRead, coll) {
+		t.tailsRead = append(t.tailsRead, coll)
+	}
+}
+
+// writerConn returns the connection the group commit's leader writes on:
+// kept from one batch to the next while writers queue (group.go), so the
+// serial writer does not wait for a connection behind the reads of every
+// client, and acquired from the pool again after a failure or once the
+// queue is empty. Only the leader calls it.
+func (b *backend) writerConn(ctx context.Context) (*pgxpool.Conn, error) {
+	if b.wconn != nil {
+		return b.wconn, nil
+	}
+	err := b.bounded(ctx, func(ctx context.Context) (err error) {
+		b.wconn, err = b.pool.Acquire(ctx)
+		return err
+	})
+	return b.wconn, err
+}
+
+// dropWriterConn gives the writer's connection back to the pool (which
+// closes a broken one). Only the leader calls it.
+func (b *backend) dropWriterConn() {
+	if b.wconn != nil {
+		b.wconn.Release()
+		b.wconn = nil
+	}
 }
 
 // readBack learns whether the transaction that wrote marker committed,
@@ -705,7 +919,11 @@ type btx struct {
 	notices  []string                        // NOTIFY payloads the final flush sends (notify.go)
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
+	xid      int64                           // an Update's transaction id (beginWrite); 0 in a View
 	tails    map[string]tail                 // collection → its last row in the database, when known
+	// What an Update read first, for the next one's beginWrite (warmth).
+	metaRead  []string // meta keys read from the database
+	tailsRead []string // collections whose last row was fetched
 }
 
 // cachedRow is a row of the database as this transaction knows it
@@ -713,6 +931,7 @@ type btx struct {
 type cachedRow struct {
 	v       []byte
 	present bool
+	at      int64 // the Update (its transaction id) that last read or wrote it; 0 in a View
 }
 
 // tail is the last row of a collection in the database (k nil: none).
@@ -741,9 +960,9 @@ func (t *btx) remember(coll, key string, v *[]byte) {
 		t.cached++
 	}
 	if v == nil {
-		m[key] = cachedRow{}
+		m[key] = cachedRow{at: t.xid}
 	} else {
-		m[key] = cachedRow{v: *v, present: true}
+		m[key] = cachedRow{v: *v, present: true, at: t.xid}
 	}
 }
 
@@ -817,8 +1036,15 @@ func containsStr(list []string, s string) bool {
 	return false
 }
 
-// flush sends the pending writes (of coll, or of every collection when
-// coll is "") in one batch.
+// flush sends the pending writes (of colls, or of every collection when
+// none is named) in one batch of multi-row statements: the puts as one
+// upsert of parallel arrays, the deletes as one statement per collection
+// (key = ANY, an index scan whatever the table's size; a join with the
+// arrays could be planned as a scan of the whole table), split by
+// rowChunks. A statement per row cost PostgreSQL and this process a
+// statement's overhead for each of the some twenty rows of a create. The
+// pending writes hold one value per key, so no statement touches a row
+// twice and their order does not matter.
 func (t *btx) flush(colls ...string) error {
 	if t.err != nil {
 		return t.err
@@ -832,16 +1058,25 @@ func (t *btx) flush(colls ...string) error {
 		}
 	}
 	batch := &pgx.Batch{}
+	var puts rowChunks
 	for _, c := range colls {
+		var dels rowChunks
 		for k, v := range t.pending[c] {
 			t.wrote(c, k, v)
 			if v == nil {
-				batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = $2", c, []byte(k))
+				dels.add(c, []byte(k), nil)
 			} else {
-				batch.Queue("INSERT INTO idemgate_kv (collection, key, value) VALUES ($1, $2, $3) ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value", c, []byte(k), *v)
+				puts.add(c, []byte(k), v)
 			}
 		}
+		for _, ch := range dels {
+			batch.Queue("DELETE FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", c, ch.keys)
+		}
 		delete(t.pending, c)
+	}
+	for _, ch := range puts {
+		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+			ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value`, ch.colls, ch.keys, ch.values)
 	}
 	if t.marker != "" && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
@@ -855,6 +1090,54 @@ func (t *btx) flush(colls ...string) error {
 		return err
 	}
 	return nil
+}
+
+// One multi-row statement carries at most maxChunkRows rows and, past its
+// first row, maxChunkBytes of keys and values: PostgreSQL bounds one
+// array parameter to 1 GB, and a flush of many large values is sent as
+// several statements rather than one huge array.
+const (
+	maxChunkRows  = 1000
+	maxChunkBytes = 16 << 20
+)
+
+// rowChunk is the rows of one multi-row statement, as parallel arrays
+// (values nil for deletes).
+type rowChunk struct {
+	colls  []string
+	keys   [][]byte
+	values [][]byte
+	bytes  int
+}
+
+// rowChunks collects rows into chunks of at most maxChunkRows rows and
+// about maxChunkBytes.
+type rowChunks []rowChunk
+
+// add adds a row: a put of *value, or a delete when value is nil.
+func (r *rowChunks) add(coll string, key []byte, value *[]byte) {
+	n := len(key)
+	if value != nil {
+		n += len(*value)
+	}
+	if len(*r) == 0 {
+		*r = append(*r, rowChunk{})
+	}
+	c := &(*r)[len(*r)-1]
+	if len(c.keys) >= maxChunkRows || (len(c.keys) > 0 && c.bytes+n > maxChunkBytes) {
+		*r = append(*r, rowChunk{})
+		c = &(*r)[len(*r)-1]
+	}
+	c.colls = append(c.colls, coll)
+	c.keys = append(c.keys, key)
+	if value != nil {
+		v := *value
+		if v == nil {
+			v = []byte{} // a nil []byte is sent as NULL
+		}
+		c.values = append(c.values, v)
+	}
+	c.bytes += n
 }
 
 // bucket is one collection seen from a transaction.
@@ -875,6 +1158,11 @@ func (bk *bucket) Get(key []byte) []byte {
 		return nil
 	}
 	if r, ok := t.cache[bk.coll][string(key)]; ok {
+		t.noteRead(bk.coll, key) // perhaps one beginWrite fetched
+		if r.at != t.xid {       // carried from an earlier Update: still in use
+			r.at = t.xid
+			t.cache[bk.coll][string(key)] = r
+		}
 		if !r.present {
 			return nil
 		}
@@ -884,12 +1172,13 @@ func (bk *bucket) Get(key []byte) []byte {
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
 		return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		t.remember(bk.coll, string(key), nil)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.fail(err)
 		return nil
 	}
-	if err != nil {
-		t.fail(err)
+	t.noteRead(bk.coll, key)
+	if err != nil { // no such row
+		t.remember(bk.coll, string(key), nil)
 		return nil
 	}
 	if v == nil {
@@ -1021,6 +1310,7 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		if t.tails == nil {
 			t.tails = map[string]tail{}
 		}
+		t.noteTail(c.bk.coll)
 		if len(c.rows) == 0 {
 			t.tails[c.bk.coll] = tail{}
 		} else {
@@ -1062,6 +1352,8 @@ func (c *cursor) First() ([]byte, []byte) {
 func (c *cursor) Last() ([]byte, []byte) {
 	if !c.lastKnown() {
 		c.fetch("", nil, true)
+	} else {
+		c.bk.tx.noteTail(c.bk.coll) // perhaps one beginWrite fetched
 	}
 	return c.at()
 }

@@ -234,11 +234,24 @@ func (p *CutProxy) serve(client net.Conn) {
 	}
 	var tx []byte // the current transaction's messages
 	inTx := false
+	// The connection's prepared statements' queries (lower case), by
+	// name: a BEGIN may also come as the Bind of one (pgx's batches).
+	stmts := map[string][]byte{}
 	for {
 		typ, raw, err := readMessage(r, true)
 		if err != nil {
 			w.Flush()
 			return
+		}
+		switch typ {
+		case 'P': // Parse: name, query, …
+			if f := bytes.SplitN(raw[5:], []byte{0}, 3); len(f) == 3 {
+				stmts[string(f[0])] = bytes.ToLower(bytes.TrimSpace(f[1]))
+			}
+		case 'B': // Bind: portal, statement, …
+			if f := bytes.SplitN(raw[5:], []byte{0}, 3); len(f) == 3 && bytes.HasPrefix(stmts[string(f[1])], []byte("begin")) {
+				tx, inTx = tx[:0], true
+			}
 		}
 		if typ == 'Q' {
 			q := bytes.ToLower(bytes.TrimRight(raw[5:], "\x00"))
