@@ -188,11 +188,3 @@ func toResult(resp *tools.Response) *mcp.CallToolResult {
 	r.IsError = resp.IsError
 	return r
 }
-
-// slogWriter sends mcp-go's log lines to slog (stderr).
-type slogWriter struct{ l *slog.Logger }
-
-func (w *slogWriter) Write(p []byte) (int, error) {
-	w.l.Warn("mcp", "msg", string(p))
-	return len(p), nil
-}
