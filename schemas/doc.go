@@ -13,7 +13,14 @@
 //     canonical UUID or are placeholders (the nil UUID, copied
 //     documentation examples), with a *ValidationError. Such a refusal
 //     leaves no record, so the caller may fix the arguments and retry with
-//     the same key.
+//     the same key. This holds for a retry of a completed operation too:
+//     the schema check is not skipped when the fingerprint matches a
+//     stored record. Skipping it would need the record read before
+//     Prepare, a second read beside the ledger's own (a round trip on
+//     PostgreSQL) on every new call, to save a check that costs less
+//     than decoding the record; and two requests that differ as sent but
+//     agree once defaults are applied share a fingerprint, so a match
+//     does not prove the request as sent valid.
 //   - Messages are written for a model to act on, one per problem, as
 //     PATH: MESSAGE, for example
 //     items[0].quantity: must be an integer ≥ 1 (got 0)
@@ -26,7 +33,10 @@
 //     O(size of the arguments).
 //   - Canonical form: RFC 8785 (JSON Canonicalization Scheme). Key order,
 //     whitespace and the spelling of a number (1, 1.0, 1e0) do not matter;
-//     strings are compared as given, without Unicode normalization.
+//     strings are compared as given, without Unicode normalization. Its
+//     definition is encoding/json followed by jcs.Transform; Canonical
+//     writes the same bytes in one pass from the decoded value, and a
+//     test pins the fingerprints that definition gave.
 //   - Fingerprint: lowercase hex SHA-256 of the canonical form of
 //     {"tool": name, "arguments": arguments}, with operation_key left out
 //     and schema defaults applied first, so leaving out a defaulted

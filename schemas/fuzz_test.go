@@ -280,3 +280,84 @@ func FuzzPrepareNoPanic(f *testing.F) {
 		}
 	})
 }
+
+// oldFingerprint is Fingerprint as it was defined before Canonical wrote
+// JSON in one pass: the envelope built as a map, encoding/json, then
+// jcs.Transform.
+func oldFingerprint(tool string, args map[string]any) ([]byte, error) {
+	business := make(map[string]any, len(args))
+	for k, v := range args {
+		if k != "operation_key" {
+			business[k] = v
+		}
+	}
+	return canonicalByMarshal(map[string]any{"tool": tool, "arguments": business})
+}
+
+// sameCanonical fails t unless the one-pass canonical form and the
+// encoding/json + jcs.Transform one agree: the same bytes, or both an
+// error.
+func sameCanonical(t *testing.T, what string, got, want []byte, gotErr, wantErr error) {
+	t.Helper()
+	if (gotErr != nil) != (wantErr != nil) || !bytes.Equal(got, want) {
+		t.Fatalf("%s: one pass = %q, %v; by encoding/json and jcs = %q, %v", what, got, gotErr, want, wantErr)
+	}
+}
+
+// FuzzCanonicalOnePass: Canonical and Fingerprint write exactly the bytes
+// of their definition (encoding/json, then jcs.Transform) — or fail where
+// it fails — for decoded JSON with exact numbers, with float64 numbers,
+// and for Go strings and keys holding invalid UTF-8. A difference would
+// change stored fingerprints, and every retry of a stored key would be
+// refused.
+func FuzzCanonicalOnePass(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s))
+	}
+	for _, g := range goldenRequests {
+		f.Add([]byte(g.args))
+	}
+	for _, g := range goldenValues {
+		f.Add([]byte(g.args))
+	}
+	f.Add([]byte("{\"\xff\":1,\"\xfe\":2}"))
+	f.Add([]byte(`[1e400, 1e-400, -0.0, 0.1e1, 12345678901234567890]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		var exact any
+		if dec.Decode(&exact) == nil {
+			got, gerr := Canonical(exact)
+			want, werr := canonicalByMarshal(exact)
+			sameCanonical(t, "json.Number", got, want, gerr, werr)
+			if m, ok := exact.(map[string]any); ok {
+				_, got, gerr := Fingerprint("tool", m)
+				want, werr := oldFingerprint("tool", m)
+				sameCanonical(t, "Fingerprint", got, want, gerr, werr)
+			}
+		}
+		var floats any
+		if json.Unmarshal(data, &floats) == nil {
+			got, gerr := Canonical(floats)
+			want, werr := canonicalByMarshal(floats)
+			sameCanonical(t, "float64", got, want, gerr, werr)
+		}
+		// The raw bytes as Go strings: keys and values that may hold
+		// invalid UTF-8 and any control character.
+		m := map[string]any{}
+		var list []any
+		for _, piece := range bytes.Split(data, []byte{','}) {
+			m[string(piece)] = string(piece)
+			list = append(list, string(piece), json.Number(piece))
+		}
+		got, gerr := Canonical(m)
+		want, werr := canonicalByMarshal(m)
+		sameCanonical(t, "raw strings", got, want, gerr, werr)
+		got, gerr = Canonical(list)
+		want, werr = canonicalByMarshal(list)
+		sameCanonical(t, "raw strings and numbers", got, want, gerr, werr)
+		_, got, gerr = Fingerprint(string(data), m)
+		want, werr = oldFingerprint(string(data), m)
+		sameCanonical(t, "raw Fingerprint", got, want, gerr, werr)
+	})
+}

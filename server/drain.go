@@ -85,15 +85,33 @@ type drainReader struct{ d *StdioDrain }
 
 func (r drainReader) Read(p []byte) (int, error) {
 	d := r.d
-	for len(d.cur) == 0 {
+	if len(d.cur) == 0 {
+		line, _, err := d.next()
+		if err != nil {
+			return 0, err
+		}
+		d.cur = line
+	}
+	n := copy(p, d.cur)
+	d.cur = d.cur[n:]
+	return n, nil
+}
+
+// next returns the next line to serve, with its newline, and what its
+// envelope said of it; io.EOF once the input ended or the drain released
+// it. A refused line is answered here and never returned. One reader at
+// a time.
+func (d *StdioDrain) next() ([]byte, envelope, error) {
+	for {
 		select {
 		case <-d.stopping:
 			<-d.released
-			return 0, io.EOF
+			return nil, envelope{}, io.EOF
 		case line := <-d.lines:
-			refused, rawID := examineEnvelope(line)
-			if refused != nil {
-				rawID = refused.ID // its refusal answers it under this id
+			env := examine(line)
+			rawID := env.requestID
+			if env.refused != nil {
+				rawID = env.refused.ID // its refusal answers it under this id
 			}
 			d.mu.Lock()
 			if d.stopped {
@@ -107,18 +125,15 @@ func (r drainReader) Read(p []byte) (int, error) {
 				d.npend++
 			}
 			d.mu.Unlock()
-			if refused != nil {
-				if _, err := d.Writer().Write(append(refused.response(), '\n')); err != nil {
-					return 0, err
+			if env.refused != nil {
+				if _, err := d.Writer().Write(append(env.refused.response(), '\n')); err != nil {
+					return nil, envelope{}, err
 				}
 				continue
 			}
-			d.cur = line
+			return line, env, nil
 		}
 	}
-	n := copy(p, d.cur)
-	d.cur = d.cur[n:]
-	return n, nil
 }
 
 type drainWriter struct{ d *StdioDrain }

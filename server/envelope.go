@@ -112,6 +112,41 @@ func checkEnvelope(msg []byte) *envelopeError {
 // value): one walk of the message serves both the check and the stdio
 // drain's count of requests in flight.
 func examineEnvelope(msg []byte) (refused *envelopeError, requestID json.RawMessage) {
+	e := examine(msg)
+	return e.refused, e.requestID
+}
+
+// envelope is what one walk of a message learned of it.
+type envelope struct {
+	// refused, when not nil, is the message's refusal; requestID is as
+	// examineEnvelope returns it.
+	refused   *envelopeError
+	requestID json.RawMessage
+	// serve is how the stdio transport hands the message to mcp-go,
+	// decided as mcp-go's own stdio server decides it from the decoded
+	// method and id.
+	serve serveKind
+}
+
+// serveKind is how the stdio transport serves a message it lets through.
+type serveKind int
+
+const (
+	// serveUnknown: the walk did not say; decode the message to decide.
+	serveUnknown serveKind = iota
+	// serveParseError: not one JSON value, answered with a parse error.
+	serveParseError
+	// serveToolCall: a tools/call, run on the tool workers.
+	serveToolCall
+	// serveRequest: another message with an id (not null), served on
+	// its own goroutine.
+	serveRequest
+	// serveInline: no id (a notification), handled in the reading loop.
+	serveInline
+)
+
+// examine is examineEnvelope with how to serve the message.
+func examine(msg []byte) envelope {
 	if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
 		// Not known to be JSON: a decoder checks how the tokens are
 		// arranged.
@@ -119,31 +154,45 @@ func examineEnvelope(msg []byte) (refused *envelopeError, requestID json.RawMess
 		dec.UseNumber()
 		w := &walker{dec: dec}
 		w.run() // reads up to the deep part, for the id
-		return &envelopeError{ID: w.id, Code: codeInvalidRequest,
+		return envelope{refused: &envelopeError{ID: w.id, Code: codeInvalidRequest,
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
-				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}, nil
+				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}}
 	}
 	if !json.Valid(msg) {
-		return nil, nil // mcp-go answers a parse error
+		return envelope{serve: serveParseError} // as mcp-go answers it
 	}
-	return examineTokens(&lexer{b: msg})
+	return examineWalk(&lexer{b: msg})
 }
 
 // examineTokens is examineEnvelope's walk of a valid JSON message, read
 // from src.
 func examineTokens(src tokenSource) (refused *envelopeError, requestID json.RawMessage) {
+	e := examineWalk(src)
+	return e.refused, e.requestID
+}
+
+// examineWalk is examine's walk of a valid JSON message, read from src.
+func examineWalk(src tokenSource) envelope {
 	w := &walker{dec: src}
 	if err := w.run(); err != nil {
 		if errors.Is(err, errSyntax) {
-			return nil, nil
+			return envelope{}
 		}
-		return &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}, nil
+		return envelope{refused: &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}}
 	}
-	e := w.verdict()
-	if e == nil && w.methodKind == "a string" {
-		requestID = w.id
+	e := envelope{refused: w.verdict()}
+	if e.refused == nil && w.methodKind == "a string" {
+		e.requestID = w.id
 	}
-	return e, requestID
+	switch {
+	case w.methodKind == "a string" && w.method == "tools/call":
+		e.serve = serveToolCall
+	case w.idKind == "a string" || w.idKind == "a number":
+		e.serve = serveRequest
+	default:
+		e.serve = serveInline
+	}
+	return e
 }
 
 // verdict is the refusal of a message walked whole without one, from

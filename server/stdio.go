@@ -1,12 +1,18 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
-	"log"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
@@ -57,15 +63,226 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, cfg StdioConfig) er
 	}
 }
 
-// listenStdio serves s on the drain's streams until its input ends or
-// ctx is done. workers bounds concurrent tool calls (mcp-go's default is
-// 5). The drain has checked every line (a refused one never reaches s; a
-// message larger than MaxMessageBytes is answered with a parse error and
-// dropped).
+// listenStdio serves s on the drain's lines until its input ends or ctx
+// is done, through mcp-go's public API (MCPServer.HandleMessage, with a
+// session of its own) rather than mcp-go's StdioServer, whose reading of
+// a line decodes it five more times (a raw copy, three probes for answers
+// to server-sent requests idemgate never sends, the method and id) and
+// starts a goroutine per line. The drain's walk of each line (examine)
+// already knows what those decodes find, so a line is decoded once, by
+// HandleMessage. It serves as mcp-go's StdioServer does: tools/call on
+// workers goroutines (a queue of 1000; when it is full, in the reading
+// loop), other requests each on a goroutine, notifications in the
+// reading loop, answers written one line per Write; a panic becomes an
+// internal error answer. When the input ends, the calls' context is
+// cancelled and listenStdio returns once every worker has.
 func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain, workers int, logger *slog.Logger) error {
-	std := mcpserver.NewStdioServer(s)
-	std.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
-	mcpserver.WithWorkerPoolSize(workers)(std)
-	mcpserver.WithQueueSize(1000)(std)
-	return std.Listen(ctx, drain.Reader(), drain.Writer())
+	sess := newStdioSession()
+	if err := s.RegisterSession(ctx, sess); err != nil {
+		return fmt.Errorf("register the stdio session: %w", err)
+	}
+	defer s.UnregisterSession(ctx, sess.SessionID())
+	ctx, cancel := context.WithCancel(s.WithContext(ctx, sess))
+	defer cancel()
+	l := &stdioLoop{s: s, out: drain.Writer(), logger: logger}
+	go l.notifications(ctx, sess.notifications)
+
+	calls := make(chan []byte, 1000)
+	var running sync.WaitGroup
+	for range max(workers, 1) {
+		running.Go(func() {
+			for msg := range calls {
+				l.serve(ctx, msg)
+			}
+		})
+	}
+	var err error
+	for {
+		line, env, rerr := drain.next()
+		if rerr != nil {
+			if !errors.Is(rerr, io.EOF) {
+				err = rerr
+			}
+			break
+		}
+		msg := bytes.TrimRight(line, " \t\r\n")
+		if env.serve == serveUnknown {
+			env.serve = serveOf(msg)
+		}
+		switch env.serve {
+		case serveParseError:
+			l.write(parseError)
+		case serveToolCall:
+			select {
+			case calls <- msg:
+			default:
+				logger.Warn("stdio: tool call queue full, serving the call in the reading loop")
+				l.serve(ctx, msg)
+			}
+		case serveRequest:
+			running.Go(func() { l.serve(ctx, msg) })
+		default:
+			l.serve(ctx, msg)
+		}
+	}
+	cancel()
+	close(calls)
+	running.Wait()
+	return err
+}
+
+// parseError answers a line that is not one JSON value, as mcp-go's stdio
+// server does.
+var parseError = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(nil),
+	Error: mcp.NewJSONRPCErrorDetails(mcp.PARSE_ERROR, "Parse error", nil)}
+
+// serveOf decides how to serve msg by decoding it, as mcp-go's stdio
+// server does: for a message the envelope walk could not classify.
+func serveOf(msg []byte) serveKind {
+	if !json.Valid(msg) {
+		return serveParseError
+	}
+	var base struct {
+		Method string `json:"method"`
+		ID     any    `json:"id,omitempty"`
+	}
+	parsed := json.Unmarshal(msg, &base) == nil
+	switch {
+	case parsed && base.Method == string(mcp.MethodToolsCall):
+		return serveToolCall
+	case parsed && base.ID != nil:
+		return serveRequest
+	}
+	return serveInline
+}
+
+// stdioLoop serves messages of the stdio session and writes their
+// answers.
+type stdioLoop struct {
+	s      *mcpserver.MCPServer
+	out    io.Writer // atomic per Write (the drain's writer)
+	logger *slog.Logger
+}
+
+// serve handles one message and writes its answer, if any. A panic
+// escaping mcp-go becomes an internal error answer under the message's id.
+func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
+	resp := func() (resp mcp.JSONRPCMessage) {
+		defer func() {
+			if r := recover(); r != nil {
+				l.logger.Error("stdio: panic serving a message", "panic", r)
+				var m struct {
+					ID any `json:"id"`
+				}
+				_ = json.Unmarshal(msg, &m)
+				if m.ID == nil {
+					resp = nil
+					return
+				}
+				resp = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(m.ID),
+					Error: mcp.NewJSONRPCErrorDetails(mcp.INTERNAL_ERROR, fmt.Sprintf("internal panic: %v", r), nil)}
+			}
+		}()
+		return l.s.HandleMessage(ctx, msg)
+	}()
+	if resp != nil {
+		l.write(resp)
+	}
+}
+
+// write sends one message as one line.
+func (l *stdioLoop) write(msg any) {
+	b, err := json.Marshal(msg)
+	if err != nil {
+		l.logger.Error("stdio: encode an answer", "err", err)
+		return
+	}
+	if _, err := l.out.Write(append(b, '\n')); err != nil {
+		l.logger.Warn("stdio: write an answer", "err", err)
+	}
+}
+
+// notifications writes the session's notifications (progress) until ctx
+// is done.
+func (l *stdioLoop) notifications(ctx context.Context, ch <-chan mcp.JSONRPCNotification) {
+	for {
+		select {
+		case n := <-ch:
+			l.write(n)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// stdioSessionID is the stdio session's id, the one mcp-go's own stdio
+// session has.
+const stdioSessionID = "stdio"
+
+// stdioSession is the one client session of a stdio server: its
+// notifications, log level and the client's self-description. It sends
+// the client no requests (sampling, elicitation, roots): idemgate asks
+// none.
+type stdioSession struct {
+	notifications chan mcp.JSONRPCNotification
+	initialized   atomic.Bool
+	mu            sync.Mutex
+	level         mcp.LoggingLevel
+	info          mcp.Implementation
+	caps          mcp.ClientCapabilities
+}
+
+var (
+	_ mcpserver.SessionWithLogging    = (*stdioSession)(nil)
+	_ mcpserver.SessionWithClientInfo = (*stdioSession)(nil)
+)
+
+func newStdioSession() *stdioSession {
+	return &stdioSession{notifications: make(chan mcp.JSONRPCNotification, 100), level: mcp.LoggingLevelError}
+}
+
+func (s *stdioSession) SessionID() string { return stdioSessionID }
+
+func (s *stdioSession) NotificationChannel() chan<- mcp.JSONRPCNotification {
+	return s.notifications
+}
+
+func (s *stdioSession) Initialize() { s.initialized.Store(true) }
+
+func (s *stdioSession) Initialized() bool { return s.initialized.Load() }
+
+func (s *stdioSession) SetLogLevel(level mcp.LoggingLevel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.level = level
+}
+
+func (s *stdioSession) GetLogLevel() mcp.LoggingLevel {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.level
+}
+
+func (s *stdioSession) GetClientInfo() mcp.Implementation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info
+}
+
+func (s *stdioSession) SetClientInfo(info mcp.Implementation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.info = info
+}
+
+func (s *stdioSession) GetClientCapabilities() mcp.ClientCapabilities {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.caps
+}
+
+func (s *stdioSession) SetClientCapabilities(caps mcp.ClientCapabilities) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.caps = caps
 }
