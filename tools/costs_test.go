@@ -106,6 +106,7 @@ func TestCreateCommitCosts(t *testing.T) {
 			break
 		}
 	}
+	t.Logf("per create: %d audit entries, %d audit bytes", len(entries)/n, size/n)
 	if per := size / n; per > maxAuditBytesPerCreate {
 		t.Errorf("%d audit bytes per create, want at most %d", per, maxAuditBytesPerCreate)
 	}
@@ -150,6 +151,12 @@ func TestReplayAuditCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	size := 0
+	for _, e := range entries {
+		b, _ := json.Marshal(e)
+		size += len(b)
+	}
+	t.Logf("per replay: %d audit entries, %d audit bytes", len(entries)/n, size/n)
 	if len(entries) != n {
 		t.Fatalf("%d replays wrote %d audit entries, want one each", n, len(entries))
 	}
