@@ -101,11 +101,20 @@ type DownstreamCall struct {
 // hash covers the entry's JSON with Hash empty; JSON of a Go struct has a
 // fixed field order, so the encoding is stable.
 func (e *AuditEntry) chain(prevHash string) error {
+	_, err := e.seal(prevHash)
+	return err
+}
+
+// seal is chain, and returns the entry's JSON as it is stored — the
+// bytes json.Marshal gives for it — made from the bytes it hashed, with
+// the hash put in place of the empty "hash" (the last field), so an entry
+// is encoded once, not twice.
+func (e *AuditEntry) seal(prevHash string) ([]byte, error) {
 	e.PrevHash = prevHash
 	e.Hash = ""
 	b, err := json.Marshal(e)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if bytes.Contains(b, []byte(`\ufffd`)) {
 		// Text that is not valid UTF-8 is written as \ufffd but read back
@@ -113,16 +122,23 @@ func (e *AuditEntry) chain(prevHash string) error {
 		// as a reader will decode it, or it would never verify.
 		var n AuditEntry
 		if err := json.Unmarshal(b, &n); err != nil {
-			return err
+			return nil, err
 		}
 		*e = n
 		if b, err = json.Marshal(e); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	sum := sha256.Sum256(b)
 	e.Hash = hex.EncodeToString(sum[:])
-	return nil
+	const emptyHash = `"hash":""}`
+	if !bytes.HasSuffix(b, []byte(emptyHash)) {
+		return json.Marshal(e) // not the layout above: encode it again
+	}
+	out := make([]byte, 0, len(b)+len(e.Hash))
+	out = append(out, b[:len(b)-2]...) // up to and with the opening quote of the hash
+	out = append(out, e.Hash...)
+	return append(out, `"}`...), nil
 }
 
 // verifyChain checks that e links to prevHash and that its hash is its own.
