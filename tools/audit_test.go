@@ -263,6 +263,17 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 	if claimed := find(h, "transition", "claimed"); len(claimed) != 1 || claimed[0].PolicyAction != "allow" {
 		t.Errorf("claimed transitions = %+v, want one with the policy check", claimed)
 	}
+	// The answer comes after the completion's commit: an entry of its
+	// own. A replay's answer is on its call entry.
+	replay := svc.Call(ctx, caller, "create_order", orderArgs(key, 1), nil)
+	if !replay.Replayed {
+		t.Fatalf("second call = %+v, want a replay", replay)
+	}
+	h = history(t, svc, key)
+	ans, rep := find(h, "answer", ""), find(h, "call", "replay")
+	if len(h) != 4 || len(ans) != 1 || ans[0].ResponseSHA256 != digest(t, created) || len(rep) != 1 || rep[0].ResponseSHA256 != digest(t, replay) || !rep[0].Replayed {
+		t.Errorf("history %+v: want claimed, completed, the create's answer entry and one replay entry carrying its answer", h)
+	}
 
 	failKey := uuid.NewString()
 	fake.mu.Lock()
