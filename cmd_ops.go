@@ -229,7 +229,9 @@ func model(a ledger.Actor) string {
 }
 
 // what is what the entry records: the ledger's decision, the transition,
-// or the answer's status.
+// or the answer's status. A call entry that carries its answer (a replay's
+// one entry, where builds before wrote a call and an answer) shows the
+// status it answered.
 func what(e ledger.AuditEntry) string {
 	var s string
 	switch e.Event {
@@ -242,6 +244,9 @@ func what(e ledger.AuditEntry) string {
 		}
 	default:
 		s = string(e.Decision)
+		if e.Event == ledger.EventCall && e.ResponseSHA256 != "" && e.StateAfter != "" {
+			s += ": " + string(e.StateAfter)
+		}
 	}
 	if e.ErrorCode != "" && e.Event != ledger.EventAnswer {
 		s += " " + e.ErrorCode

@@ -167,13 +167,17 @@ func TestAuditEntryOverHTTP(t *testing.T) {
 	}
 
 	// Replay and refusal entries are buffered by the server for up to
-	// 200 ms; wait until the answer of the last call is in the file.
+	// 200 ms; wait until the answer of the last call is in the file. An
+	// answer is on the entry of its call's decision (the create's
+	// transition, the replay's call entry) or, where it says more than
+	// that entry (the mismatch's), on an answer entry: on the entries
+	// with a response digest, one per call.
 	var lines []auditLine
 	if !eventually(10*time.Second, func() bool {
 		lines = exportAudit(t, db)
 		n := 0
 		for _, l := range lines {
-			if l.Key == key && (l.Event == "answer" || l.Decision == "refused") {
+			if l.Key == key && l.ResponseSHA256 != "" {
 				n++
 			}
 		}
@@ -210,7 +214,10 @@ func TestAuditEntryOverHTTP(t *testing.T) {
 		} else if a.Trace != traceparent || a.ClientStated == nil || a.ClientStated.OnBehalfOf != "bob" || a.ClientStated.Model != "model-b" {
 			t.Errorf("entry %d (%s %s): trace %q, client_stated %+v; want the traceparent and bob/model-b marked client_stated", l.Seq, l.Event, l.Decision, a.Trace, a.ClientStated)
 		}
-		if l.Event == "answer" || l.Decision == "refused" {
+		if l.ResponseSHA256 != "" {
+			if seen[a.RequestID] {
+				t.Errorf("entry %d (%s %s): a second answer of request %s", l.Seq, l.Event, l.Decision, a.RequestID)
+			}
 			seen[a.RequestID] = true
 			if l.ResponseSHA256 != sha(s.text) || l.DurationMS <= 0 {
 				t.Errorf("entry %d (%s %s): response_sha256 %s, duration %v; want the SHA-256 of the text the client received (%s) and a duration", l.Seq, l.Event, l.Decision, l.ResponseSHA256, l.DurationMS, sha(s.text))
@@ -256,9 +263,9 @@ func TestAuditEntryOverHTTP(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^state\s+succeeded \(attempts 1\)$`),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+transition\s+alice for yuki@example.com \(client says for bob\)\s+model-a \(client says model-b\)\s+\S+\s+` + regexp.QuoteMeta(created.requestID) + `\s+executed: - → succeeded\s.*embedded order ord_\w+ v1`),
-		regexp.MustCompile(`(?m)^\d+\s+\S+\s+answer\s+.*\s` + regexp.QuoteMeta(created.requestID) + `\s+succeeded\s+sha256:` + sha(created.text)[:12]),
-		regexp.MustCompile(`(?m)^\d+\s+\S+\s+call\s+.*\s` + regexp.QuoteMeta(replayed.requestID) + `\s+replay\s`),
-		regexp.MustCompile(`(?m)^\d+\s+\S+\s+answer\s+.*\s` + regexp.QuoteMeta(replayed.requestID) + `\s+succeeded \(replayed\)\s+sha256:` + sha(replayed.text)[:12]),
+		regexp.MustCompile(`(?m)^\d+\s+\S+\s+transition\s+.*\s` + regexp.QuoteMeta(created.requestID) + `\s+executed: - → succeeded\s+sha256:` + sha(created.text)[:12]),
+		regexp.MustCompile(`(?m)^\d+\s+\S+\s+call\s+.*\s` + regexp.QuoteMeta(replayed.requestID) + `\s+replay: succeeded\s+sha256:` + sha(replayed.text)[:12]),
+		regexp.MustCompile(`(?m)^\d+\s+\S+\s+answer\s+.*\s` + regexp.QuoteMeta(mismatch.requestID) + `\s+rejected\s+key_reused_with_different_request sha256:` + sha(mismatch.text)[:12]),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+call\s+.*\s` + regexp.QuoteMeta(mismatch.requestID) + `\s+mismatch key_reused_with_different_request\s`),
 		regexp.MustCompile(`(?m)^\d+\s+\S+\s+call\s+.*\s` + regexp.QuoteMeta(invalid.requestID) + `\s+refused invalid_arguments\s+sha256:` + sha(invalid.text)[:12]),
 	} {
@@ -286,8 +293,8 @@ func TestAuditEntryOverStdio(t *testing.T) {
 	}
 	sessions := map[string]string{}
 	for _, l := range exportAudit(t, db) {
-		if l.Event != "answer" {
-			continue
+		if l.ResponseSHA256 == "" {
+			continue // not an answering entry (the creates answer on their transitions)
 		}
 		if l.Actor.OnBehalfOf != "yuki@example.com" || l.Actor.Model != "model-a" || !strings.HasPrefix(l.Actor.SessionID, "stdio-") || l.Actor.RequestID == "" {
 			t.Errorf("stdio answer entry actor %+v: want yuki@example.com, model-a, a stdio- session and a request id", l.Actor)

@@ -101,11 +101,20 @@ type DownstreamCall struct {
 // hash covers the entry's JSON with Hash empty; JSON of a Go struct has a
 // fixed field order, so the encoding is stable.
 func (e *AuditEntry) chain(prevHash string) error {
+	_, err := e.seal(prevHash)
+	return err
+}
+
+// seal is chain, and returns the entry's JSON as it is stored — the
+// bytes json.Marshal gives for it — made from the bytes it hashed, with
+// the hash put in place of the empty "hash" (the last field), so an entry
+// is encoded once, not twice.
+func (e *AuditEntry) seal(prevHash string) ([]byte, error) {
 	e.PrevHash = prevHash
 	e.Hash = ""
 	b, err := json.Marshal(e)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if bytes.Contains(b, []byte(`\ufffd`)) {
 		// Text that is not valid UTF-8 is written as \ufffd but read back
@@ -113,16 +122,23 @@ func (e *AuditEntry) chain(prevHash string) error {
 		// as a reader will decode it, or it would never verify.
 		var n AuditEntry
 		if err := json.Unmarshal(b, &n); err != nil {
-			return err
+			return nil, err
 		}
 		*e = n
 		if b, err = json.Marshal(e); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	sum := sha256.Sum256(b)
 	e.Hash = hex.EncodeToString(sum[:])
-	return nil
+	const emptyHash = `"hash":""}`
+	if !bytes.HasSuffix(b, []byte(emptyHash)) {
+		return json.Marshal(e) // not the layout above: encode it again
+	}
+	out := make([]byte, 0, len(b)+len(e.Hash))
+	out = append(out, b[:len(b)-2]...) // up to and with the opening quote of the hash
+	out = append(out, e.Hash...)
+	return append(out, `"}`...), nil
 }
 
 // verifyChain checks that e links to prevHash and that its hash is its own.
@@ -177,4 +193,94 @@ func withCall(c *DownstreamCall) func(*AuditEntry) {
 // policyOf puts a claim's policy check on an entry.
 func (c Claim) policyOf(e *AuditEntry) {
 	e.PolicyRule, e.PolicyAction = c.PolicyRule, c.PolicyAction
+}
+
+// Answer is what a tool call was answered, as the audit records it: the
+// facts an EventAnswer entry holds (AnswerEntry), which the entry of the
+// call's own decision carries instead when the answer is known as that
+// entry is written (Claim.Answer).
+type Answer struct {
+	State    State
+	Attempt  int
+	Replayed bool
+	// ErrorCode is the answer's error code ("" for none).
+	ErrorCode string
+	// ResponseSHA256 is the SHA-256 (hex) of the result's JSON text as
+	// sent to the client.
+	ResponseSHA256 string
+	// DurationMS is the time from the call's start to its answer. On an
+	// entry written in the call's transaction (a claim that ran) the
+	// answer is built before that transaction commits: the commit is not
+	// counted.
+	DurationMS                           float64
+	ApprovalID, ApprovalStatus, Approver string
+	PolicyRule, PolicyAction             string
+}
+
+// AnswerFunc is Claim.Answer: the answer the caller will send for d, or
+// nil when d does not settle it yet (the caller then writes an
+// EventAnswer entry once it knows). It may be called more than once for
+// one claim (a transaction run again), and from inside the ledger's
+// write transaction: it must not block or call the store.
+type AnswerFunc func(d Decision) *Answer
+
+// AnswerEntry is the EventAnswer entry of a call of tool about key that
+// was answered a: the form for a call whose decision's entry could not
+// carry its answer (see Claim.Answer).
+func AnswerEntry(actor Actor, tool, key string, a Answer) AuditEntry {
+	e := AuditEntry{Event: EventAnswer, Actor: actor, Tool: tool, Key: key}
+	e.putAnswer(a)
+	return e
+}
+
+// putAnswer sets a's fields on e.
+func (e *AuditEntry) putAnswer(a Answer) {
+	e.StateAfter, e.Attempt, e.Replayed, e.ErrorCode = a.State, a.Attempt, a.Replayed, a.ErrorCode
+	e.ResponseSHA256, e.DurationMS = a.ResponseSHA256, a.DurationMS
+	e.ApprovalID, e.ApprovalStatus, e.Approver = a.ApprovalID, a.ApprovalStatus, a.Approver
+	e.PolicyRule, e.PolicyAction = a.PolicyRule, a.PolicyAction
+}
+
+// takeAnswer puts a on e, a call's or a transition's entry, when no fact
+// of a contradicts one e already holds (a mismatch's entry names the
+// operation's state, its answer "rejected": those stay two entries), and
+// reports whether it did. Fields e leaves empty take a's.
+func (e *AuditEntry) takeAnswer(a *Answer) bool {
+	if a == nil || e.ResponseSHA256 != "" || e.Replayed || e.DurationMS != 0 {
+		return false
+	}
+	agree := func(have, want string) bool { return have == "" || want == "" || have == want }
+	if !agree(string(e.StateAfter), string(a.State)) || (e.Attempt != 0 && a.Attempt != 0 && e.Attempt != a.Attempt) ||
+		!agree(e.ErrorCode, a.ErrorCode) || !agree(e.ApprovalID, a.ApprovalID) || !agree(e.ApprovalStatus, a.ApprovalStatus) ||
+		!agree(e.Approver, a.Approver) || !agree(e.PolicyRule, a.PolicyRule) || !agree(e.PolicyAction, a.PolicyAction) {
+		return false
+	}
+	m := *e
+	m.putAnswer(*a)
+	fill := func(have *string, was string) {
+		if *have == "" {
+			*have = was
+		}
+	}
+	fill((*string)(&m.StateAfter), string(e.StateAfter))
+	fill(&m.ErrorCode, e.ErrorCode)
+	fill(&m.ApprovalID, e.ApprovalID)
+	fill(&m.ApprovalStatus, e.ApprovalStatus)
+	fill(&m.Approver, e.Approver)
+	fill(&m.PolicyRule, e.PolicyRule)
+	fill(&m.PolicyAction, e.PolicyAction)
+	if m.Attempt == 0 {
+		m.Attempt = e.Attempt
+	}
+	*e = m
+	return true
+}
+
+// answered is an option of saveTransition (and the call entry's): the
+// entry takes the answer c.Answer gives for d, and *ok reports whether
+// it did.
+func (c Claim) answered(d Decision, ok *bool) func(*AuditEntry) {
+	return func(e *AuditEntry) {
+		*ok = c.Answer != nil && e.takeAnswer(c.Answer(d))
+	}
 }

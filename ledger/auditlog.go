@@ -35,7 +35,10 @@ func appendAudit(tx BTx, entries ...AuditEntry) error {
 	var seq uint64
 	prev := ""
 	if k, v := b.Cursor().Last(); k != nil {
-		var last AuditEntry
+		var last struct { // only what the chain goes on from
+			Seq  uint64 `json:"seq"`
+			Hash string `json:"hash"`
+		}
 		if err := json.Unmarshal(v, &last); err != nil {
 			return fmt.Errorf("ledger: audit tail: %w", err)
 		}
@@ -47,13 +50,13 @@ func appendAudit(tx BTx, entries ...AuditEntry) error {
 		return err
 	}
 	idx := tx.Bucket(bucketAuditByKey)
+	// The records do not change while the entries are appended: each
+	// key's is read once (a flush carries many replays of a few keys).
+	var numbered map[[2]string][]uint64
 	for _, e := range entries {
 		seq++
 		e.Seq = seq
-		if err := e.chain(prev); err != nil {
-			return err
-		}
-		v, err := json.Marshal(e)
+		v, err := e.seal(prev)
 		if err != nil {
 			return err
 		}
@@ -67,7 +70,7 @@ func appendAudit(tx BTx, entries ...AuditEntry) error {
 			if e.recordSeq != seq {
 				return fmt.Errorf("ledger: audit entry %d was numbered %d in its record", seq, e.recordSeq)
 			}
-		case e.Key != "" && !nearRecordAudit(tx, e.Actor.Tenant, e.Key, seq):
+		case e.Key != "" && !nearRecordAudit(tx, &numbered, e.Actor.Tenant, e.Key, seq):
 			if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, seq), nil); err != nil {
 				return err
 			}
@@ -130,10 +133,20 @@ const auditNear = 256
 
 // nearRecordAudit reports whether entry seq of (tenant, key) lands at most
 // auditNear entries after a transition that the key's record numbers.
-func nearRecordAudit(tx BTx, tenant, key string, seq uint64) bool {
-	ts, err := recordAuditSeqs(tx, tenant, key)
-	if err != nil {
-		return false // indexed, then: never lost
+// *memo keeps the records' numbers read (made when nil); the caller
+// resets it when a record may have changed.
+func nearRecordAudit(tx BTx, memo *map[[2]string][]uint64, tenant, key string, seq uint64) bool {
+	k := [2]string{tenant, key}
+	ts, ok := (*memo)[k]
+	if !ok {
+		var err error
+		if ts, err = recordAuditSeqs(tx, tenant, key); err != nil {
+			return false // indexed, then: never lost
+		}
+		if *memo == nil {
+			*memo = map[[2]string][]uint64{}
+		}
+		(*memo)[k] = ts
 	}
 	for _, t := range ts {
 		if seq > t && seq-t <= auditNear {

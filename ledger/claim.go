@@ -47,7 +47,9 @@ func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision,
 		return Decision{}, err
 	}
 	if answered {
-		s.Audit(s.callEntry(c, d))
+		e := s.callEntry(c, d)
+		c.answered(d, &d.Answered)(&e)
+		s.Audit(e)
 		return d, nil
 	}
 	err = s.update(func(tx *ltx) error {
@@ -107,7 +109,9 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		}
 		if st == stepAnswer {
 			d := s.answer(rec, kind)
-			return d, s.appendObserved(tx, s.callEntry(c, d))
+			e := s.callEntry(c, d)
+			c.answered(d, &d.Answered)(&e)
+			return d, s.appendObserved(tx, e)
 		}
 		if rec.Downstream != "" && rec.Downstream != c.Downstream {
 			return Decision{}, &DownstreamMismatchError{Recorded: rec.Downstream, Configured: c.Downstream}
@@ -128,7 +132,8 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		}
 		if c.RequireApproval {
 			rec := s.heldRecord(c, now, "")
-			if err := s.saveNew(tx, c.Actor, rec, AuditHeld+AuditDecision(rec.Approval.Rule), now, c.policyOf); err != nil {
+			d := Decision{Kind: DecisionApprovalRequested, Record: rec}
+			if err := s.saveNew(tx, c.Actor, rec, AuditHeld+AuditDecision(rec.Approval.Rule), now, c.policyOf, c.answered(d, &d.Answered)); err != nil {
 				return Decision{}, err
 			}
 			fp, _ := json.Marshal(fpEntry{Key: c.Key, At: now})
@@ -138,7 +143,7 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 			if err := c.held(tx, now, rec); err != nil {
 				return Decision{}, err
 			}
-			return Decision{Kind: DecisionApprovalRequested, Record: rec}, nil
+			return d, nil
 		}
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
@@ -174,10 +179,11 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 	// claim to the outcome, records both (issue 12: one audit entry per
 	// transition).
 	s.finish(rec, out, now)
-	if err := s.saveTransition(tx, c.Actor, rec, before, AuditExecuted, now, c.policyOf, withCall(out.Call)); err != nil {
+	d := Decision{Kind: DecisionExecuted, Record: rec}
+	if err := s.saveTransition(tx, c.Actor, rec, before, AuditExecuted, now, c.policyOf, withCall(out.Call), c.answered(d, &d.Answered)); err != nil {
 		return Decision{}, err
 	}
-	return Decision{Kind: DecisionExecuted, Record: rec}, nil
+	return d, nil
 }
 
 // holdSuspect creates an awaiting_approval record when c's fingerprint
@@ -202,13 +208,14 @@ func (s *Ledger) holdSuspect(tx *ltx, c Claim, now time.Time) (Decision, bool, e
 		earlier = tombstone(earlier)
 	}
 	rec := s.heldRecord(c, now, fe.Key)
-	if err := s.saveNew(tx, c.Actor, rec, AuditSuspectedDuplicate+AuditDecision(fe.Key), now, c.policyOf); err != nil {
+	d := Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}
+	if err := s.saveNew(tx, c.Actor, rec, AuditSuspectedDuplicate+AuditDecision(fe.Key), now, c.policyOf, c.answered(d, &d.Answered)); err != nil {
 		return Decision{}, false, err
 	}
 	if err := c.held(tx, now, rec); err != nil {
 		return Decision{}, false, err
 	}
-	return Decision{Kind: DecisionSuspectedDuplicate, Record: rec, Earlier: earlier}, true, nil
+	return d, true, nil
 }
 
 // held runs c.OnHeld, if set, for the held record rec; the caller holds

@@ -18,7 +18,8 @@ const (
 	EventTransition AuditEvent = "transition"
 	// EventAnswer: the end of a side-effecting tool call: what the client
 	// was sent (status, error code, SHA-256 of the result's JSON text) and
-	// how long the call took.
+	// how long the call took — when the entry of the call's decision could
+	// not carry it (see Claim.Answer, AnswerEntry).
 	EventAnswer AuditEvent = "answer"
 )
 

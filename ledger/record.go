@@ -205,6 +205,12 @@ type Claim struct {
 	// notice in the outbox) commit with the approval request or not at
 	// all. An error rolls the whole claim back.
 	OnHeld HeldFunc
+	// Answer, when set, gives the answer the caller will send for the
+	// decision, so that the decision's own audit entry — the call entry of
+	// an answer from the record (a replay), or the transition of a claim
+	// that ran or was held in its transaction — records it too, and the
+	// call leaves one entry instead of two (Decision.Answered).
+	Answer AnswerFunc
 }
 
 // HeldFunc runs inside the transaction that creates rec's pending
@@ -297,6 +303,10 @@ type Decision struct {
 	Kind    DecisionKind
 	Record  *Record
 	Earlier *Record // for DecisionSuspectedDuplicate
+	// Answered reports that the audit entry of this decision carries the
+	// answer Claim.Answer gave for it: the caller writes no EventAnswer
+	// entry for the call.
+	Answered bool
 
 	refusal error // Decide: the sentinel returned beside the decision
 }

@@ -28,39 +28,86 @@ type refusal struct {
 
 // audit writes the entry that ends a tool call: a refusal's "call" entry,
 // or the "answer" entry of a side-effecting tool (read-only tools are not
-// audited). It never fails the call: an answer that cannot be encoded is
-// audited without a digest.
+// audited) — unless the entry of the call's decision already carries
+// resp (answered), so the call leaves one entry. It never fails the call:
+// an answer that cannot be encoded is audited without a digest.
 func (s *Service) audit(c *call, tool string, readOnly bool, resp *Response) {
-	a := s.ledger
 	if readOnly && c.refused == nil {
 		return
 	}
-	e := ledger.AuditEntry{
-		Event: ledger.EventAnswer, Actor: c.actor, Tool: tool, Key: resp.OperationKey,
-		StateAfter: resp.Status, Attempt: resp.Attempts, Replayed: resp.Replayed,
-		DurationMS: ms(time.Since(c.started)),
+	if c.early != nil && c.early.audited != nil && c.early.audited == resp {
+		return
 	}
-	if e.Key == "" && c.req != nil {
-		e.Key = c.req.OperationKey
+	key := resp.OperationKey
+	if key == "" && c.req != nil {
+		key = c.req.OperationKey
 	}
-	if c.policy.Action != "" {
-		e.PolicyRule, e.PolicyAction = c.policy.Rule, c.policy.Action
-	}
-	if resp.Error != nil {
-		e.ErrorCode = resp.Error.Code
-	}
-	if ap := resp.Approval; ap != nil {
-		e.ApprovalID, e.ApprovalStatus, e.Approver = ap.ID, ap.Status, ap.DecidedBy
-	}
-	if b, err := resp.Encoded(); err == nil {
-		sum := sha256.Sum256(b) // the bytes the server sends as the result's text
-		e.ResponseSHA256 = hex.EncodeToString(sum[:])
-	}
+	e := ledger.AnswerEntry(c.actor, tool, key, c.answerOf(resp))
 	if r := c.refused; r != nil {
 		e.Event, e.Decision, e.ErrorCode, e.Detail = ledger.EventCall, ledger.AuditRefused, string(r.code), clipDetail(r.detail)
 		e.Key, e.StateAfter, e.Attempt = r.key, "", 0
 	}
-	a.Audit(e)
+	s.ledger.Audit(e)
+}
+
+// answerOf is what the audit records of resp, c's answer.
+func (c *call) answerOf(resp *Response) ledger.Answer {
+	a := ledger.Answer{State: resp.Status, Attempt: resp.Attempts, Replayed: resp.Replayed, DurationMS: ms(time.Since(c.started))}
+	if c.policy.Action != "" {
+		a.PolicyRule, a.PolicyAction = c.policy.Rule, c.policy.Action
+	}
+	if resp.Error != nil {
+		a.ErrorCode = resp.Error.Code
+	}
+	if ap := resp.Approval; ap != nil {
+		a.ApprovalID, a.ApprovalStatus, a.Approver = ap.ID, ap.Status, ap.DecidedBy
+	}
+	if b, err := resp.Encoded(); err == nil {
+		sum := sha256.Sum256(b) // the bytes the server sends as the result's text
+		a.ResponseSHA256 = hex.EncodeToString(sum[:])
+	}
+	return a
+}
+
+// early is the answer a call gave the ledger (ledger.Claim.Answer) for
+// the audit entry of its decision to carry.
+type early struct {
+	kind ledger.DecisionKind
+	rec  *ledger.Record
+	resp *Response // nil: the last decision asked about was not final
+	// audited is the answer the ledger's entry carried (answered): audit
+	// writes no entry for it.
+	audited *Response
+}
+
+// answerFor is the Claim.Answer of call c: for a decision that final
+// says the call answers with respond(d) as it is, that answer (kept in
+// c.early, to be sent as it was digested); nil for any other.
+func (s *Service) answerFor(c *call, final func(ledger.Decision) bool) ledger.AnswerFunc {
+	c.early = &early{}
+	e := c.early
+	return func(d ledger.Decision) *ledger.Answer {
+		e.resp = nil
+		if !final(d) {
+			return nil
+		}
+		resp := s.respond(d)
+		e.kind, e.rec, e.resp = d.Kind, d.Record, resp
+		a := c.answerOf(resp)
+		return &a
+	}
+}
+
+// answered is the answer the ledger's audit entry of d carries
+// (d.Answered, for the decision answerFor was last asked about), which
+// the call must send as it is; nil when there is none.
+func (c *call) answered(d ledger.Decision) *Response {
+	e := c.early
+	if e == nil || !d.Answered || e.resp == nil || e.kind != d.Kind || e.rec != d.Record {
+		return nil
+	}
+	e.audited = e.resp
+	return e.resp
 }
 
 func clipDetail(s string) string {

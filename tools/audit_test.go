@@ -130,9 +130,15 @@ func TestAuditFieldsEmbedded(t *testing.T) {
 		t.Errorf("executed downstream = %+v (downstream %q), want embedded order %s v1 attempt 1 message %s", c, ex.Downstream, o.OrderID, wantMsg)
 	}
 
-	answers := find(h, "answer", "")
+	// The create's answer is on its executed transition and the replay's
+	// on its call entry; the mismatch's answer (rejected) contradicts its
+	// call entry (the operation's state) and has an entry of its own.
+	if n := len(h); n != 5 {
+		t.Errorf("history has %d entries, want 5 (executed, replay, mismatch and its answer, refusal): %+v", n, h)
+	}
+	answers := append(append(find(h, "transition", "executed"), find(h, "call", "replay")...), find(h, "answer", "")...)
 	if len(answers) != 3 {
-		t.Fatalf("answer entries = %d, want 3 (create, replay, mismatch); history %+v", len(answers), h)
+		t.Fatalf("answering entries = %d, want 3 (create, replay, mismatch); history %+v", len(answers), h)
 	}
 	for i, tc := range []struct {
 		who      ledger.Actor
@@ -216,11 +222,16 @@ func TestAuditFieldsApprovalExecuted(t *testing.T) {
 	if c := e.Call; c == nil || c.System != "embedded" || c.OrderID != o.OrderID || c.Version != 2 || c.Attempt != 1 {
 		t.Errorf("execution's downstream = %+v, want embedded order %s v2 attempt 1", c, o.OrderID)
 	}
-	ans := find(h, "answer", "")
-	if len(ans) != 2 {
-		t.Fatalf("answer entries = %d, want 2 (the hold, the approval)", len(ans))
+	// The hold's answer is on its transition; the approval's (another
+	// tool's call) has an entry of its own.
+	if h := hold[0]; h.ResponseSHA256 != digest(t, held) || h.StateAfter != ledger.StateAwaitingApproval || h.ErrorCode != "approval_required" || h.DurationMS <= 0 {
+		t.Errorf("hold entry = %+v, want the answer's digest %s, approval_required and a duration", h, digest(t, held))
 	}
-	if a := ans[1]; a.Tool != "decide_approval" || a.ResponseSHA256 != digest(t, done) || a.ApprovalID != held.Approval.ID || a.Approver != "boss" || a.Actor.Principal != "boss" {
+	ans := find(h, "answer", "")
+	if len(ans) != 1 {
+		t.Fatalf("answer entries = %d, want 1 (the approval)", len(ans))
+	}
+	if a := ans[0]; a.Tool != "decide_approval" || a.ResponseSHA256 != digest(t, done) || a.ApprovalID != held.Approval.ID || a.Approver != "boss" || a.Actor.Principal != "boss" {
 		t.Errorf("approval's answer entry = %+v", a)
 	}
 }
@@ -251,6 +262,17 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 	}
 	if claimed := find(h, "transition", "claimed"); len(claimed) != 1 || claimed[0].PolicyAction != "allow" {
 		t.Errorf("claimed transitions = %+v, want one with the policy check", claimed)
+	}
+	// The answer comes after the completion's commit: an entry of its
+	// own. A replay's answer is on its call entry.
+	replay := svc.Call(ctx, caller, "create_order", orderArgs(key, 1), nil)
+	if !replay.Replayed {
+		t.Fatalf("second call = %+v, want a replay", replay)
+	}
+	h = history(t, svc, key)
+	ans, rep := find(h, "answer", ""), find(h, "call", "replay")
+	if len(h) != 4 || len(ans) != 1 || ans[0].ResponseSHA256 != digest(t, created) || len(rep) != 1 || rep[0].ResponseSHA256 != digest(t, replay) || !rep[0].Replayed {
+		t.Errorf("history %+v: want claimed, completed, the create's answer entry and one replay entry carrying its answer", h)
 	}
 
 	failKey := uuid.NewString()

@@ -64,6 +64,9 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		if d.Kind == ledger.DecisionApprovalRequested || d.Kind == ledger.DecisionSuspectedDuplicate {
 			s.outbox.Kick() // the approvers' notice is queued
 		}
+		if r := c.answered(d); r != nil {
+			return r // answered as it is (externalFinal), by its audit entry too
+		}
 		if d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateUnknown {
 			if d, err = s.reconcile(ctx, c.actor, d.Record); err != nil {
 				return s.ledgerError(c, err)
@@ -99,6 +102,19 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		}
 	}
 	return s.respond(decisionFor(rec))
+}
+
+// externalFinal reports whether executeExternal answers d as it is
+// (respond), without running, waiting for or reconciling the operation.
+func externalFinal(d ledger.Decision) bool {
+	switch d.Kind {
+	case ledger.DecisionClaimed, ledger.DecisionBusy:
+		return false
+	case ledger.DecisionHeld:
+		st := d.Record.State
+		return st != ledger.StateUnknown && st != ledger.StateInProgress && st != ledger.StateRetryable
+	}
+	return true
 }
 
 // increasing wraps the progress reporter of one call that may wait

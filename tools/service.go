@@ -133,6 +133,9 @@ type call struct {
 	// and decoded those bytes as the tool's argument type (nil: not yet).
 	args    json.RawMessage
 	decoded any
+	// early is the answer given to the ledger for its decision's audit
+	// entry (answerFor); nil when none was asked for.
+	early *early
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -414,8 +417,12 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 		if err != nil {
 			return s.ledgerError(c, err)
 		}
+		claim.Answer = s.answerFor(c, externalFinal)
 		return s.executeExternal(ctx, c, claim, run)
 	}
+	// Every decision but a busy one (waited for below) is answered as it
+	// is: its audit entry carries the answer.
+	claim.Answer = s.answerFor(c, func(d ledger.Decision) bool { return d.Kind != ledger.DecisionBusy })
 	d, err := s.ledger.Execute(ctx, claim, apply)
 	if err != nil {
 		return s.ledgerError(c, err)
@@ -429,6 +436,9 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 			return s.ledgerError(c, err)
 		}
 		return s.respond(decisionFor(rec))
+	}
+	if r := c.answered(d); r != nil {
+		return r
 	}
 	return s.respond(d)
 }

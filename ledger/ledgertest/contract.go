@@ -170,6 +170,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"AuditBufferSurvivesPanic", contractAuditBufferSurvivesPanic},
 		{"OnHeld", contractOnHeld},
 		{"AuditHistoryOfKey", contractAuditHistoryOfKey},
+		{"AnswerInEntry", contractAnswerInEntry},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })

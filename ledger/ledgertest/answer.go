@@ -1,0 +1,138 @@
+package ledgertest
+
+import (
+	"testing"
+
+	"idemgate/ledger"
+)
+
+// contractAnswerInEntry: with Claim.Answer, a call leaves one audit entry
+// — a create its executed (or held) transition, a replay its call entry,
+// each carrying the answer — and Decision.Answered says so; an answer
+// that contradicts the entry (a mismatch answered "rejected") or is not
+// known yet (nil) is not taken, and the caller's answer entry follows as
+// before. A log in the earlier form (a call and an answer entry) keeps
+// verifying, and reads the same in AuditForKey and the stats.
+func contractAnswerInEntry(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	asked := 0
+	answer := func(d ledger.Decision) *ledger.Answer {
+		asked++
+		if d.Kind == ledger.DecisionBusy {
+			return nil
+		}
+		a := &ledger.Answer{State: d.Record.State, Attempt: d.Record.Attempts, Replayed: d.Kind == ledger.DecisionReplay,
+			ResponseSHA256: "sha-" + string(d.Kind), DurationMS: 1.5, PolicyRule: "default_allow", PolicyAction: "allow"}
+		if d.Kind == ledger.DecisionMismatch {
+			a.State, a.Attempt, a.ErrorCode = ledger.StateRejected, 0, string(ledger.CodeKeyReused)
+		}
+		return a
+	}
+	entriesSince := func(after uint64) []ledger.AuditEntry {
+		t.Helper()
+		log, err := e.s.AuditLog(e.ctx, after, 0)
+		if err != nil {
+			t.Fatalf("AuditLog: %v", err)
+		}
+		return log
+	}
+	last := func() uint64 {
+		t.Helper()
+		tail, err := e.s.AuditTail(e.ctx, 1)
+		if err != nil {
+			t.Fatalf("AuditTail: %v", err)
+		}
+		if len(tail) == 0 {
+			return 0
+		}
+		return tail[0].Seq
+	}
+
+	c := newClaim("t1", "create_order", "fp-answer")
+	c.PolicyRule, c.PolicyAction = "default_allow", "allow"
+	c.Answer = answer
+	d := e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExecuted)
+	log := entriesSince(0)
+	if !d.Answered || len(log) != 1 || log[0].Event != ledger.EventTransition || log[0].ResponseSHA256 != "sha-executed" ||
+		log[0].StateAfter != ledger.StateSucceeded || log[0].DurationMS != 1.5 || log[0].Replayed {
+		t.Fatalf("a create wrote %+v (answered %v), want one executed transition carrying its answer", log, d.Answered)
+	}
+
+	for range 3 {
+		at := last()
+		d = e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionReplay)
+		log = entriesSince(at)
+		if !d.Answered || len(log) != 1 || log[0].Event != ledger.EventCall || log[0].Decision != ledger.AuditDecision(ledger.DecisionReplay) ||
+			log[0].ResponseSHA256 != "sha-replay" || !log[0].Replayed || log[0].StateAfter != ledger.StateSucceeded || log[0].DurationMS != 1.5 {
+			t.Fatalf("a replay wrote %+v (answered %v), want one call entry carrying its answer", log, d.Answered)
+		}
+	}
+	e.wantCalls(1)
+
+	// A mismatch's answer (rejected) contradicts its entry (the
+	// operation's state): the entry stays as it was, and is not answered.
+	at := last()
+	other := c
+	other.Fingerprint = "fp-other"
+	d = e.exec(other, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionMismatch)
+	if d.Answered {
+		t.Errorf("a mismatch was answered by its entry")
+	}
+	e.s.Audit(ledger.AnswerEntry(c.Actor, c.Tool, c.Key, *answer(d)))
+	log = entriesSince(at)
+	if len(log) != 2 || log[0].ResponseSHA256 != "" || log[0].StateAfter != ledger.StateSucceeded ||
+		log[1].Event != ledger.EventAnswer || log[1].StateAfter != ledger.StateRejected || log[1].ResponseSHA256 != "sha-mismatch" {
+		t.Errorf("a mismatch wrote %+v, want its call entry and its answer entry", log)
+	}
+
+	// An answer not known yet (nil) is not taken.
+	busy := newClaim("t1", "create_order", "fp-busy")
+	busy.Answer = answer
+	wantKind(t, e.claim(busy), ledger.DecisionClaimed)
+	n := asked
+	d = e.claim(busy)
+	wantKind(t, d, ledger.DecisionBusy)
+	if d.Answered || asked != n+1 {
+		t.Errorf("busy: answered %v, asked %d times, want asked once and not answered", d.Answered, asked-n)
+	}
+
+	// The earlier form: a replay as a call entry and an answer entry.
+	old := newClaim("t1", "create_order", "fp-old")
+	wantKind(t, e.exec(old, e.ap.succeed(ResultOrder)), ledger.DecisionExecuted)
+	e.s.Audit(ledger.AnswerEntry(old.Actor, old.Tool, old.Key, ledger.Answer{State: ledger.StateSucceeded, Attempt: 1, ResponseSHA256: "sha-old-create"}))
+	wantKind(t, e.exec(old, e.ap.succeed(ResultOrder)), ledger.DecisionReplay)
+	e.s.Audit(ledger.AnswerEntry(old.Actor, old.Tool, old.Key, ledger.Answer{State: ledger.StateSucceeded, Attempt: 1, Replayed: true, ResponseSHA256: "sha-old-replay"}))
+	all := len(entriesSince(0)) // written first: VerifyAudit reads what is written
+	if n, err := e.s.VerifyAudit(e.ctx); err != nil || n != all {
+		t.Errorf("VerifyAudit = %d, %v; want every entry verified", n, err)
+	}
+	for _, k := range []ledger.Claim{c, old} {
+		h, total, err := e.s.AuditForKey(e.ctx, "t1", k.Key, 0)
+		if err != nil || total != len(h) {
+			t.Fatalf("AuditForKey(%s) = %d of %d, %v", k.Key, len(h), total, err)
+		}
+		var digests []string
+		for _, en := range h {
+			if en.ResponseSHA256 != "" {
+				digests = append(digests, en.ResponseSHA256)
+			}
+		}
+		want := map[string]int{c.Key: 5, old.Key: 2}[k.Key] // create, 3 replays, the mismatch's answer; create, replay
+		if len(digests) != want {
+			t.Errorf("history of %s has %d answers %v, want %d", k.Key, len(digests), digests, want)
+		}
+	}
+	st, err := ledger.ComputeStats(e.ctx, e.s, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Operations: c, busy, old. Calls: c's create, 3 replays and the
+	// mismatch; busy's claim and its busy call; old's create and replay
+	// (the answer entries of the earlier form count nothing).
+	if st.Operations != 3 || st.Calls != 9 || st.ReplaysServed != 4 || st.MismatchesRefused != 1 || st.Executions != 2 {
+		t.Errorf("stats = %+v, want 3 operations, 9 calls, 4 replays, 1 mismatch, 2 executions", st)
+	}
+}
