@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,5 +152,147 @@ func TestPassStopsStartingWhenClaimRunsLow(t *testing.T) {
 	}
 	if total != len(ids) {
 		t.Errorf("delivered %d of %d", total, len(ids))
+	}
+}
+
+// flushCountingSink is a countingSink that also counts Flush calls (one
+// per delivery pass that delivered something).
+type flushCountingSink struct {
+	*countingSink
+	flushes atomic.Int64
+}
+
+func (f *flushCountingSink) Flush() error { f.flushes.Add(1); return nil }
+
+// waitDelivered waits until no message is pending.
+func waitDelivered(t *testing.T, s ledger.Store) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n := 0
+		if err := s.View(context.Background(), func(tx ledger.Tx) error {
+			return tx.Scan(collPending, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still pending", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunClaimRidesCalls: while messages are being queued one commit
+// after another (as sequential creates queue their confirmations), a
+// running deliverer's passes commit their claims, and record their
+// outcomes, with those commits rather than with commits of their own.
+// With a pass per message (no gathering) a claim of its own per pass
+// made it about two commits per message.
+func TestRunClaimRidesCalls(t *testing.T) {
+	s := mustOpen(t)
+	sink := newCountingSink(0)
+	d := NewDeliverer(s, sink, nil)
+	d.Gather = 0 // a pass per kick: the most claims
+	d.Interval = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	const n = 100
+	var ids []string
+	s0 := s.CommitStats()
+	for i := range n {
+		ids = append(ids, queue(t, s, fmt.Sprintf("ride-%d", i)).MessageID)
+		d.Kick()
+		time.Sleep(time.Millisecond) // the pass takes this one message
+	}
+	waitDelivered(t, s)
+	commits := s.CommitStats().Commits - s0.Commits
+	t.Logf("%d commits for %d messages queued and delivered", commits, n)
+	// n for the queueing; the rest are claims and records that found no
+	// commit to ride (the last passes', and any that waited carryWait).
+	if limit := int64(n + n/2); commits > limit {
+		t.Errorf("%d commits for %d messages queued and delivered, want at most %d", commits, n, limit)
+	}
+	for _, id := range ids {
+		if c := sink.count(id); c != 1 {
+			t.Errorf("%s handed to the sink %d times, want 1", id, c)
+		}
+	}
+}
+
+// TestRunDeliverersShareMessagesOnce: three running deliverers (their
+// claims carried by the ledger's next write) over one outbox while
+// messages are queued: every message is handed to the sink exactly once.
+func TestRunDeliverersShareMessagesOnce(t *testing.T) {
+	s := mustOpen(t)
+	sink := newCountingSink(2 * time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var ds []*Deliverer
+	for range 3 {
+		d := NewDeliverer(s, sink, nil)
+		d.Gather, d.Interval = time.Millisecond, 10*time.Millisecond
+		ds = append(ds, d)
+		wg.Go(func() { d.Run(ctx) })
+	}
+	var ids []string
+	for i := range 90 {
+		ids = append(ids, queue(t, s, fmt.Sprintf("run-share-%d", i)).MessageID)
+		ds[i%3].Kick()
+	}
+	waitDelivered(t, s)
+	cancel()
+	wg.Wait()
+	for _, id := range ids {
+		if c := sink.count(id); c != 1 {
+			t.Errorf("%s handed to the sink %d times, want 1", id, c)
+		}
+		if m := stored(t, s, id); m.State != MessageDelivered || m.Attempts != 1 {
+			t.Errorf("%s: %s after %d attempts, want delivered after 1", id, m.State, m.Attempts)
+		}
+	}
+}
+
+// TestGatherWaitsForTricklingMessages: messages queued one by one, a
+// little apart, are delivered in a few passes (a pass waits up to
+// GatherMax while fewer than gatherFill were queued), not in a pass per
+// Gather; and the last is delivered within GatherMax of being queued
+// (with room for a slow machine).
+func TestGatherWaitsForTricklingMessages(t *testing.T) {
+	s := mustOpen(t)
+	sink := &flushCountingSink{countingSink: newCountingSink(0)}
+	d := NewDeliverer(s, sink, nil)
+	d.Gather, d.GatherMax, d.Interval = 10*time.Millisecond, 200*time.Millisecond, time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	const n = 40
+	start := time.Now()
+	var last string
+	for i := range n {
+		last = queue(t, s, fmt.Sprintf("trickle-%d", i)).MessageID
+		d.Kick()
+		time.Sleep(2 * time.Millisecond)
+	}
+	queued := time.Now()
+	for sink.count(last) == 0 && time.Since(queued) < 20*time.Second {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed, lag := time.Since(start), time.Since(queued)
+	waitDelivered(t, s)
+	passes := sink.flushes.Load()
+	t.Logf("%d passes for %d messages queued over %v; the last delivered %v after it was queued", passes, n, queued.Sub(start), lag)
+	// A pass at most every GatherMax while they trickle, and one for the
+	// last of them; a pass per Gather would be elapsed/Gather.
+	if limit := int64(elapsed/d.GatherMax) + 2; passes > limit {
+		t.Errorf("%d passes over %v, want at most %d", passes, elapsed, limit)
+	}
+	if lag > d.GatherMax+2*time.Second {
+		t.Errorf("the last message was delivered %v after it was queued, want about GatherMax (%v)", lag, d.GatherMax)
 	}
 }
