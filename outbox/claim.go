@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/binary"
+	"sync"
 	"time"
 
 	"idemgate/ledger"
@@ -114,31 +115,60 @@ const carryWait = 5 * time.Millisecond
 func (d *Deliverer) claimCarried(ctx context.Context, ls laterStore, seen []*Message) ([]*Message, time.Time, error) {
 	lease := d.claimLease()
 	start := time.Now() // before the transaction, as in claim
-	var claimed []*Message
+	var (
+		mu        sync.Mutex
+		abandoned bool // the pass gave up on the claim: it writes nothing
+		claimed   []*Message
+	)
 	done := make(chan error, 1)
 	ls.Later(func(tx ledger.Tx) error {
+		mu.Lock()
+		defer mu.Unlock()
+		claimed = nil
+		if abandoned {
+			return nil
+		}
 		var err error
 		claimed, err = d.claimIn(tx, seen, lease)
 		return err
 	}, func(err error) { done <- err })
+	// giveUp abandons the claim when the pass stops before it committed
+	// (shutting down, or the ledger failing): a claim written after all,
+	// by a transaction under way, is dropped by the release queued after
+	// it, so a stopping process leaves no claim to keep the messages
+	// from the other deliverers for a lease.
+	giveUp := func(err error) ([]*Message, time.Time, error) {
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		ls.Later(func(tx ledger.Tx) error {
+			for _, m := range seen {
+				if err := d.release(tx, m.MessageID, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, func(error) {})
+		return nil, time.Time{}, err
+	}
 	t := time.NewTimer(carryWait)
 	defer t.Stop()
 	for {
 		select {
 		case err := <-done:
 			if err != nil {
-				return nil, time.Time{}, err
+				return nil, time.Time{}, err // nothing of the claim was written
 			}
-			return claimed, start, nil // claimed was set before done was called
+			mu.Lock()
+			defer mu.Unlock()
+			return claimed, start, nil
 		case <-ctx.Done():
-			// The claim may still commit with a later write: it is this
-			// deliverer's and expires; nothing was delivered on it.
-			return nil, time.Time{}, ctx.Err()
+			return giveUp(ctx.Err())
 		case <-t.C:
 			// No write came to carry it: an empty transaction does (or,
 			// when a commit under way took it, waits its turn after it).
 			if err := d.store.Update(ctx, func(ledger.Tx) error { return nil }); err != nil {
-				return nil, time.Time{}, err
+				return giveUp(err)
 			}
 			t.Reset(carryWait)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 )
 
 // countingSink counts the deliveries of each message id; each takes
@@ -294,5 +295,104 @@ func TestGatherWaitsForTricklingMessages(t *testing.T) {
 	}
 	if lag > d.GatherMax+2*time.Second {
 		t.Errorf("the last message was delivered %v after it was queued, want about GatherMax (%v)", lag, d.GatherMax)
+	}
+}
+
+// heldLater is a ledger file whose Later holds the writes back until the
+// test runs them (and never reports them done).
+type heldLater struct {
+	*bolt.File
+	mu   sync.Mutex
+	held []func(ledger.Tx) error
+}
+
+func (h *heldLater) Later(fn func(ledger.Tx) error, _ func(error)) {
+	h.mu.Lock()
+	h.held = append(h.held, fn)
+	h.mu.Unlock()
+}
+
+// runHeld runs the held writes from the i-th on, in one transaction.
+func (h *heldLater) runHeld(t *testing.T, i int) {
+	t.Helper()
+	h.mu.Lock()
+	fns := h.held[i:]
+	h.mu.Unlock()
+	if err := h.File.Update(context.Background(), func(tx ledger.Tx) error {
+		for _, fn := range fns {
+			if err := fn(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *heldLater) claims(t *testing.T) int {
+	t.Helper()
+	n := 0
+	if err := h.View(context.Background(), func(tx ledger.Tx) error {
+		return tx.Scan(collClaims, "", false, func(string, []byte) (bool, error) { n++; return true, nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestAbandonedCarriedClaimLeavesNone: a pass that stops (its context
+// done) while its claim waits for a write to carry it leaves no claim
+// behind — neither when the claim is written later (by the ledger's
+// flush at close) nor when a transaction already under way wrote it —
+// so a stopping process does not keep its messages from the other
+// deliverers for a lease.
+func TestAbandonedCarriedClaimLeavesNone(t *testing.T) {
+	for _, written := range []bool{false, true} {
+		t.Run(fmt.Sprintf("written=%v", written), func(t *testing.T) {
+			h := &heldLater{File: mustOpen(t)}
+			m := queue(t, h, "abandoned")
+			d := NewDeliverer(h, newCountingSink(0), nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			type result struct {
+				got []*Message
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				got, _, err := d.claimCarried(ctx, h, []*Message{m})
+				res <- result{got, err}
+			}()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				h.mu.Lock()
+				n := len(h.held)
+				h.mu.Unlock()
+				if n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the claim was not queued")
+				}
+			}
+			if written {
+				h.runHeld(t, 0) // a commit under way carries the claim
+				if n := h.claims(t); n != 1 {
+					t.Fatalf("%d claims written, want 1", n)
+				}
+			}
+			cancel()
+			r := <-res
+			if r.err == nil || len(r.got) != 0 {
+				t.Fatalf("claimCarried = %v, %v; want nothing and the context's error", r.got, r.err)
+			}
+			from := 1
+			if !written {
+				from = 0 // the flush at close runs the claim and what follows it
+			}
+			h.runHeld(t, from)
+			if n := h.claims(t); n != 0 {
+				t.Errorf("%d claims left by a pass that gave up its claim, want 0", n)
+			}
+		})
 	}
 }
