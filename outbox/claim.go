@@ -102,7 +102,7 @@ func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, tim
 // carryWait bounds how long a pass's claim waits for a commit that
 // happens anyway (a call's) to carry it before the deliverer commits it
 // alone.
-const carryWait = 5 * time.Millisecond
+const carryWait = 20 * time.Millisecond
 
 // claimCarried is claim written with the ledger's next write (see
 // laterStore): the commit of a call when calls are being made, so that a
