@@ -25,6 +25,9 @@ type Ledger struct {
 	auditMu  sync.Mutex
 	auditBuf []AuditEntry
 	laterBuf []laterWrite // guarded by auditMu
+	// bufSince is when the buffers last went from empty to not (this
+	// process's clock; zero while empty), guarded by auditMu.
+	bufSince time.Time
 
 	clock clockState
 	watch watchers // see wait.go
@@ -47,8 +50,14 @@ func New(b Backend, opts Options) *Ledger {
 }
 
 // auditFlushInterval bounds how long buffered replay and refusal audit
-// entries wait for a write transaction to carry them.
+// entries (and Later's writes) wait for a write transaction to carry
+// them, plus at most flushTick: the background flush commits them only
+// once the oldest has waited this long, so while calls are committing —
+// each carrying what is buffered — it commits nothing of its own.
 const auditFlushInterval = 200 * time.Millisecond
+
+// flushTick is how often the background flush looks at the buffers.
+const flushTick = auditFlushInterval / 4
 
 // ltx is a backend transaction as the rules see it: it collects the
 // audit entries written by transitions, which Options.Observe sees once
@@ -159,15 +168,27 @@ func (s *Ledger) Close() error {
 // exits when Close is called.
 func (s *Ledger) flushLoop() {
 	defer close(s.done)
-	t := time.NewTicker(auditFlushInterval)
+	t := time.NewTicker(flushTick)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.flushAudit()
+			s.auditMu.Lock()
+			since := s.bufSince
+			s.auditMu.Unlock()
+			if !since.IsZero() && time.Since(since) >= auditFlushInterval {
+				s.flushAudit()
+			}
 		}
+	}
+}
+
+// buffered notes that the buffers now hold something; auditMu is held.
+func (s *Ledger) buffered() {
+	if s.bufSince.IsZero() {
+		s.bufSince = time.Now()
 	}
 }
 
@@ -185,7 +206,7 @@ func (s *Ledger) flushAudit() error {
 }
 
 // Audit buffers e; it is written with the next write transaction, within
-// auditFlushInterval. Used for calls that change nothing (replays,
+// auditFlushInterval (plus at most flushTick). Used for calls that change nothing (replays,
 // refusals, reads).
 func (s *Ledger) Audit(e AuditEntry) {
 	if e.At.IsZero() {
@@ -196,6 +217,7 @@ func (s *Ledger) Audit(e AuditEntry) {
 	}
 	s.auditMu.Lock()
 	s.auditBuf = append(s.auditBuf, e)
+	s.buffered()
 	s.auditMu.Unlock()
 	if s.opts.Observe != nil {
 		s.opts.Observe(e)
@@ -204,7 +226,7 @@ func (s *Ledger) Audit(e AuditEntry) {
 
 // Later queues fn to run in the next write transaction this process
 // commits — a claim's, another caller's, or the background flush within
-// auditFlushInterval — and calls done once that transaction has
+// auditFlushInterval (plus at most flushTick) — and calls done once that transaction has
 // committed (nil), or with fn's own error (none of fn's writes happen; the
 // transaction that carried it is not affected). It is for writes that need
 // not be durable before the caller goes on, such as the deliverer's record
@@ -226,6 +248,7 @@ func (s *Ledger) Later(fn func(Tx) error, done func(error)) {
 	}
 	s.auditMu.Lock()
 	s.laterBuf = append(s.laterBuf, laterWrite{fn: fn, done: done})
+	s.buffered()
 	s.auditMu.Unlock()
 }
 
@@ -233,7 +256,7 @@ func (s *Ledger) takeAudit() ([]AuditEntry, []laterWrite) {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
 	b, l := s.auditBuf, s.laterBuf
-	s.auditBuf, s.laterBuf = nil, nil
+	s.auditBuf, s.laterBuf, s.bufSince = nil, nil, time.Time{}
 	return b, l
 }
 
@@ -244,6 +267,7 @@ func (s *Ledger) restoreAudit(b []AuditEntry, l []laterWrite) {
 	s.auditMu.Lock()
 	s.auditBuf = append(b, s.auditBuf...)
 	s.laterBuf = append(l, s.laterBuf...)
+	s.buffered()
 	s.auditMu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/binary"
+	"sync"
 	"time"
 
 	"idemgate/ledger"
@@ -36,9 +37,11 @@ import (
 // a connection per message, and here the ledger's writer lock, for as
 // long as a gateway takes); and a claim is written through ledger.Store,
 // so it works the same on every backend — processes sharing a bbolt file
-// get it too. Its cost is one more write transaction per delivery pass
-// that has something to deliver (not per message; an idle pass writes
-// nothing).
+// get it too. Its cost is one more write per delivery pass that has
+// something to deliver (not per message; an idle pass writes nothing),
+// which Run has carried by the ledger's next write — a call's commit
+// while calls are being made — and commits alone only when none comes
+// within carryWait (claimCarried).
 
 // collClaims holds the live claims: message_id → until (8 bytes BE unix
 // ns, by the ledger's clock) followed by the claiming deliverer's id.
@@ -76,9 +79,9 @@ func (d *Deliverer) othersClaim(v []byte, now time.Time) bool {
 }
 
 // claim takes the messages of seen (read by the pass's scan) that are
-// still queued, due and not claimed by another deliverer, in one
-// transaction, and returns them as they now stand, with the local time
-// from which the claim lasts ClaimLease.
+// still queued, due and not claimed by another deliverer, in a
+// transaction of its own, and returns them as they now stand, with the
+// local time from which the claim lasts ClaimLease.
 func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, time.Time, error) {
 	lease := d.claimLease()
 	// Measured before the transaction: its clock reads later, so the
@@ -86,44 +89,130 @@ func (d *Deliverer) claim(ctx context.Context, seen []*Message) ([]*Message, tim
 	start := time.Now()
 	var claimed []*Message
 	err := d.store.Update(ctx, func(tx ledger.Tx) error {
-		claimed = nil
-		now := tx.Now()
-		var val [8]byte
-		binary.BigEndian.PutUint64(val[:], uint64(now.Add(lease).UnixNano()))
-		mine := append(val[:], d.owner...)
-		// The live claims, in one read (a scan, not a lookup per
-		// message: on PostgreSQL every read is a round trip, and this
-		// transaction holds the writer lock).
-		others := map[string]bool{}
-		if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
-			if d.othersClaim(v, now) {
-				others[id] = true
-			}
-			return true, nil
-		}); err != nil {
-			return err
-		}
-		for _, m := range seen {
-			cur, err := getMessage(tx, m.MessageID)
-			if err != nil {
-				return err
-			}
-			// Re-read: another deliverer may have claimed, delivered and
-			// released it since the pass's scan.
-			if cur == nil || cur.State != MessageQueued || cur.NextAttemptAt.After(now) || others[cur.MessageID] {
-				continue
-			}
-			if err := tx.Put(collClaims, cur.MessageID, mine); err != nil {
-				return err
-			}
-			claimed = append(claimed, cur)
-		}
-		return nil
+		var err error
+		claimed, err = d.claimIn(tx, seen, lease)
+		return err
 	})
 	if err != nil {
 		return nil, time.Time{}, err
 	}
 	return claimed, start, nil
+}
+
+// carryWait bounds how long a pass's claim waits for a commit that
+// happens anyway (a call's) to carry it before the deliverer commits it
+// alone.
+const carryWait = 20 * time.Millisecond
+
+// claimCarried is claim written with the ledger's next write (see
+// laterStore): the commit of a call when calls are being made, so that a
+// pass's claim costs no commit of its own. When no write comes within
+// carryWait it commits one (which carries the claim). It returns only
+// once the claim has committed — nothing is delivered on a claim that is
+// not durable — or failed; the claim's guarantees are claim's: the
+// carrying transaction is a write transaction like any other, serialised
+// with every other deliverer's.
+func (d *Deliverer) claimCarried(ctx context.Context, ls laterStore, seen []*Message) ([]*Message, time.Time, error) {
+	lease := d.claimLease()
+	start := time.Now() // before the transaction, as in claim
+	var (
+		mu        sync.Mutex
+		abandoned bool // the pass gave up on the claim: it writes nothing
+		claimed   []*Message
+	)
+	done := make(chan error, 1)
+	ls.Later(func(tx ledger.Tx) error {
+		mu.Lock()
+		defer mu.Unlock()
+		claimed = nil
+		if abandoned {
+			return nil
+		}
+		var err error
+		claimed, err = d.claimIn(tx, seen, lease)
+		return err
+	}, func(err error) { done <- err })
+	// giveUp abandons the claim when the pass stops before it committed
+	// (shutting down, or the ledger failing): a claim written after all,
+	// by a transaction under way, is dropped by the release queued after
+	// it, so a stopping process leaves no claim to keep the messages
+	// from the other deliverers for a lease.
+	giveUp := func(err error) ([]*Message, time.Time, error) {
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		ls.Later(func(tx ledger.Tx) error {
+			for _, m := range seen {
+				if err := d.release(tx, m.MessageID, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, func(error) {})
+		return nil, time.Time{}, err
+	}
+	t := time.NewTimer(carryWait)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil, time.Time{}, err // nothing of the claim was written
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return claimed, start, nil
+		case <-ctx.Done():
+			return giveUp(ctx.Err())
+		case <-t.C:
+			// No write came to carry it: an empty transaction does (or,
+			// when a commit under way took it, waits its turn after it).
+			if err := d.store.Update(ctx, func(ledger.Tx) error { return nil }); err != nil {
+				return giveUp(err)
+			}
+			t.Reset(carryWait)
+		}
+	}
+}
+
+// claimIn is the claim's transaction: it claims, for lease from the
+// transaction's clock, the messages of seen that are still queued, due
+// and not claimed by another deliverer, and returns them as they now
+// stand.
+func (d *Deliverer) claimIn(tx ledger.Tx, seen []*Message, lease time.Duration) ([]*Message, error) {
+	var claimed []*Message
+	now := tx.Now()
+	var val [8]byte
+	binary.BigEndian.PutUint64(val[:], uint64(now.Add(lease).UnixNano()))
+	mine := append(val[:], d.owner...)
+	// The live claims, in one read (a scan, not a lookup per message: on
+	// PostgreSQL every read is a round trip, and this transaction holds
+	// the writer lock).
+	others := map[string]bool{}
+	if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
+		if d.othersClaim(v, now) {
+			others[id] = true
+		}
+		return true, nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, m := range seen {
+		cur, err := getMessage(tx, m.MessageID)
+		if err != nil {
+			return nil, err
+		}
+		// Re-read: another deliverer may have claimed, delivered and
+		// released it since the pass's scan.
+		if cur == nil || cur.State != MessageQueued || cur.NextAttemptAt.After(now) || others[cur.MessageID] {
+			continue
+		}
+		if err := tx.Put(collClaims, cur.MessageID, mine); err != nil {
+			return nil, err
+		}
+		claimed = append(claimed, cur)
+	}
+	return claimed, nil
 }
 
 // release drops d's claim of message id, if it still holds it (inside the

@@ -474,8 +474,17 @@ type Deliverer struct {
 	// Interval is how often the outbox is scanned without a kick (messages
 	// left by a process that stopped before delivering them).
 	Interval time.Duration
-	// Gather is how long a kicked pass waits for more messages to join it.
-	Gather time.Duration
+	// Gather is how long a kicked pass waits for more messages to join it
+	// (0: no waiting, a pass per kick). While fewer than gatherFill
+	// messages were queued since the last pass began (they trickle in),
+	// it waits on, up to GatherMax after the kick, so that one pass — one
+	// sink sync, one claim — serves many of them: a message queued while
+	// the deliverer is idle is handed to the sink within GatherMax (plus
+	// the pass itself, and at most carryWait for its claim to commit).
+	Gather    time.Duration
+	GatherMax time.Duration // default DefaultGatherMax; below Gather: Gather
+	// kicks counts Kick calls (about one per message queued).
+	kicks atomic.Int64
 	// RetryBase is the backoff ceiling after the first failure; it doubles
 	// with each further failure up to RetryCap.
 	RetryBase time.Duration // default 1s
@@ -505,6 +514,15 @@ type laterStore interface {
 	Later(fn func(ledger.Tx) error, done func(error))
 }
 
+// Gathering defaults of a Deliverer (see Deliverer.Gather).
+const (
+	DefaultGather    = 20 * time.Millisecond
+	DefaultGatherMax = 100 * time.Millisecond
+	// gatherFill is how many messages queued since the last pass make a
+	// pass worth starting at Gather rather than waiting on for more.
+	gatherFill = 64
+)
+
 // Retry defaults of a Deliverer.
 const (
 	DefaultRetryBase   = time.Second
@@ -518,7 +536,8 @@ func NewDeliverer(store ledger.Store, sink Sink, log *slog.Logger) *Deliverer {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Deliverer{
-		store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second, Gather: 20 * time.Millisecond,
+		store: store, sink: sink, log: log, kick: make(chan struct{}, 1), Interval: time.Second,
+		Gather: DefaultGather, GatherMax: DefaultGatherMax,
 		RetryBase: DefaultRetryBase, RetryCap: DefaultRetryCap, RetryBudget: DefaultRetryBudget, Rand: rand.Float64,
 		ClaimLease: DefaultClaimLease, owner: uuid.NewString(),
 	}
@@ -615,6 +634,7 @@ func (d *Deliverer) Requeue(ctx context.Context, messageID string, by ledger.Act
 
 // Kick asks for a delivery pass soon; it never blocks.
 func (d *Deliverer) Kick() {
+	d.kicks.Add(1)
 	select {
 	case d.kick <- struct{}{}:
 	default:
@@ -636,6 +656,7 @@ func (d *Deliverer) Run(ctx context.Context) {
 	t := time.NewTicker(d.Interval)
 	defer t.Stop()
 	for {
+		since := d.kicks.Load()
 		n, full, err := d.deliverPass(ctx, true)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("outbox delivery", "err", err)
@@ -651,16 +672,46 @@ func (d *Deliverer) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.kick:
-			// Let a burst of operations queue up, so one pass (and one
-			// commit) delivers them all instead of one commit each.
-			select {
-			case <-ctx.Done():
+			// Let a burst of operations queue up, so one pass (one
+			// claim, one sink sync, one record) delivers them all.
+			if !d.gather(ctx, since) {
 				return
-			case <-time.After(d.Gather):
 			}
 		case <-t.C:
 		}
 	}
+}
+
+// gather is the wait of a kicked pass (see Deliverer.Gather): Gather,
+// then on while fewer than gatherFill kicks came since since, up to
+// GatherMax after it began. It reports false when ctx is done.
+func (d *Deliverer) gather(ctx context.Context, since int64) bool {
+	if d.Gather <= 0 {
+		return ctx.Err() == nil
+	}
+	begun := time.Now()
+	t := time.NewTimer(d.Gather)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	for d.kicks.Load()-since < gatherFill {
+		left := d.GatherMax - time.Since(begun)
+		if left <= 0 {
+			break
+		}
+		t.Reset(left)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-d.kick: // one more message: count again
+		case <-t.C:
+			return true
+		}
+	}
+	return true
 }
 
 // DeliverPending tries every queued message that is due (its
@@ -719,8 +770,15 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 	// Claim what this pass delivers, so no other deliverer sends it at the
 	// same time (claim.go).
 	claimedAt := time.Now()
+	ls, carried := d.store.(laterStore)
+	carried = carried && later
 	if len(pending) > 0 {
-		if pending, claimedAt, err = d.claim(ctx, pending); err != nil {
+		if carried {
+			pending, claimedAt, err = d.claimCarried(ctx, ls, pending)
+		} else {
+			pending, claimedAt, err = d.claim(ctx, pending)
+		}
+		if err != nil {
 			return 0, false, err
 		}
 	}
@@ -827,7 +885,7 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 			d.log.Warn("outbox message dead-lettered", "message_id", m.MessageID, "attempts", m.Attempts, "err", m.LastError)
 		}
 	}
-	if ls, ok := d.store.(laterStore); later && ok {
+	if carried {
 		ids := make([]string, 0, len(pending)+len(stale))
 		accepted := 0
 		for i, m := range pending {

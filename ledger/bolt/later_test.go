@@ -64,3 +64,26 @@ func TestLaterRidesTheNextCommit(t *testing.T) {
 		t.Fatal("a queued write with nothing to carry it was not committed by the flush")
 	}
 }
+
+// TestFlushWaitsWhileWritesCarry: while write transactions keep
+// committing, each carrying what is buffered (a Later write queued after
+// each, as a pass's record or a call's answer entry is), the background
+// flush commits nothing of its own; it commits only what has waited the
+// flush interval. (It committed whatever it found buffered at each of its
+// ticks: five commits a second of a steady sequence of calls.)
+func TestFlushWaitsWhileWritesCarry(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, ledger.Options{})
+	c0 := s.CommitStats().Commits
+	writes := 0
+	for start := time.Now(); time.Since(start) < 1200*time.Millisecond; writes++ {
+		if err := s.Update(ctx, func(tx ledger.Tx) error { return tx.Put("later_test", uuid.NewString(), []byte("v")) }); err != nil {
+			t.Fatal(err)
+		}
+		s.Later(func(tx ledger.Tx) error { return tx.Put("later_test", uuid.NewString(), []byte("l")) }, func(error) {})
+		time.Sleep(5 * time.Millisecond)
+	}
+	if extra := s.CommitStats().Commits - c0 - int64(writes); extra > 1 {
+		t.Errorf("%d commits of the background flush beside %d writes that carried its buffer, want at most 1", extra, writes)
+	}
+}
