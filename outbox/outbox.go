@@ -51,9 +51,9 @@ type Message struct {
 	Incarnation string    `json:"incarnation,omitempty"`
 	Step        string    `json:"step"`
 	Channel     string    `json:"channel"`
-	To          []string  `json:"to"`
+	To          []string  `json:"to,omitempty"`
 	Subject     string    `json:"subject,omitempty"`
-	Body        string    `json:"body"`
+	Body        string    `json:"body,omitempty"`
 	OrderID     string    `json:"order_id,omitempty"`
 	State       string    `json:"state"` // queued, delivered, dead
 	Attempts    int       `json:"attempts"`
