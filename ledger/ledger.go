@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -290,20 +289,15 @@ func getRecord(tx *ltx, tenant, key string) (*Record, error) {
 	if v == nil {
 		return nil, nil
 	}
-	var r Record
-	if err := json.Unmarshal(v, &r); err != nil {
+	r, err := DecodeRecord(v)
+	if err != nil {
 		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
 	}
-	if r.ResultFormat > ResultFormat {
-		// Written by a newer idemgate: replaying a result this build does
-		// not understand could hand back something it never returned.
-		return nil, fmt.Errorf("%w: record %s/%s has result format %d, this build reads up to %d", ErrSchemaVersion, tenant, key, r.ResultFormat, ResultFormat)
-	}
-	return &r, nil
+	return r, nil
 }
 
 func putRecord(tx *ltx, r *Record) error {
-	v, err := json.Marshal(r)
+	v, err := EncodeRecord(r)
 	if err != nil {
 		return err
 	}

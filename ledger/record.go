@@ -25,12 +25,14 @@ func (s State) Final() bool {
 	return s == StateSucceeded || s == StateFailed || s == StateRejected
 }
 
-// ResultFormat is the version of the saved result encoding written by this
-// build. Records carry the format they were written with, so a newer build
-// can still replay results saved by an older one, and an older build
-// refuses (ErrSchemaVersion) a record from a newer one instead of replaying
-// a result it does not understand.
-const ResultFormat = 1
+// ResultFormat is the version of the record and saved result encoding
+// written by this build. Records carry the format they were written with,
+// so a newer build can still replay results saved by an older one, and an
+// older build refuses (ErrSchemaVersion) a record from a newer one instead
+// of replaying a result it does not understand. Format 2 stores records
+// compressed (see recordenc.go); the result bytes a replay returns are the
+// same in both.
+const ResultFormat = 2
 
 // OpError is a saved, model-facing error of an operation. Code is one
 // of the documented codes (Codes); test it with Code.Is.

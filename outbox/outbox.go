@@ -10,6 +10,7 @@ package outbox
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -50,9 +51,9 @@ type Message struct {
 	Incarnation string    `json:"incarnation,omitempty"`
 	Step        string    `json:"step"`
 	Channel     string    `json:"channel"`
-	To          []string  `json:"to"`
+	To          []string  `json:"to,omitempty"`
 	Subject     string    `json:"subject,omitempty"`
-	Body        string    `json:"body"`
+	Body        string    `json:"body,omitempty"`
 	OrderID     string    `json:"order_id,omitempty"`
 	State       string    `json:"state"` // queued, delivered, dead
 	Attempts    int       `json:"attempts"`
@@ -65,6 +66,13 @@ type Message struct {
 	// BudgetFrom is Attempts when the current retry budget started: 0, or
 	// the attempts made before the last Requeue.
 	BudgetFrom int `json:"budget_from,omitempty"`
+	// PayloadSHA256 is set, and To, Subject and Body are empty, in a
+	// delivered message read from the outbox: once delivered, a message is
+	// never handed to a sink again, so the outbox keeps only the SHA-256
+	// of what was handed over (base64url, unpadded; see payloadDigest),
+	// against which a message enqueued again under the same id is
+	// compared. Queued and dead-lettered messages keep their payload.
+	PayloadSHA256 string `json:"payload_sha256,omitempty"`
 }
 
 // Message states.
@@ -122,17 +130,16 @@ func Enqueue(tx ledger.Tx, m *Message) error {
 		return err
 	}
 	if cur != nil {
-		if !samePayload(payloadOf(cur), payloadOf(m)) || cur.Incarnation != m.Incarnation {
+		if !cur.holds(payloadOf(m)) || cur.Incarnation != m.Incarnation {
 			return fmt.Errorf("%w: %s", errMessageExists, m.MessageID)
+		}
+		if cur.PayloadSHA256 != "" { // delivered: the payload is m's
+			cur.To, cur.Subject, cur.Body, cur.PayloadSHA256 = m.To, m.Subject, m.Body, ""
 		}
 		*m = *cur
 		return nil
 	}
-	v, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	if err := tx.Put(Collection, m.MessageID, v); err != nil {
+	if err := putMessage(tx, m); err != nil {
 		return err
 	}
 	if err := tx.Put(collPending, m.MessageID, nil); err != nil {
@@ -575,12 +582,42 @@ func (d *Deliverer) budget() int {
 	return d.RetryBudget
 }
 
+// putMessage stores m; a delivered one without its payload (see
+// Message.PayloadSHA256). m is not changed.
 func putMessage(tx ledger.Tx, m *Message) error {
+	if m.State == MessageDelivered && m.PayloadSHA256 == "" {
+		stored := *m
+		stored.PayloadSHA256 = payloadDigest(payloadOf(m))
+		stored.To, stored.Subject, stored.Body = nil, "", ""
+		m = &stored
+	}
 	v, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
 	return tx.Put(Collection, m.MessageID, v)
+}
+
+// payloadDigest is the SHA-256 of a payload's JSON, base64url unpadded.
+func payloadDigest(p deliveryPayload) string {
+	if len(p.To) == 0 {
+		p.To = nil // as samePayload, no recipients however written
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		panic("outbox: payload JSON: " + err.Error()) // strings only: it cannot fail
+	}
+	sum := sha256.Sum256(b)
+	return base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// holds reports whether m, as read from the outbox, hands over p: by its
+// payload, or by its digest once delivered.
+func (m *Message) holds(p deliveryPayload) bool {
+	if m.PayloadSHA256 != "" {
+		return m.PayloadSHA256 == payloadDigest(p)
+	}
+	return samePayload(payloadOf(m), p)
 }
 
 // Requeue puts a dead-lettered message back in the queue for delivery as

@@ -65,20 +65,7 @@ func TestRedeliveryWritesOneFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Put the message back as if the mark-delivered transaction was lost.
-	if err := s.Update(ctx, func(tx ledger.Tx) error {
-		cur, err := getMessage(tx, m.MessageID)
-		if err != nil {
-			return err
-		}
-		cur.State = "queued"
-		v, _ := json.Marshal(cur)
-		if err := tx.Put(Collection, m.MessageID, v); err != nil {
-			return err
-		}
-		return tx.Put(collPending, m.MessageID, nil)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	putBackQueued(t, s, m)
 	if n, err := d.DeliverPending(ctx); err != nil || n != 1 {
 		t.Fatalf("redelivery: n=%d err=%v, want 1 <nil>", n, err)
 	}
@@ -235,6 +222,99 @@ func TestEnqueueNeverOverwrites(t *testing.T) {
 	next := &Message{Tenant: "t1", OperationKey: "k1", Incarnation: "0011223344556677", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"}
 	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, next) }); err != nil || next.MessageID == m.MessageID {
 		t.Errorf("a message of another incarnation: id %s (first %s), err %v; want a new id", next.MessageID, m.MessageID, err)
+	}
+}
+
+// TestDeliveredMessageKeepsDigestOnly: once delivered, a message is
+// stored without its payload, with the payload's digest; the sink got the
+// whole message; the same message enqueued again matches it (and keeps
+// its payload in the caller's copy), a different one under its id is
+// refused. Queued and dead messages, and delivered ones stored whole by
+// builds before, keep their payload.
+func TestDeliveredMessageKeepsDigestOnly(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t)
+	dir := t.TempDir()
+	sink, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := queue(t, s, "k1")
+	if n, err := NewDeliverer(s, sink, nil).DeliverPending(ctx); err != nil || n != 1 {
+		t.Fatalf("delivery: n=%d err=%v", n, err)
+	}
+	file, err := os.ReadFile(filepath.Join(dir, m.MessageID+".json"))
+	if err != nil || !strings.Contains(string(file), `"body": "hello k1"`) || !strings.Contains(string(file), "a@example.com") {
+		t.Fatalf("delivered file %s, %v: want the whole message", file, err)
+	}
+	raw := func() string {
+		var v string
+		s.View(ctx, func(tx ledger.Tx) error {
+			b, err := tx.Get(Collection, m.MessageID)
+			v = string(b)
+			return err
+		})
+		return v
+	}
+	stored := raw()
+	if strings.Contains(stored, "hello k1") || strings.Contains(stored, "a@example.com") || !strings.Contains(stored, `"state":"delivered"`) {
+		t.Errorf("delivered message stored as %s: want no payload", stored)
+	}
+	var got *Message
+	s.View(ctx, func(tx ledger.Tx) error { got, err = Get(tx, m.MessageID); return err })
+	if got == nil || got.State != MessageDelivered || got.Body != "" || got.To != nil || got.PayloadSHA256 != payloadDigest(payloadOf(m)) || got.Attempts != 1 || got.OperationKey != "k1" {
+		t.Errorf("delivered message read back: %+v", got)
+	}
+
+	same := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello k1"}
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, same) }); err != nil {
+		t.Fatalf("the same message again after delivery: %v", err)
+	}
+	if same.State != MessageDelivered || same.Body != "hello k1" || len(same.To) != 1 || same.PayloadSHA256 != "" {
+		t.Errorf("the same message enqueued again: %+v, want it delivered, with its payload", same)
+	}
+	if after := raw(); after != stored {
+		t.Errorf("enqueueing the same message again rewrote it: %s, was %s", after, stored)
+	}
+	for _, other := range []*Message{
+		{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "another body"},
+		{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"b@example.com"}, Body: "hello k1"},
+		{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "sms", To: []string{"a@example.com"}, Body: "hello k1"},
+	} {
+		if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, other) }); !errors.Is(err, errMessageExists) {
+			t.Errorf("a different message (%v %s %q) under a delivered one's id: %v, want errMessageExists", other.To, other.Channel, other.Body, err)
+		}
+	}
+
+	// As builds before stored a delivered message: whole. It compares by
+	// its payload, as it did.
+	whole := *m
+	whole.State, whole.Attempts = MessageDelivered, 1
+	v, _ := json.Marshal(whole)
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return tx.Put(Collection, m.MessageID, v) }); err != nil {
+		t.Fatal(err)
+	}
+	again := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "hello k1"}
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, again) }); err != nil || again.State != MessageDelivered || again.Body != "hello k1" {
+		t.Errorf("the same message again over a whole delivered one: %+v, %v", again, err)
+	}
+	other := &Message{Tenant: "t1", OperationKey: "k1", Step: "notification", Channel: "email", To: []string{"a@example.com"}, Body: "x"}
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return Enqueue(tx, other) }); !errors.Is(err, errMessageExists) {
+		t.Errorf("a different message over a whole delivered one: %v, want errMessageExists", err)
+	}
+
+	// Queued and dead messages are stored whole.
+	for _, st := range []string{MessageQueued, MessageDead} {
+		w := *m
+		w.State = st
+		if err := s.Update(ctx, func(tx ledger.Tx) error { return putMessage(tx, &w) }); err != nil {
+			t.Fatal(err)
+		}
+		var back *Message
+		s.View(ctx, func(tx ledger.Tx) error { back, err = Get(tx, m.MessageID); return err })
+		if back == nil || back.Body != "hello k1" || len(back.To) != 1 || back.PayloadSHA256 != "" {
+			t.Errorf("%s message read back: %+v, want its payload", st, back)
+		}
 	}
 }
 

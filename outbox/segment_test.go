@@ -82,19 +82,18 @@ func deliverPass(t testing.TB, sink Sink, msgs []*Message) {
 }
 
 // putBackQueued makes a delivered message queued again, as if the
-// transaction recording its delivery was lost in a crash.
-func putBackQueued(t *testing.T, s ledger.Store, id string) {
+// transaction recording its delivery was lost in a crash: m is the
+// message as it was queued (the delivered one no longer holds its
+// payload).
+func putBackQueued(t *testing.T, s ledger.Store, m *Message) {
 	t.Helper()
 	if err := s.Update(context.Background(), func(tx ledger.Tx) error {
-		cur, err := getMessage(tx, id)
-		if err != nil {
+		q := *m
+		q.State = MessageQueued
+		if err := putMessage(tx, &q); err != nil {
 			return err
 		}
-		cur.State = MessageQueued
-		if err := putMessage(tx, cur); err != nil {
-			return err
-		}
-		return tx.Put(collPending, id, nil)
+		return tx.Put(collPending, m.MessageID, nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +120,7 @@ func TestSegmentRedeliveryByteForByte(t *testing.T) {
 		if name == "restarted" {
 			sink = mustSegmentSink(t, dir)
 		}
-		putBackQueued(t, s, m.MessageID)
+		putBackQueued(t, s, m)
 		if n, err := NewDeliverer(s, sink, nil).DeliverPending(ctx); err != nil || n != 1 {
 			t.Fatalf("%s: redelivery n=%d err=%v, want 1 <nil>", name, n, err)
 		}

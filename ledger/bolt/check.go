@@ -373,8 +373,9 @@ func Check(path string) (CheckReport, error) {
 		return db.View(func(tx *bbolt.Tx) error {
 			if b := tx.Bucket(bucketRecords); b != nil {
 				b.ForEach(func(k, v []byte) error {
-					var r ledger.Record
-					if err := json.Unmarshal(v, &r); err != nil {
+					// A record of a newer build's format is not damage:
+					// this build refuses to use it, and says so then.
+					if _, err := ledger.DecodeRecord(v); err != nil && !errors.Is(err, ledger.ErrSchemaVersion) {
 						add(damagedError(path, fmt.Sprintf("record %q cannot be decoded: %v", strings.ReplaceAll(string(k), "\x00", "/"), err)))
 					} else {
 						rep.Records++

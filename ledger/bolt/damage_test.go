@@ -390,10 +390,12 @@ func walkSound(b, damaged *bbolt.Bucket, fn func(k, v []byte)) error {
 	})
 }
 
-// jsonSame reports whether two JSON encodings hold the same record.
-func jsonSame(a, b string) bool {
-	var ra, rb ledger.Record
-	if json.Unmarshal([]byte(a), &ra) != nil || json.Unmarshal([]byte(b), &rb) != nil {
+// jsonSame reports whether stored, a record as the records bucket keeps
+// it, holds the record whose JSON is want.
+func jsonSame(stored, want string) bool {
+	ra, err := ledger.DecodeRecord([]byte(stored))
+	var rb ledger.Record
+	if err != nil || json.Unmarshal([]byte(want), &rb) != nil {
 		return false
 	}
 	ja, _ := json.Marshal(ra)

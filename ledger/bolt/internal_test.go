@@ -54,15 +54,11 @@ func getRecord(tx *bbolt.Tx, tenant, key string) (*ledger.Record, error) {
 	if v == nil {
 		return nil, nil
 	}
-	var r ledger.Record
-	if err := json.Unmarshal(v, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return ledger.DecodeRecord(v)
 }
 
 func putRecord(tx *bbolt.Tx, r *ledger.Record) error {
-	v, err := json.Marshal(r)
+	v, err := ledger.EncodeRecord(r)
 	if err != nil {
 		return err
 	}
