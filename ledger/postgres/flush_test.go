@@ -182,17 +182,7 @@ func TestRowChunksBound(t *testing.T) {
 // database's state under the lock — another replica's writes in between
 // included, a row it deleted absent.
 func TestBeginWriteReadsWhatTheLastBatchRead(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	ba, err := openBackend(url, true, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ba.Close()
-	bb, err := OpenBackend(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bb.Close()
+	ba, bb := twoReplicas(t)
 	ctx := context.Background()
 	const coll = "warm_test"
 	meta := []byte(ledger.MetaCollection)
@@ -228,7 +218,7 @@ func TestBeginWriteReadsWhatTheLastBatchRead(t *testing.T) {
 		t.Fatalf("after reading them, the next Update would not fetch them: %+v", ba.warm)
 	}
 	write(bb, "2", "", "k2") // another replica changes all three
-	err = ba.Update(ctx, func(ltx ledger.BTx) error {
+	err := ba.Update(ctx, func(ltx ledger.BTx) error {
 		tx := ltx.(*btx)
 		if _, ok := tx.cache[ledger.MetaCollection]["warm-x"]; !ok {
 			t.Error("warm-x was not fetched with BEGIN")
@@ -260,17 +250,7 @@ func TestBeginWriteReadsWhatTheLastBatchRead(t *testing.T) {
 // the database again; a transaction that rolled back carries nothing, and
 // a row untouched for carryBatches Updates is dropped.
 func TestCarriedRowsOnlyWhileNoOneElseWrites(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	ba, err := openBackend(url, true, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ba.Close()
-	bb, err := OpenBackend(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bb.Close()
+	ba, bb := twoReplicas(t)
 	ctx := context.Background()
 	const coll = "carry_test"
 	dc := "data:" + coll
@@ -341,4 +321,23 @@ func TestCarriedRowsOnlyWhileNoOneElseWrites(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// twoReplicas opens two backends on one new database, as two replicas
+// would: the first as this package sees it, the second through the
+// exported constructor. Both are closed when the test ends.
+func twoReplicas(t *testing.T) (*backend, ledger.Backend) {
+	t.Helper()
+	url := pgtest.NewDatabase(t)
+	ba, err := openBackend(url, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ba.Close() })
+	bb, err := OpenBackend(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bb.Close() })
+	return ba, bb
 }

@@ -59,6 +59,21 @@ func coll(t *testing.T, tx ledger.BTx) ledger.Bucket {
 	return b
 }
 
+// seed commits the pairs k1, v1, k2, v2, … in collection "t", creating it.
+func seed(t *testing.T, c *forward.Client, kv ...string) {
+	t.Helper()
+	update(t, c, func(tx ledger.BTx) error {
+		b, err := tx.Data("t", true)
+		if err != nil {
+			return err
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			put(t, b, kv[i], kv[i+1])
+		}
+		return nil
+	})
+}
+
 func put(t *testing.T, b ledger.Bucket, k, v string) {
 	t.Helper()
 	if err := b.Put([]byte(k), []byte(v)); err != nil {
@@ -102,15 +117,7 @@ func learn(t *testing.T, c *forward.Client) {
 func TestPrefetchIsExact(t *testing.T) {
 	dial := newWriter(t)
 	c, other := newClient(t, dial), newClient(t, dial)
-	update(t, c, func(tx ledger.BTx) error {
-		b, err := tx.Data("t", true)
-		if err != nil {
-			return err
-		}
-		put(t, b, "a", "1")
-		put(t, b, "b", "2")
-		return nil
-	})
+	seed(t, c, "a", "1", "b", "2")
 	learn(t, c)
 
 	// Another client's commit since: the prefetch is read in the
@@ -210,14 +217,7 @@ func TestCollectionOfRolledBackTransactionNotRemembered(t *testing.T) {
 // prefetches.
 func TestVersion1Writer(t *testing.T) {
 	c := newClient(t, v1Proxy(t, newWriter(t)))
-	update(t, c, func(tx ledger.BTx) error {
-		b, err := tx.Data("t", true)
-		if err != nil {
-			return err
-		}
-		put(t, b, "a", "1")
-		return nil
-	})
+	seed(t, c, "a", "1")
 	for range 5 {
 		var a string
 		update(t, c, func(tx ledger.BTx) error { a, _ = reads(t, tx, nil); return nil })
@@ -240,14 +240,7 @@ func TestVersion1Writer(t *testing.T) {
 func TestViewedKeyPrefetchedFresh(t *testing.T) {
 	dial := newWriter(t)
 	c, other := newClient(t, dial), newClient(t, dial)
-	update(t, c, func(tx ledger.BTx) error {
-		b, err := tx.Data("t", true)
-		if err != nil {
-			return err
-		}
-		put(t, b, "x", "old")
-		return nil
-	})
+	seed(t, c, "x", "old")
 	var got string
 	if err := c.View(ctx, func(tx ledger.BTx) error { got = string(coll(t, tx).Get([]byte("x"))); return nil }); err != nil {
 		t.Fatal(err)
