@@ -27,6 +27,9 @@ type Ledger struct {
 	// bufSince is when the buffers last went from empty to not (this
 	// process's clock; zero while empty), guarded by auditMu.
 	bufSince time.Time
+	// bufKick wakes the background flush when the buffers go from empty
+	// to not, so an idle ledger's flush sleeps instead of ticking.
+	bufKick chan struct{}
 
 	clock clockState
 	watch watchers // see wait.go
@@ -43,20 +46,17 @@ func New(b Backend, opts Options) *Ledger {
 	if c, ok := b.(Clock); ok && opts.Now == nil {
 		opts.Now = c.Now
 	}
-	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{}), bufKick: make(chan struct{}, 1)}
 	go s.flushLoop()
 	return s
 }
 
 // auditFlushInterval bounds how long buffered replay and refusal audit
 // entries (and Later's writes) wait for a write transaction to carry
-// them, plus at most flushTick: the background flush commits them only
+// them: the background flush commits them only
 // once the oldest has waited this long, so while calls are committing —
 // each carrying what is buffered — it commits nothing of its own.
 const auditFlushInterval = 200 * time.Millisecond
-
-// flushTick is how often the background flush looks at the buffers.
-const flushTick = auditFlushInterval / 4
 
 // ltx is a backend transaction as the rules see it: it collects the
 // audit entries written by transitions, which Options.Observe sees once
@@ -163,23 +163,45 @@ func (s *Ledger) Close() error {
 	return errors.Join(err, s.b.Close())
 }
 
-// flushLoop writes buffered audit entries every auditFlushInterval. It
-// exits when Close is called.
+// flushLoop commits buffered audit entries (and Later's writes) once the
+// oldest has waited auditFlushInterval without a write transaction
+// carrying them. It sleeps while the buffers are empty (buffered wakes
+// it), so an idle ledger makes no wake-ups. It exits when Close is called.
 func (s *Ledger) flushLoop() {
 	defer close(s.done)
-	t := time.NewTicker(flushTick)
-	defer t.Stop()
+	timer := time.NewTimer(auditFlushInterval)
+	timer.Stop()
+	defer timer.Stop()
+	var fire <-chan time.Time // nil while no timer is armed
+	// arm sets the timer for when the oldest buffered entry is due, or
+	// leaves it unarmed when the buffers are empty.
+	arm := func() {
+		s.auditMu.Lock()
+		since := s.bufSince
+		s.auditMu.Unlock()
+		if since.IsZero() {
+			fire = nil
+			return
+		}
+		timer.Reset(max(0, auditFlushInterval-time.Since(since)))
+		fire = timer.C
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-s.bufKick:
+			if fire == nil {
+				arm()
+			}
+		case <-fire:
 			s.auditMu.Lock()
 			since := s.bufSince
 			s.auditMu.Unlock()
 			if !since.IsZero() && time.Since(since) >= auditFlushInterval {
 				s.flushAudit()
 			}
+			arm() // what was buffered since, or what a commit left
 		}
 	}
 }
@@ -188,6 +210,10 @@ func (s *Ledger) flushLoop() {
 func (s *Ledger) buffered() {
 	if s.bufSince.IsZero() {
 		s.bufSince = time.Now()
+		select {
+		case s.bufKick <- struct{}{}:
+		default: // a wake-up is already pending
+		}
 	}
 }
 
@@ -205,7 +231,7 @@ func (s *Ledger) flushAudit() error {
 }
 
 // Audit buffers e; it is written with the next write transaction, within
-// auditFlushInterval (plus at most flushTick). Used for calls that change nothing (replays,
+// auditFlushInterval. Used for calls that change nothing (replays,
 // refusals, reads).
 func (s *Ledger) Audit(e AuditEntry) {
 	if e.At.IsZero() {
@@ -225,7 +251,7 @@ func (s *Ledger) Audit(e AuditEntry) {
 
 // Later queues fn to run in the next write transaction this process
 // commits — a claim's, another caller's, or the background flush within
-// auditFlushInterval (plus at most flushTick) — and calls done once that transaction has
+// auditFlushInterval — and calls done once that transaction has
 // committed (nil), or with fn's own error (none of fn's writes happen; the
 // transaction that carried it is not affected). It is for writes that need
 // not be durable before the caller goes on, such as the deliverer's record
