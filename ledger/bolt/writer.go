@@ -232,6 +232,17 @@ func (s *shared) current() (*backend, *forward.Client, error) {
 	return s.local, s.client, nil
 }
 
+// replaced reports whether c is no longer how this process reaches the
+// writer while the ledger is open: a failover (another goroutine's)
+// replaced and closed it. A transaction c refused with ledger.ErrClosed
+// was never begun (a Client refuses only transactions begun after its
+// Close), so it runs again on what replaced c.
+func (s *shared) replaced(c *forward.Client) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.closed && s.client != c
+}
+
 // failover replaces lost, the client whose writer was lost: this process
 // becomes the writer, or connects to the process that did. It returns at
 // once when another goroutine already replaced lost.
@@ -305,6 +316,8 @@ func (s *shared) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 					return fmt.Errorf("%w (%v)", forward.ErrOutcomeUnknown, ferr)
 				}
 				continue
+			case errors.Is(err, ledger.ErrClosed) && s.replaced(client):
+				continue // asked nothing: ask what replaced the client
 			case err != nil:
 				return fmt.Errorf("%w (%v)", forward.ErrOutcomeUnknown, err)
 			case found:
@@ -321,6 +334,8 @@ func (s *shared) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 		case errors.Is(err, forward.ErrOutcomeUnknown):
 			unknown = marker
 		case errors.Is(err, forward.ErrWriterLost):
+		case errors.Is(err, ledger.ErrClosed) && s.replaced(client):
+			continue // never begun: run it on what replaced the client
 		default:
 			return err
 		}
@@ -345,6 +360,9 @@ func (s *shared) View(ctx context.Context, fn func(ledger.BTx) error) error {
 			return local.View(ctx, fn)
 		}
 		err = client.View(ctx, fn)
+		if errors.Is(err, ledger.ErrClosed) && s.replaced(client) {
+			continue // never begun: run it on what replaced the client
+		}
 		if !errors.Is(err, forward.ErrWriterLost) {
 			return err
 		}
