@@ -28,7 +28,6 @@ func benchMessage(i int) *Message {
 }
 
 func BenchmarkDirSink(b *testing.B) {
-	ctx := context.Background()
 	run := func(b *testing.B, portable bool, mode int32) {
 		sink, err := NewDirSink(b.TempDir())
 		if err != nil {
@@ -36,29 +35,11 @@ func BenchmarkDirSink(b *testing.B) {
 		}
 		sink.noTmpfile.Store(portable)
 		sink.syncMode.Store(mode)
-		i := 0
-		start := time.Now()
-		for b.Loop() {
-			if err := sink.Deliver(ctx, benchMessage(i)); err != nil {
-				b.Fatal(err)
-			}
-			i++
-			if i%passSize == 0 && mode < 0 {
-				sink.written = nil // creation cost alone: no sync
-			}
-			if i%passSize == 0 && mode >= 0 {
-				if err := sink.Flush(); err != nil {
-					b.Fatal(err)
-				}
-			}
+		endPass := sink.Flush
+		if mode < 0 {
+			endPass = func() error { sink.written = nil; return nil } // creation cost alone: no sync
 		}
-		if mode >= 0 {
-			if err := sink.Flush(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportMetric(float64(i)/time.Since(start).Seconds(), "msgs/s")
-		b.ReportMetric(float64(sink.syncs.Load())/float64(i), "syncs/msg")
+		deliverPasses(b, sink, &sink.syncs, endPass)
 	}
 	b.Run("floor=fsync_per_message", func(b *testing.B) {
 		dir := b.TempDir()
@@ -95,25 +76,33 @@ func BenchmarkDirSink(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		i := 0
-		start := time.Now()
-		for b.Loop() {
-			if err := sink.Deliver(ctx, benchMessage(i)); err != nil {
-				b.Fatal(err)
-			}
-			i++
-			if i%passSize == 0 {
-				if err := sink.Flush(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-		if err := sink.Flush(); err != nil {
+		deliverPasses(b, sink, &sink.syncs, sink.Flush)
+	})
+}
+
+// deliverPasses delivers benchMessages to sink until the benchmark stops,
+// calling endPass after every passSize of them and once at the end, and
+// reports msgs/s and the syncs per message the sink counted in syncs.
+func deliverPasses(b *testing.B, sink Sink, syncs *atomic.Int64, endPass func() error) {
+	ctx := context.Background()
+	i := 0
+	start := time.Now()
+	for b.Loop() {
+		if err := sink.Deliver(ctx, benchMessage(i)); err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(float64(i)/time.Since(start).Seconds(), "msgs/s")
-		b.ReportMetric(float64(sink.syncs.Load())/float64(i), "syncs/msg")
-	})
+		i++
+		if i%passSize == 0 {
+			if err := endPass(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := endPass(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(i)/time.Since(start).Seconds(), "msgs/s")
+	b.ReportMetric(float64(syncs.Load())/float64(i), "syncs/msg")
 }
 
 // BenchmarkDeliverPending is the deliverer end to end: each op is one
