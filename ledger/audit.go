@@ -224,6 +224,40 @@ type Answer struct {
 // write transaction: it must not block or call the store.
 type AnswerFunc func(d Decision) *Answer
 
+// OutcomeAnswer is Outcome.Answer: how a caller that records an outcome
+// with Complete or Settle — a claim that called out with no transaction
+// open — has the outcome's transition entry carry the call's answer.
+// It is used by one call, not concurrently.
+type OutcomeAnswer struct {
+	// For is asked for the answer to the recorded outcome, as the
+	// DecisionExecuted of the record as it will be committed; the rules
+	// of AnswerFunc apply (called inside the write transaction, maybe
+	// more than once).
+	For AnswerFunc
+	// Taken is set by Complete and Settle: true when they succeeded and
+	// the outcome's entry carries the answer For last gave, so the caller
+	// sends that answer and writes no EventAnswer entry; false when the
+	// answer contradicted the entry (takeAnswer), For gave nil, or the
+	// call failed.
+	Taken bool
+}
+
+// onto is an option of saveTransition that recording rec's outcome
+// takes: the entry takes the answer For gives for rec, and *ok reports
+// whether it did. A nil OutcomeAnswer asks nothing.
+func (a *OutcomeAnswer) onto(rec *Record, ok *bool) func(*AuditEntry) {
+	return func(e *AuditEntry) {
+		*ok = a != nil && a.For != nil && e.takeAnswer(a.For(Decision{Kind: DecisionExecuted, Record: rec}))
+	}
+}
+
+// settle sets Taken once the outcome's transaction has ended with err.
+func (a *OutcomeAnswer) settle(taken bool, err error) {
+	if a != nil {
+		a.Taken = taken && err == nil
+	}
+}
+
 // AnswerEntry is the EventAnswer entry of a call of tool about key that
 // was answered a: the form for a call whose decision's entry could not
 // carry its answer (see Claim.Answer).

@@ -396,7 +396,9 @@ func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, 
 		return nil, err
 	}
 	var rec *Record
+	taken := false
 	err := s.update(func(tx *ltx) error {
+		taken = false // a run again starts over
 		var err error
 		rec, err = getRecord(tx, a.Tenant, key)
 		if err != nil {
@@ -415,8 +417,9 @@ func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, 
 				return err
 			}
 		}
-		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call))
+		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call), out.Answer.onto(rec, &taken))
 	})
+	out.Answer.settle(taken, err)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
 package ledgertest
 
 import (
+	"encoding/json"
+	"errors"
 	"testing"
 
 	"idemgate/ledger"
@@ -134,5 +136,93 @@ func contractAnswerInEntry(t *testing.T, open func(t *testing.T, o ledger.Option
 	// (the answer entries of the earlier form count nothing).
 	if st.Operations != 3 || st.Calls != 9 || st.ReplaysServed != 4 || st.MismatchesRefused != 1 || st.Executions != 2 {
 		t.Errorf("stats = %+v, want 3 operations, 9 calls, 4 replays, 1 mismatch, 2 executions", st)
+	}
+}
+
+// contractAnswerInCompletion: an outcome recorded by Complete or Settle
+// with Outcome.Answer set — a claim that called out with no transaction
+// open — has its transition entry carry the answer For gives for the
+// record as committed (DecisionExecuted), and Taken says so; an answer
+// that contradicts the entry is not taken (the caller writes its answer
+// entry), and a completion refused (a stale generation) takes nothing.
+func contractAnswerInCompletion(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	var asked []ledger.Decision
+	answer := func(state ledger.State, sha string) *ledger.OutcomeAnswer {
+		return &ledger.OutcomeAnswer{For: func(d ledger.Decision) *ledger.Answer {
+			asked = append(asked, d)
+			return &ledger.Answer{State: state, Attempt: d.Record.Attempts, ResponseSHA256: sha, DurationMS: 2.5}
+		}}
+	}
+	lastEntry := func() ledger.AuditEntry {
+		t.Helper()
+		tail, err := e.s.AuditTail(e.ctx, 1)
+		if err != nil || len(tail) != 1 {
+			t.Fatalf("AuditTail = %v, %v", tail, err)
+		}
+		return tail[0]
+	}
+
+	c := newClaim("t1", "create_order", "fp-complete-answer")
+	d := e.claim(c)
+	wantKind(t, d, ledger.DecisionClaimed)
+	gen := d.Record.Generation
+	a := answer(ledger.StateSucceeded, "sha-completed")
+	rec, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder), Answer: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Taken || len(asked) == 0 {
+		t.Fatalf("Complete: taken %v, asked %d times; want the answer taken", a.Taken, len(asked))
+	}
+	if got := asked[len(asked)-1]; got.Kind != ledger.DecisionExecuted || got.Record != rec || got.Record.State != ledger.StateSucceeded {
+		t.Errorf("asked for %s of %p (%s), want executed of the record returned %p", got.Kind, got.Record, got.Record.State, rec)
+	}
+	if en := lastEntry(); en.Event != ledger.EventTransition || en.Decision != ledger.AuditCompleted || en.ResponseSHA256 != "sha-completed" ||
+		en.DurationMS != 2.5 || en.StateAfter != ledger.StateSucceeded || en.Attempt != 1 {
+		t.Errorf("completion's entry = %+v, want the completed transition carrying its answer", en)
+	}
+
+	// Stale: refused, nothing taken (Taken is cleared).
+	a = answer(ledger.StateSucceeded, "sha-stale")
+	a.Taken = true
+	if _, err := e.s.Complete(e.ctx, c.Actor, c.Key, gen, ledger.Outcome{State: ledger.StateFailed, Answer: a}); !errors.Is(err, ledger.ErrStaleGeneration) {
+		t.Fatalf("second Complete: %v, want ErrStaleGeneration", err)
+	}
+	if a.Taken {
+		t.Errorf("a refused completion says its answer was taken")
+	}
+
+	// An answer that contradicts the entry (another state) is not taken.
+	other := newClaim("t1", "create_order", "fp-complete-contradicts")
+	d = e.claim(other)
+	wantKind(t, d, ledger.DecisionClaimed)
+	a = answer(ledger.StateRejected, "sha-contradicts")
+	if _, err := e.s.Complete(e.ctx, other.Actor, other.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateFailed, Answer: a}); err != nil {
+		t.Fatal(err)
+	}
+	if en := lastEntry(); a.Taken || en.ResponseSHA256 != "" || en.StateAfter != ledger.StateFailed {
+		t.Errorf("a contradicting answer: taken %v, entry %+v; want not taken, the entry as it was", a.Taken, en)
+	}
+
+	// Settle takes it the same way.
+	late := newClaim("t1", "create_order", "fp-settle-answer")
+	wantKind(t, e.claim(late), ledger.DecisionClaimed)
+	a = answer(ledger.StateSucceeded, "sha-settled")
+	rec, err = e.s.Settle(e.ctx, ledger.SettleRequest{Actor: late.Actor, Key: late.Key, From: []ledger.State{ledger.StateInProgress},
+		Outcome: ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder), Answer: a}, Why: "late answer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if en := lastEntry(); !a.Taken || en.ResponseSHA256 != "sha-settled" || en.StateAfter != ledger.StateSucceeded || asked[len(asked)-1].Record != rec {
+		t.Errorf("Settle: taken %v, entry %+v; want the settled transition carrying its answer", a.Taken, en)
+	}
+
+	log, err := e.s.AuditLog(e.ctx, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.s.VerifyAudit(e.ctx); err != nil || n != len(log) {
+		t.Errorf("VerifyAudit = %d, %v; want %d entries verified", n, err, len(log))
 	}
 }
