@@ -226,3 +226,59 @@ func contractAnswerInCompletion(t *testing.T, open func(t *testing.T, o ledger.O
 		t.Errorf("VerifyAudit = %d, %v; want %d entries verified", n, err, len(log))
 	}
 }
+
+// contractReplayIsItsOwn: the record a replay answers with is the
+// caller's own — changing it changes neither the stored record nor what
+// the next replay reads — and a replay reads the record as it is stored
+// now, after a write outside the claim (the record's compaction).
+func contractReplayIsItsOwn(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	c := newClaim("t1", "create_order", "fp-replay-own")
+	out := ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder), Error: nil, Summary: "order ord_1"}
+	wantKind(t, e.exec(c, e.ap.outcome(out)), ledger.DecisionExecuted)
+	var want string
+	for i := range 3 {
+		d := e.exec(c, e.ap.succeed(ResultOrder))
+		wantKind(t, d, ledger.DecisionReplay)
+		got := recordJSON(t, d.Record)
+		if i == 0 {
+			want = got
+		} else if got != want {
+			t.Fatalf("replay %d read %s, want %s", i, got, want)
+		}
+		// Scribble on everything the record holds.
+		d.Record.State, d.Record.Summary, d.Record.Attempts = ledger.StateFailed, "changed", 9
+		for j := range d.Record.Result {
+			d.Record.Result[j] = ' '
+		}
+		for j := range d.Record.AuditSeqs {
+			d.Record.AuditSeqs[j] = 0
+		}
+		d.Record.Error = &ledger.OpError{Code: "changed"}
+	}
+	if got := recordJSON(t, mustGet(t, e.s, "t1", c.Key)); got != want {
+		t.Errorf("stored record %s, want %s", got, want)
+	}
+	e.clock.Advance(e.opts.Retention)
+	if n, _, err := e.s.Sweep(e.ctx); err != nil || n != 1 {
+		t.Fatalf("Sweep at retention = %d compacted, %v; want 1", n, err)
+	}
+	d := e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionExpired)
+	if !d.Record.Tombstone || d.Record.Result != nil {
+		t.Errorf("after compaction a replay read %s, want the tombstone", recordJSON(t, d.Record))
+	}
+	// The key freed and used again: a replay answers the new operation.
+	e.clock.Advance(e.opts.TombstoneRetention)
+	if _, n, err := e.s.Sweep(e.ctx); err != nil || n != 1 {
+		t.Fatalf("Sweep at tombstone retention = %d deleted, %v; want 1", n, err)
+	}
+	again := e.exec(c, e.ap.outcome(ledger.Outcome{State: ledger.StateFailed, Error: &ledger.OpError{Code: "downstream_error", Message: "second"}}))
+	wantKind(t, again, ledger.DecisionExecuted)
+	d = e.exec(c, e.ap.succeed(ResultOrder))
+	wantKind(t, d, ledger.DecisionReplay)
+	if d.Record.State != ledger.StateFailed || d.Record.Incarnation != again.Record.Incarnation || d.Record.Result != nil {
+		t.Errorf("a replay of the key used again read %s, want the new operation's record", recordJSON(t, d.Record))
+	}
+	e.wantCalls(2)
+}
