@@ -197,8 +197,8 @@ func (c Claim) policyOf(e *AuditEntry) {
 
 // Answer is what a tool call was answered, as the audit records it: the
 // facts an EventAnswer entry holds (AnswerEntry), which the entry of the
-// call's own decision carries instead when the answer is known as that
-// entry is written (Claim.Answer).
+// call's own decision, or of its outcome, carries instead when the answer
+// is known as that entry is written (Claim.Answer, Outcome.Answer).
 type Answer struct {
 	State    State
 	Attempt  int
@@ -209,9 +209,9 @@ type Answer struct {
 	// sent to the client.
 	ResponseSHA256 string
 	// DurationMS is the time from the call's start to its answer. On an
-	// entry written in the call's transaction (a claim that ran) the
-	// answer is built before that transaction commits: the commit is not
-	// counted.
+	// entry written in the call's transaction (a claim that ran, a
+	// completion) the answer is built before that transaction commits:
+	// the commit is not counted.
 	DurationMS                           float64
 	ApprovalID, ApprovalStatus, Approver string
 	PolicyRule, PolicyAction             string
