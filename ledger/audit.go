@@ -197,8 +197,8 @@ func (c Claim) policyOf(e *AuditEntry) {
 
 // Answer is what a tool call was answered, as the audit records it: the
 // facts an EventAnswer entry holds (AnswerEntry), which the entry of the
-// call's own decision carries instead when the answer is known as that
-// entry is written (Claim.Answer).
+// call's own decision, or of its outcome, carries instead when the answer
+// is known as that entry is written (Claim.Answer, Outcome.Answer).
 type Answer struct {
 	State    State
 	Attempt  int
@@ -209,9 +209,9 @@ type Answer struct {
 	// sent to the client.
 	ResponseSHA256 string
 	// DurationMS is the time from the call's start to its answer. On an
-	// entry written in the call's transaction (a claim that ran) the
-	// answer is built before that transaction commits: the commit is not
-	// counted.
+	// entry written in the call's transaction (a claim that ran, a
+	// completion) the answer is built before that transaction commits:
+	// the commit is not counted.
 	DurationMS                           float64
 	ApprovalID, ApprovalStatus, Approver string
 	PolicyRule, PolicyAction             string
@@ -223,6 +223,40 @@ type Answer struct {
 // one claim (a transaction run again), and from inside the ledger's
 // write transaction: it must not block or call the store.
 type AnswerFunc func(d Decision) *Answer
+
+// OutcomeAnswer is Outcome.Answer: how a caller that records an outcome
+// with Complete or Settle — a claim that called out with no transaction
+// open — has the outcome's transition entry carry the call's answer.
+// It is used by one call, not concurrently.
+type OutcomeAnswer struct {
+	// For is asked for the answer to the recorded outcome, as the
+	// DecisionExecuted of the record as it will be committed; the rules
+	// of AnswerFunc apply (called inside the write transaction, maybe
+	// more than once).
+	For AnswerFunc
+	// Taken is set by Complete and Settle: true when they succeeded and
+	// the outcome's entry carries the answer For last gave, so the caller
+	// sends that answer and writes no EventAnswer entry; false when the
+	// answer contradicted the entry (takeAnswer), For gave nil, or the
+	// call failed.
+	Taken bool
+}
+
+// onto is an option of saveTransition that recording rec's outcome
+// takes: the entry takes the answer For gives for rec, and *ok reports
+// whether it did. A nil OutcomeAnswer asks nothing.
+func (a *OutcomeAnswer) onto(rec *Record, ok *bool) func(*AuditEntry) {
+	return func(e *AuditEntry) {
+		*ok = a != nil && a.For != nil && e.takeAnswer(a.For(Decision{Kind: DecisionExecuted, Record: rec}))
+	}
+}
+
+// settle sets Taken once the outcome's transaction has ended with err.
+func (a *OutcomeAnswer) settle(taken bool, err error) {
+	if a != nil {
+		a.Taken = taken && err == nil
+	}
+}
 
 // AnswerEntry is the EventAnswer entry of a call of tool about key that
 // was answered a: the form for a call whose decision's entry could not

@@ -1,11 +1,14 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,7 +36,7 @@ func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision,
 	var d Decision
 	var answered bool
 	err := s.view(func(tx *ltx) error {
-		rec, err := getRecord(tx, c.Actor.Tenant, c.Key)
+		rec, err := s.finals.getRecord(tx, c.Actor.Tenant, c.Key)
 		if err != nil || rec == nil {
 			return err
 		}
@@ -58,6 +61,84 @@ func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision,
 		return err
 	})
 	return d, err
+}
+
+// finalRecords keeps the final records the claim's read path decoded
+// lately, each with the stored bytes it was decoded from, so that a
+// replay whose stored record is byte for byte the one decoded before takes
+// a copy instead of inflating and decoding it again (the decode was a
+// third of a replay's CPU in the tool service). A record whose bytes
+// changed — a tombstone, another process's write — is decoded afresh:
+// what a claim reads is always what is stored. Safe for concurrent use;
+// the zero value is ready.
+type finalRecords struct {
+	mu sync.Mutex
+	m  map[string]finalRecord // by recordKey
+}
+
+type finalRecord struct {
+	stored []byte
+	rec    *Record
+}
+
+// At most finalRecordsKept records are kept, each at most
+// finalRecordMaxBytes as stored: a few MiB at worst.
+const (
+	finalRecordsKept    = 1024
+	finalRecordMaxBytes = 4096
+)
+
+// getRecord is getRecord, from the records kept when the stored bytes are
+// those of a kept one; a final record decoded here is kept. The record
+// returned is the caller's own.
+func (f *finalRecords) getRecord(tx *ltx, tenant, key string) (*Record, error) {
+	k := recordKey(tenant, key)
+	v := tx.Bucket(bucketRecords).Get(k)
+	if v == nil {
+		return nil, nil
+	}
+	f.mu.Lock()
+	kept, ok := f.m[string(k)]
+	f.mu.Unlock()
+	if ok && bytes.Equal(kept.stored, v) {
+		return kept.rec.clone(), nil
+	}
+	rec, err := decodeStored(tenant, key, v)
+	if err != nil || !rec.State.Final() || len(v) > finalRecordMaxBytes {
+		return rec, err
+	}
+	kept = finalRecord{stored: bytes.Clone(v), rec: rec.clone()}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[string]finalRecord)
+	}
+	if _, ok := f.m[string(k)]; !ok && len(f.m) >= finalRecordsKept {
+		for old := range f.m { // any one: map order is random enough
+			delete(f.m, old)
+			break
+		}
+	}
+	f.m[string(k)] = kept
+	return rec, nil
+}
+
+// clone is a copy of r that shares nothing with it.
+func (r *Record) clone() *Record {
+	c := *r
+	c.Args, c.Result = bytes.Clone(r.Args), bytes.Clone(r.Result)
+	c.AuditSeqs = slices.Clone(r.AuditSeqs)
+	if r.Error != nil {
+		e := *r.Error
+		e.Details = bytes.Clone(e.Details)
+		c.Error = &e
+	}
+	if r.Approval != nil {
+		a := *r.Approval
+		a.Diff, a.Resource = bytes.Clone(a.Diff), bytes.Clone(a.Resource)
+		c.Approval = &a
+	}
+	return &c
 }
 
 func (s *Ledger) answer(rec *Record, kind DecisionKind) Decision {
@@ -396,7 +477,9 @@ func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, 
 		return nil, err
 	}
 	var rec *Record
+	taken := false
 	err := s.update(func(tx *ltx) error {
+		taken = false // a run again starts over
 		var err error
 		rec, err = getRecord(tx, a.Tenant, key)
 		if err != nil {
@@ -415,8 +498,9 @@ func (s *Ledger) Complete(ctx context.Context, a Actor, key string, gen uint64, 
 				return err
 			}
 		}
-		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call))
+		return s.saveTransition(tx, a, rec, StateInProgress, AuditCompleted, now, withCall(out.Call), out.Answer.onto(rec, &taken))
 	})
+	out.Answer.settle(taken, err)
 	if err != nil {
 		return nil, err
 	}

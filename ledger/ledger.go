@@ -31,8 +31,9 @@ type Ledger struct {
 	// to not, so an idle ledger's flush sleeps instead of ticking.
 	bufKick chan struct{}
 
-	clock clockState
-	watch watchers // see wait.go
+	clock  clockState
+	watch  watchers     // see wait.go
+	finals finalRecords // see claim.go
 
 	stop chan struct{}
 	done chan struct{}
@@ -315,6 +316,11 @@ func getRecord(tx *ltx, tenant, key string) (*Record, error) {
 	if v == nil {
 		return nil, nil
 	}
+	return decodeStored(tenant, key, v)
+}
+
+// decodeStored decodes v, the stored record of (tenant, key).
+func decodeStored(tenant, key string, v []byte) (*Record, error) {
 	r, err := DecodeRecord(v)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)

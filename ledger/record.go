@@ -271,6 +271,12 @@ type Outcome struct {
 	// written on the audit entry that records the outcome (read after Also
 	// has run, so Also may add to it).
 	Call *DownstreamCall
+	// Answer, when set, asks for the answer the caller will send for the
+	// outcome (Complete and Settle; Execute's and Decide's use
+	// Claim.Answer or none), so that the transition entry recording it
+	// carries the answer too, by Claim.Answer's rule, and the call leaves
+	// no answer entry of its own (OutcomeAnswer.Taken).
+	Answer *OutcomeAnswer
 }
 
 // DecisionKind says what a claim decided.

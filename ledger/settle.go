@@ -15,7 +15,9 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 		return nil, err
 	}
 	var rec *Record
+	taken := false
 	err := s.update(func(tx *ltx) error {
+		taken = false // a run again starts over
 		var err error
 		rec, err = getRecord(tx, r.Actor.Tenant, r.Key)
 		if err != nil {
@@ -75,7 +77,7 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 				}
 			}
 		}
-		if err := s.saveTransition(tx, r.Actor, rec, before, AuditDecision(r.Why), now, withCall(r.Outcome.Call), settled); err != nil {
+		if err := s.saveTransition(tx, r.Actor, rec, before, AuditDecision(r.Why), now, withCall(r.Outcome.Call), settled, r.Outcome.Answer.onto(rec, &taken)); err != nil {
 			return err
 		}
 		if r.OnHeld != nil && rec.State == StateAwaitingApproval {
@@ -83,6 +85,7 @@ func (s *Ledger) Settle(ctx context.Context, r SettleRequest) (*Record, error) {
 		}
 		return nil
 	})
+	r.Outcome.Answer.settle(taken, err)
 	if err != nil {
 		return nil, err
 	}

@@ -263,16 +263,20 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 	if claimed := find(h, "transition", "claimed"); len(claimed) != 1 || claimed[0].PolicyAction != "allow" {
 		t.Errorf("claimed transitions = %+v, want one with the policy check", claimed)
 	}
-	// The answer comes after the completion's commit: an entry of its
-	// own. A replay's answer is on its call entry.
+	// The answer is built in the completion's transaction: the completed
+	// transition carries it, and no answer entry follows (issue 12). A
+	// replay's answer is on its call entry.
+	if e := done[0]; e.ResponseSHA256 != digest(t, created) || e.DurationMS <= 0 || e.Replayed || e.StateAfter != ledger.StateSucceeded {
+		t.Errorf("completed transition = %+v, want it to carry the create's answer (digest %s)", e, digest(t, created))
+	}
 	replay := svc.Call(ctx, caller, "create_order", orderArgs(key, 1), nil)
 	if !replay.Replayed {
 		t.Fatalf("second call = %+v, want a replay", replay)
 	}
 	h = history(t, svc, key)
 	ans, rep := find(h, "answer", ""), find(h, "call", "replay")
-	if len(h) != 4 || len(ans) != 1 || ans[0].ResponseSHA256 != digest(t, created) || len(rep) != 1 || rep[0].ResponseSHA256 != digest(t, replay) || !rep[0].Replayed {
-		t.Errorf("history %+v: want claimed, completed, the create's answer entry and one replay entry carrying its answer", h)
+	if len(h) != 3 || len(ans) != 0 || len(rep) != 1 || rep[0].ResponseSHA256 != digest(t, replay) || !rep[0].Replayed {
+		t.Errorf("history %+v: want claimed, completed carrying the create's answer, and one replay entry carrying its answer", h)
 	}
 
 	failKey := uuid.NewString()
@@ -284,8 +288,17 @@ func TestAuditFieldsOrderAPI(t *testing.T) {
 		t.Fatalf("create against a 500 = %+v, want unknown", failed)
 	}
 	var fc *ledger.DownstreamCall
-	for _, e := range find(history(t, svc, failKey), "transition", "completed") {
+	fh := history(t, svc, failKey)
+	for _, e := range find(fh, "transition", "completed") {
 		fc = e.Call
+		// An unknown outcome is answered as it is recorded: its entry
+		// carries the answer too.
+		if e.StateAfter != ledger.StateUnknown || e.ErrorCode != failed.Error.Code || e.ResponseSHA256 != digest(t, failed) {
+			t.Errorf("unknown completion = %+v, want it to carry the answer %s (digest %s)", e, failed.Error.Code, digest(t, failed))
+		}
+	}
+	if ans := find(fh, "answer", ""); len(ans) != 0 {
+		t.Errorf("answer entries of the unknown create = %+v, want none", ans)
 	}
 	if fc == nil || fc.Method != "POST" || fc.Status != 500 || fc.Failure != orders.Indeterminate || fc.OrderID != "" {
 		t.Errorf("failed downstream call = %+v, want POST → 500 indeterminate, no order", fc)

@@ -74,7 +74,11 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		}
 		switch {
 		case d.Kind == ledger.DecisionClaimed:
-			return s.respond(s.runClaimed(c.actor, d.Record, run))
+			done := s.runClaimed(c.actor, d.Record, run, claim.Answer)
+			if r := c.answered(done); r != nil {
+				return r // the completion's entry carries it
+			}
+			return s.respond(done)
 		case d.Kind == ledger.DecisionBusy || (d.Kind == ledger.DecisionHeld && d.Record.State == ledger.StateInProgress):
 			// Busy, or reconciled while another duplicate re-claimed it.
 			// (Only a duplicate waits: a mismatch answers at once.)
@@ -146,7 +150,11 @@ func increasing(p Progress) Progress {
 // lease is renewed while it runs. If the lease was lost meanwhile, the
 // completion is refused by the ledger (fencing) and the record as it now
 // stands is the answer.
-func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner) ledger.Decision {
+//
+// answer, when not nil, is the call's Claim.Answer: the entry that
+// records the outcome is asked to carry the answer to it, and the
+// decision returned says whether it did (Decision.Answered).
+func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner, answer ledger.AnswerFunc) ledger.Decision {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
 	defer cancel()
 	renewed := make(chan struct{})
@@ -180,9 +188,13 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 	if out.State == ledger.StateSucceeded {
 		s.outbox.Kick()
 	}
+	if answer != nil {
+		out.Answer = &ledger.OutcomeAnswer{For: answer}
+	}
+	taken := func() bool { return out.Answer != nil && out.Answer.Taken }
 	done, err := s.ledger.Complete(context.Background(), actor, rec.Key, rec.Generation, out)
 	if err == nil {
-		return ledger.Decision{Kind: ledger.DecisionExecuted, Record: done}
+		return ledger.Decision{Kind: ledger.DecisionExecuted, Record: done, Answered: taken()}
 	}
 	if errors.Is(err, ledger.ErrStaleGeneration) && (out.State == ledger.StateSucceeded || out.State == ledger.StateFailed) {
 		// The lease ran out while the call was in flight, and the record
@@ -195,7 +207,7 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner)
 			Why:  fmt.Sprintf("late answer of attempt %d, after its lease had passed: %s", rec.Attempts, out.State),
 		})
 		if serr == nil {
-			return ledger.Decision{Kind: ledger.DecisionExecuted, Record: settled}
+			return ledger.Decision{Kind: ledger.DecisionExecuted, Record: settled, Answered: taken()}
 		}
 		s.log.Warn("late answer not recorded", "key", rec.Key, "err", serr)
 	}

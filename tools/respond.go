@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -26,6 +27,10 @@ type Response struct {
 	IsError      bool             `json:"-"`
 	// encoded caches the JSON of the finished response (Encoded).
 	encoded []byte
+	// marshaled is a ledger record's result (fromRecord): JSON that
+	// json.Marshal wrote, which Encoded copies as it is while Result
+	// holds these very bytes.
+	marshaled json.RawMessage
 }
 
 // Encoded is the response's JSON — the text the server sends and the
@@ -34,13 +39,41 @@ type Response struct {
 // be changed afterwards.
 func (r *Response) Encoded() ([]byte, error) {
 	if r.encoded == nil {
-		b, err := json.Marshal(r)
+		b, err := r.encode()
 		if err != nil {
 			return nil, err
 		}
 		r.encoded = b
 	}
 	return r.encoded, nil
+}
+
+// encode is json.Marshal(r). A result that json.Marshal wrote (a ledger
+// record's: the record's encoding compacts and escapes it) is what
+// json.Marshal would write of it again, so it is put in as it is instead
+// of being validated and compacted a second time — a replay's saved
+// result, the bulk of its answer.
+func (r *Response) encode() ([]byte, error) {
+	res := r.Result
+	if len(res) == 0 || len(r.marshaled) != len(res) || &r.marshaled[0] != &res[0] {
+		return json.Marshal(r)
+	}
+	c := *r
+	c.Result = json.RawMessage(`0`)
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return nil, err
+	}
+	// The field after replayed: no string holds this text unescaped.
+	const mark = `,"result":0`
+	i := bytes.Index(b, []byte(mark))
+	if i < 0 {
+		return json.Marshal(r)
+	}
+	out := make([]byte, 0, len(b)+len(res))
+	out = append(out, b[:i+len(mark)-1]...)
+	out = append(out, res...)
+	return append(out, b[i+len(mark):]...), nil
 }
 
 // errorCodes are the documented error codes as strings (Codes); a test
@@ -130,6 +163,10 @@ func internalError(key string) *Response {
 // carries an error: the record's own, or the one its state implies.
 func fromRecord(rec *ledger.Record) *Response {
 	r := &Response{OperationKey: rec.Key, Status: rec.State, Result: rec.Result, Error: rec.Error, Approval: answerApproval(rec.Approval), Attempts: rec.Attempts}
+	// A record's result is JSON that json.Marshal wrote: the ledger
+	// encodes a result it records (and every record) with it, and a
+	// record read back holds those bytes.
+	r.marshaled = rec.Result
 	if !rec.FirstSeenAt.IsZero() {
 		t := rec.FirstSeenAt
 		r.FirstSeenAt = &t

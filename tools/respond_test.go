@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,5 +161,43 @@ func TestCheckedMends(t *testing.T) {
 	ok := Response{Status: ledger.StateSucceeded, NextAction: NextNone}
 	if _, mended := checked(&ok); mended {
 		t.Errorf("a good answer was mended")
+	}
+}
+
+// TestEncodedIsMarshal: Encoded is json.Marshal of the response, also
+// when it puts a record's result in as it is — a result with characters
+// json.Marshal escapes, an empty object, a result replaced after the
+// response was made from the record.
+func TestEncodedIsMarshal(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	for _, result := range []string{`{"order":{"note":"<b>&amp;</b> \u2028 é","items":[1,2.5,-3e10]}}`, `{}`, `[]`, `"x"`} {
+		b, err := json.Marshal(json.RawMessage(result)) // as the ledger stores it
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := []*ledger.Record{
+			{Key: "k1", State: ledger.StateSucceeded, Result: b, Attempts: 1, FirstSeenAt: at, CompletedAt: at},
+			{Key: "k2", State: ledger.StateFailed, Result: b, Error: &ledger.OpError{Code: "downstream_error", Message: "<no>"}, Attempts: 2,
+				Approval: &ledger.Approval{ID: "apr_1", Status: ledger.ApprovalApproved, Resource: json.RawMessage(`{"a":1}`)}},
+		}
+		for _, rec := range recs {
+			for _, replayed := range []bool{false, true} {
+				r := fromRecord(rec)
+				r.Replayed = replayed
+				want, err := json.Marshal(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := r.Encoded()
+				if err != nil || string(got) != string(want) {
+					t.Errorf("Encoded = %s, %v; want %s", got, err, want)
+				}
+			}
+		}
+		r := fromRecord(recs[0])
+		r.Result = json.RawMessage(" {\"changed\" : true} ") // not the record's bytes: encoded afresh
+		if got, err := r.Encoded(); err != nil || !strings.Contains(string(got), `"result":{"changed":true}`) {
+			t.Errorf("a replaced result encoded as %s, %v", got, err)
+		}
 	}
 }

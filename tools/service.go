@@ -82,6 +82,9 @@ type Service struct {
 	closed    bool
 	lookups   lookupHealth
 	tools     map[string]descriptor
+	// prepared is how the latest side-effecting calls' arguments were
+	// prepared (prepare.go).
+	prepared preparedCalls
 }
 
 // registry lists every tool's descriptor. Adding a tool is its own file
@@ -129,8 +132,9 @@ type call struct {
 	policy approvals.Verdict
 	// refused is set when the call was refused before the ledger was asked.
 	refused *refusal
-	// args is c.req.Args as JSON, kept from decoding them (nil: not yet),
-	// and decoded those bytes as the tool's argument type (nil: not yet).
+	// args is c.req.Args as JSON (nil: not yet), kept from preparing
+	// them or decoding them, and decoded those bytes as the tool's
+	// argument type (nil: not yet).
 	args    json.RawMessage
 	decoded any
 	// early is the answer given to the ledger for its decision's audit
@@ -254,7 +258,13 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 	}
 	c := &call{actor: actor, progress: progress, started: time.Now()}
 	defer s.finish(c, name, t.ReadOnly, &resp)
-	req, err := s.schemas.Prepare(name, args)
+	var req *schemas.Request
+	var err error
+	if t.effect != nil { // retried with the same arguments by design
+		req, c.args, err = s.prepared.prepare(s.schemas, name, args)
+	} else {
+		req, err = s.schemas.Prepare(name, args)
+	}
 	if err != nil {
 		var ve *schemas.ValidationError
 		if !errors.As(err, &ve) {

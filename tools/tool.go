@@ -29,10 +29,13 @@ type descriptor struct {
 func define[A any](spec Spec, run func(s *Service, ctx context.Context, c *call, a A) *Response, eff *sideEffect[A]) descriptor {
 	d := descriptor{Spec: spec, run: func(s *Service, ctx context.Context, c *call) *Response {
 		// The JSON of the arguments is kept for the ledger (execute), so
-		// they are encoded once per call.
-		b, err := json.Marshal(c.req.Args)
-		if err != nil {
-			return s.ledgerError(c, err)
+		// they are encoded once per call (or known from preparing them).
+		b := c.args
+		if b == nil {
+			var err error
+			if b, err = json.Marshal(c.req.Args); err != nil {
+				return s.ledgerError(c, err)
+			}
 		}
 		var a A
 		if err := json.Unmarshal(b, &a); err != nil {

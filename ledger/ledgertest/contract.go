@@ -171,6 +171,8 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"OnHeld", contractOnHeld},
 		{"AuditHistoryOfKey", contractAuditHistoryOfKey},
 		{"AnswerInEntry", contractAnswerInEntry},
+		{"AnswerInCompletion", contractAnswerInCompletion},
+		{"ReplayIsItsOwn", contractReplayIsItsOwn},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })
