@@ -285,7 +285,7 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 			}
 			unindexed = ledger.AuditUnindexed(btx{tx})
 			return tx.ForEach(func(name []byte, _ *bbolt.Bucket) error {
-				if !isLedgerBucket(name) && len(foreign) < 5 {
+				if !slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) }) && len(foreign) < 5 {
 					foreign = append(foreign, strconv.Quote(string(name)))
 				}
 				return nil
@@ -335,8 +335,7 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 			}
 		}
 	}
-	nested := v < 2 // the downstream collections are in "data"
-	if len(missing) == 0 && !unindexed && !nested {
+	if len(missing) == 0 && !unindexed {
 		return nil
 	}
 	if readOnly {
@@ -349,14 +348,9 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 		return fmt.Errorf("ledger %s lacks the buckets %s (written by an older idemgate): open it once with idemgate serve to add them", path, strings.Join(missing, ", "))
 	}
 	// A ledger written before a bucket, or the per-key audit index, was
-	// added, or of schema version 1.
+	// added.
 	return guard(path, func() error {
 		return db.Update(func(tx *bbolt.Tx) error {
-			if nested {
-				if err := unnestData(tx); err != nil {
-					return fmt.Errorf("ledger %s: moving its downstream collections out of %q: %w", path, bucketData, err)
-				}
-			}
 			for _, name := range allBuckets {
 				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 					return err
@@ -365,40 +359,6 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 			return ledger.Upgrade(btx{tx})
 		})
 	})
-}
-
-// unnestData brings a file of schema version 1 to version 2: it moves
-// every bucket nested in "data" to the top level, removes "data" and
-// marks the file. Moving a bucket moves its header, not its pages, so it
-// costs a few pages whatever the collections hold. It fails, changing
-// nothing, when "data" holds a key that is not a bucket or a bucket
-// whose name is taken at the top level (no build wrote either).
-func unnestData(tx *bbolt.Tx) error {
-	if data := tx.Bucket(bucketData); data != nil {
-		var names [][]byte
-		err := data.ForEach(func(k, v []byte) error {
-			switch {
-			case v != nil:
-				return fmt.Errorf("it holds the key %q, not a bucket", k)
-			case isLedgerBucket(k) || tx.Bucket(k) != nil:
-				return fmt.Errorf("its collection %q has the name of a top-level bucket", k)
-			}
-			names = append(names, bytes.Clone(k))
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, name := range names {
-			if err := tx.MoveBucket(name, data, nil); err != nil {
-				return fmt.Errorf("collection %q: %w", name, err)
-			}
-		}
-		if err := tx.DeleteBucket(bucketData); err != nil {
-			return err
-		}
-	}
-	return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(strconv.Itoa(boltSchemaVersion)))
 }
 
 func (s *backend) view(fn func(*bbolt.Tx) error) error {
@@ -600,25 +560,18 @@ func (t btx) Bucket(name []byte) ledger.Bucket {
 	return bucket{b}
 }
 
-// Data keeps the downstream collections as top-level buckets beside the
-// ledger's (in a file of schema version 1, opened read-only, nested in
-// "data"). A downstream collection may not take a ledger collection's name.
+// Data keeps the downstream collections as buckets nested in "data".
 func (t btx) Data(name string, create bool) (ledger.Bucket, error) {
-	key := []byte(name)
-	if isLedgerBucket(key) {
-		return nil, fmt.Errorf("ledger: %q is the name of a ledger collection, not available to a downstream one", name)
-	}
-	var b *bbolt.Bucket
-	var err error
-	if data := t.tx.Bucket(bucketData); data != nil {
-		if b = data.Bucket(key); b == nil && create {
-			b, err = data.CreateBucket(key)
+	data := t.tx.Bucket(bucketData)
+	b := data.Bucket([]byte(name))
+	if b == nil {
+		if !create {
+			return nil, nil
 		}
-	} else if b = t.tx.Bucket(key); b == nil && create {
-		b, err = t.tx.CreateBucket(key)
-	}
-	if err != nil || b == nil {
-		return nil, err
+		var err error
+		if b, err = data.CreateBucket([]byte(name)); err != nil {
+			return nil, err
+		}
 	}
 	if slices.Contains(appendData, name) {
 		b.FillPercent = appendFillPercent

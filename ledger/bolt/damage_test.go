@@ -94,8 +94,8 @@ var (
 		bucket: func(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(bucketRecords) }}
 	// The applier's data collection: written only by the transaction that
 	// executes an operation, as the embedded orders are.
-	effectsSite = damageSite{name: effectsCollection, prefix: "t1:", suffix: "/1",
-		bucket: func(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket([]byte(effectsCollection)) }}
+	effectsSite = damageSite{name: "data/" + effectsCollection, prefix: "t1:", suffix: "/1",
+		bucket: func(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(bucketData).Bucket([]byte(effectsCollection)) }}
 )
 
 // damagedFile is a ledger file that damagedLedger wrote and damaged.

@@ -61,7 +61,7 @@ func TestCreatePages(t *testing.T) {
 		}
 		prev = m
 	}
-	for _, tree := range []string{"records", "by_time", "expiry", "fp_index", "audit", effectsCollection, OwnerRoot, OwnerFreelist, OwnerMeta} {
+	for _, tree := range []string{"records", "by_time", "expiry", "fp_index", "audit", "data/" + effectsCollection, "data", OwnerRoot, OwnerFreelist, OwnerMeta} {
 		if sum[tree] < n {
 			t.Errorf("%s: %d pages written by %d creates, want at least one each", tree, sum[tree], n)
 		}

@@ -1,32 +1,19 @@
 package bolt
 
-import (
-	"bytes"
-	"slices"
-
-	"idemgate/ledger"
-)
+import "idemgate/ledger"
 
 // The bbolt file's layout: every bucket name, meta key and the on-disk
 // schema version live here. The ledger's collections (ledger.Collections)
-// and the downstream collections (orders, outbox, …: ledger.BTx.Data) are
-// all top-level buckets.
-//
-// Schema version 1 nested the downstream collections in a bucket "data".
-// Every commit that wrote one of them then rewrote a page of "data" (the
-// nested buckets' headers) besides the root page (a create: 1 of its 33
-// pages at 10 000 records). A writable open of a version-1 file moves them
-// to the top level (bbolt's MoveBucket: their pages stay where they are)
-// and marks the file version 2, in one transaction; a read-only open reads
-// them where they are (btx.Data).
-const boltSchemaVersion = 2
+// are top-level buckets; the downstream collections are buckets nested in
+// "data".
+const boltSchemaVersion = 1
 
 var (
 	bucketMeta       = []byte(ledger.MetaCollection)
 	bucketRecords    = []byte(ledger.RecordsCollection)
 	bucketAudit      = []byte(ledger.AuditCollection)
 	bucketAuditByKey = []byte(ledger.AuditByKeyCollection)
-	bucketData       = []byte("data") // schema version 1: collection → nested bucket of downstream data
+	bucketData       = []byte("data") // collection → nested bucket of downstream data
 	keySchemaVersion = []byte("schema_version")
 	keyMagic         = []byte("magic")        // ledgerMagic: written when the file is created, or when a schema-1 ledger of the build before it is first opened writable
 	keyCreatedAt     = []byte("created_at")   // RFC 3339, when the file was created
@@ -42,22 +29,18 @@ const ledgerMagic = "idemgate-ledger"
 // without the magic.
 var legacyCore = []string{"meta", "records", "by_time", "audit"}
 
-// allBuckets are the ledger's collections: top-level buckets every
-// writable open makes sure of.
+// allBuckets are the file's top-level buckets: the ledger's collections,
+// with "data" after "audit" (the order of the buckets' creation).
 var allBuckets = func() [][]byte {
 	var out [][]byte
 	for _, c := range ledger.Collections() {
 		out = append(out, []byte(c))
+		if c == ledger.AuditCollection {
+			out = append(out, bucketData)
+		}
 	}
 	return out
 }()
-
-// isLedgerBucket reports whether name is one of allBuckets, or "data"
-// (which a file of schema version 1 has): a name no downstream
-// collection may take.
-func isLedgerBucket(name []byte) bool {
-	return bytes.Equal(name, bucketData) || slices.ContainsFunc(allBuckets, func(b []byte) bool { return bytes.Equal(b, name) })
-}
 
 // appendBuckets are the collections whose keys begin with a time or a
 // sequence number, so new keys land at (or near) the end: their pages are
