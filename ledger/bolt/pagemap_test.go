@@ -66,6 +66,14 @@ func TestCreatePages(t *testing.T) {
 			t.Errorf("%s: %d pages written by %d creates, want at least one each", tree, sum[tree], n)
 		}
 	}
+	// The root bucket's headers (and the inline buckets: meta's clocks)
+	// and the data bucket's fit a page each: a commit writes one of each,
+	// never a split root's branch and leaves.
+	for _, tree := range []string{OwnerRoot, "data", OwnerFreelist, OwnerMeta} {
+		if sum[tree] != n {
+			t.Errorf("%s: %d pages written by %d creates, want one each", tree, sum[tree], n)
+		}
+	}
 	for _, tree := range slices.Sorted(maps.Keys(sum)) {
 		t.Logf("%-20s %5.2f pages per create commit", tree, float64(sum[tree])/n)
 	}
