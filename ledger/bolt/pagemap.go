@@ -264,13 +264,3 @@ func (m *PageMap) Written(prev *PageMap) (commits int64, trees []TreeWrites) {
 	})
 	return commits, trees
 }
-
-// Pages returns how many pages (with their overflow pages: a span counts
-// once) of each tree m reaches.
-func (m *PageMap) Pages() map[string]int {
-	out := map[string]int{}
-	for _, p := range m.pages {
-		out[p.owner]++
-	}
-	return out
-}
