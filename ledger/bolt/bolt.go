@@ -59,12 +59,15 @@ type backend struct {
 }
 
 // CommitStats counts this process's commits of a ledger file: the
-// read-write transactions committed and the pages they wrote (bbolt's
-// write count: one per page or run of overflow pages, the meta page
-// included). Tests pin the pages a create costs with it.
+// read-write transactions committed, the pages they wrote (bbolt's write
+// count: one per page or run of overflow pages, the freelist and the meta
+// page included) and the time their writes took (bbolt's write time: the
+// pages written, fdatasync, the meta page written, fdatasync again). Tests
+// pin the pages a create costs with it.
 type CommitStats struct {
 	Commits    int64
 	PageWrites int64
+	WriteTime  time.Duration
 }
 
 // CommitStats returns what this process's commits of f wrote so far.
@@ -513,6 +516,7 @@ func (s *backend) guardedUpdate(db *bbolt.DB, fn func(*bbolt.Tx) error) error {
 				s.statsMu.Lock()
 				s.stats.Commits++
 				s.stats.PageWrites += st.GetWrite()
+				s.stats.WriteTime += st.GetWriteTime()
 				s.statsMu.Unlock()
 			})
 			return fn(tx)
