@@ -2,6 +2,7 @@ package forward_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bbolt "go.etcd.io/bbolt"
 
@@ -613,5 +615,67 @@ func TestReadAheadRandomWalks(t *testing.T) {
 	}
 	if v2.PrefetchHits() < 50 {
 		t.Errorf("only %d reads were read ahead or prefetched", v2.PrefetchHits())
+	}
+}
+
+// TestOldMarkersPruned: a forwarded Update's commit drops the markers
+// older than ten minutes (a few at a time) and keeps the newer ones, its
+// own among them.
+func TestOldMarkersPruned(t *testing.T) {
+	c := newClient(t, newWriter(t))
+	marker := func(age time.Duration) []byte {
+		m := forward.NewMarker()
+		binary.BigEndian.PutUint64(m, uint64(time.Now().Add(-age).UnixNano()))
+		return m
+	}
+	old, recent := marker(11*time.Minute), marker(9*time.Minute)
+	update(t, c, func(tx ledger.BTx) error {
+		b, err := tx.Data(forward.MarkerCollection, true)
+		if err != nil {
+			return err
+		}
+		put(t, b, string(old), "")
+		put(t, b, string(recent), "")
+		return nil
+	})
+	mine := forward.NewMarker()
+	if err := c.Update(ctx, mine, func(ledger.BTx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.View(ctx, func(tx ledger.BTx) error {
+		for _, m := range []struct {
+			name   string
+			marker []byte
+			want   bool
+		}{{"11 minutes old", old, false}, {"9 minutes old", recent, true}, {"the Update's own", mine, true}} {
+			if got := forward.Committed(tx, m.marker); got != m.want {
+				t.Errorf("the marker %s is kept: %v, want %v", m.name, got, m.want)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLedgerCollectionRemembered: a ledger collection seen to exist on a
+// connection is not asked for again there (a writable backend never drops
+// one).
+func TestLedgerCollectionRemembered(t *testing.T) {
+	c := newClient(t, newWriter(t))
+	bucket := func(tx ledger.BTx) error {
+		if tx.Bucket([]byte(ledger.AuditCollection)) == nil {
+			t.Errorf("Bucket(%s) = nil", ledger.AuditCollection)
+		}
+		return nil
+	}
+	update(t, c, bucket) // the one connection, idle between transactions
+	trips := c.RoundTrips()
+	update(t, c, bucket)
+	if err := c.View(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.RoundTrips() - trips; n != 0 {
+		t.Errorf("a ledger collection seen before cost %d round trips, want 0", n)
 	}
 }
