@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -677,5 +678,44 @@ func TestLedgerCollectionRemembered(t *testing.T) {
 	}
 	if n := c.RoundTrips() - trips; n != 0 {
 		t.Errorf("a ledger collection seen before cost %d round trips, want 0", n)
+	}
+}
+
+// TestReadAheadBoundedInBytes: a read-ahead stops after the pair that
+// passes 16 KiB, so a walk over values of 10 KiB takes at most two moves
+// from each read-ahead, and still reads every pair.
+func TestReadAheadBoundedInBytes(t *testing.T) {
+	c := newClient(t, newWriter(t))
+	var kv []string
+	for i := range 12 {
+		kv = append(kv, fmt.Sprintf("k%02d", i), strings.Repeat(strconv.Itoa(i%10), 10<<10))
+	}
+	seed(t, c, kv...)
+	run, maxRun, n := 0, 0, 0
+	if err := c.View(ctx, func(tx ledger.BTx) error {
+		cur := coll(t, tx).Cursor()
+		for k, v := cur.First(); k != nil; {
+			if want := fmt.Sprintf("k%02d", n); string(k) != want || len(v) != 10<<10 {
+				t.Errorf("move %d: %s, %d bytes; want %s, 10 KiB", n, k, len(v), want)
+			}
+			n++
+			hits := c.PrefetchHits()
+			k, v = cur.Next()
+			if c.PrefetchHits() > hits {
+				run++
+				maxRun = max(maxRun, run)
+			} else {
+				run = 0
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n != 12 {
+		t.Errorf("the walk read %d pairs, want 12", n)
+	}
+	if maxRun == 0 || maxRun > 2 {
+		t.Errorf("the walk took up to %d moves in a row from a read-ahead, want 1 or 2", maxRun)
 	}
 }
