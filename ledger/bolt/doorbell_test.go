@@ -36,6 +36,7 @@ func TestDoorbellHandsOverWithoutPolling(t *testing.T) {
 	})
 	h.mu.Lock()
 	h.poll, h.bellPoll, h.idleClose = time.Hour, time.Hour, time.Hour
+	wakes := h.wakes // the ended watch's passes
 	h.mu.Unlock()
 	// The reader's lock files open now, with no watch to hear them; the
 	// reader's file then closes when idle (or when the writer rings).
@@ -51,8 +52,14 @@ func TestDoorbellHandsOverWithoutPolling(t *testing.T) {
 	waitFor(t, "the writer's new watch to make its first probe", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		return h.db != nil && h.belled && h.wakes > 0
+		return h.db != nil && h.wakes > wakes
 	})
+	h.mu.Lock()
+	belled := h.belled
+	h.mu.Unlock()
+	if !belled {
+		t.Fatal("the writer's watch has no doorbell")
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.Get(ctx, "t1", "no such key")
