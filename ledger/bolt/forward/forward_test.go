@@ -400,7 +400,7 @@ func walkValue(key, tag string, n int) []byte {
 func TestReadAheadIsExact(t *testing.T) {
 	dial := newWriter(t)
 	v2, v1 := newClient(t, dial), newClient(t, v1Proxy(t, dial))
-	walk := func(u updater, name string) (moves []string, final []string) {
+	walk := func(u updater, name string) (all []string, final []string) {
 		other := name + "-log"
 		if err := u(func(tx ledger.BTx) error {
 			b, err := tx.Data(name, true)
@@ -418,9 +418,10 @@ func TestReadAheadIsExact(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		var moves []string
 		for round := range 3 { // later rounds with what the Client learned
 			if err := u(func(tx ledger.BTx) error {
-				moves = moves[:0]
+				moves = moves[:0] // fn may run again
 				b, _ := tx.Data(name, false)
 				log, _ := tx.Data(other, false)
 				cur := b.Cursor()
@@ -463,8 +464,9 @@ func TestReadAheadIsExact(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
+			all = append(all, moves...)
 		}
-		return moves, append(contents(t, u, name), contents(t, u, other)...)
+		return all, append(contents(t, u, name), contents(t, u, other)...)
 	}
 	hits := v2.PrefetchHits()
 	m2, f2 := walk(clientUpdater(v2), "walk2")
@@ -519,10 +521,10 @@ func TestReadAheadRandomWalks(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		var out []string
+		var out, rounds []string
 		for round := range 4 {
 			if err := u(func(tx ledger.BTx) error {
-				out = out[:0]
+				out = out[:0] // fn may run again
 				r := rand.New(rand.NewSource(seed*10 + int64(round)))
 				b, _ := tx.Data(name, false)
 				o, _ := tx.Data(other, false)
@@ -589,8 +591,9 @@ func TestReadAheadRandomWalks(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
+			rounds = append(rounds, out...)
 		}
-		return strings.Join(out, " "), append(contents(t, u, name), contents(t, u, other)...)
+		return strings.Join(rounds, " "), append(contents(t, u, name), contents(t, u, other)...)
 	}
 	direct := directUpdater(t)
 	// Values of up to 17 bytes keep a collection in one page; of up to
