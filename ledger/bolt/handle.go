@@ -44,6 +44,7 @@ type handle struct {
 	opening  bool
 	yielding bool // another process waits: start nothing new, close when idle
 	belled   bool // the open file's watch has a doorbell: release need not probe
+	wakes    int  // passes of the watches so far: each one's first, then one per wake-up (tests count them)
 	active   int
 	lastUse  time.Time
 	closed   bool
@@ -257,6 +258,7 @@ func (h *handle) watch(db *bbolt.DB, done chan struct{}) {
 			h.mu.Unlock()
 			return
 		}
+		h.wakes++
 		if !h.yielding && h.lock.othersWaiting() {
 			h.yielding = true
 		}

@@ -30,6 +30,7 @@ const (
 	helperIndexEnv = "IDEMGATE_LEDGER_HELPER_INDEX" // this helper's number
 	helperCallsEnv = "IDEMGATE_LEDGER_HELPER_CALLS" // how many Execute calls
 	helperReport   = "HELPER-REPORT "
+	helperReady    = "HELPER-READY" // the helper has opened the ledger
 )
 
 // helperResult is what one helper process reports.
@@ -41,6 +42,9 @@ type helperResult struct {
 	MaxMS    float64  `json:"max_ms"`
 	TotalMS  float64  `json:"total_ms"`
 	Errors   []string `json:"errors,omitempty"`
+	// Writer: this process was the file's writer when every helper had
+	// opened it (the others forward their transactions to it).
+	Writer bool `json:"writer"`
 }
 
 // helperKeys is the key sequence of helper index in mode: in "mixed" every
@@ -98,10 +102,13 @@ func TestHelperProcess(t *testing.T) {
 		report()
 		return
 	}
-	// Wait for the parent's start signal, so every helper begins at once.
+	// Wait for the parent's start signal, given once every helper has
+	// opened the file, so every helper begins at once.
+	fmt.Println(helperReady)
 	if _, err := io.ReadFull(os.Stdin, make([]byte, 1)); err != nil {
 		res.Errors = append(res.Errors, "start signal: "+err.Error())
 	}
+	res.Writer = s.sh.isWriter() // every helper has the file open
 	ctx := context.Background()
 	apply := helperApply(index)
 	begin := time.Now()
@@ -142,27 +149,56 @@ func runHelpers(t *testing.T, mode, path string, procs, calls int) []helperResul
 	type proc struct {
 		cmd    *exec.Cmd
 		stdin  io.WriteCloser
-		stdout bytes.Buffer
+		stdout bytes.Buffer  // once done is closed
+		done   chan struct{} // stdout was read to its end
 		stderr bytes.Buffer
 	}
+	ready := make(chan int, procs)
 	ps := make([]*proc, procs)
 	for i := range ps {
-		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.timeout=60s")}
+		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.timeout=60s"), done: make(chan struct{})}
 		p.cmd.Env = append(os.Environ(),
 			helperModeEnv+"="+mode,
 			helperPathEnv+"="+path,
 			helperIndexEnv+"="+strconv.Itoa(i),
 			helperCallsEnv+"="+strconv.Itoa(calls),
 		)
-		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+		p.cmd.Stderr = &p.stderr
 		var err error
 		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+		out, err := p.cmd.StdoutPipe()
+		if err != nil {
 			t.Fatal(err)
 		}
 		if err := p.cmd.Start(); err != nil {
 			t.Fatalf("start helper %d: %v", i, err)
 		}
+		go func() {
+			defer close(p.done)
+			sent := false
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if sc.Text() == helperReady && !sent {
+					ready <- i
+					sent = true
+				}
+				p.stdout.WriteString(sc.Text() + "\n")
+			}
+			io.Copy(io.Discard, out)
+			if !sent { // it failed before it was ready: its report says why
+				ready <- i
+			}
+		}()
 		ps[i] = p
+	}
+	for range ps { // every helper has opened the file (or failed: it reports)
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			t.Fatal("the helpers did not all open the ledger in 60 s")
+		}
 	}
 	for _, p := range ps { // the start signal
 		p.stdin.Write([]byte{1})
@@ -170,6 +206,7 @@ func runHelpers(t *testing.T, mode, path string, procs, calls int) []helperResul
 	}
 	results := make([]helperResult, procs)
 	for i, p := range ps {
+		<-p.done
 		err := p.cmd.Wait()
 		var line string
 		sc := bufio.NewScanner(&p.stdout)
@@ -198,8 +235,11 @@ func checkHelpers(t *testing.T, mode, path string, results []helperResult, calls
 			distinct[k] = true
 		}
 	}
-	executed := 0
+	executed, writers := 0, 0
 	for _, r := range results {
+		if r.Writer {
+			writers++
+		}
 		t.Logf("process %d: %d/%d calls done (%d executed, %d replayed) in %.0f ms, max single call %.1f ms",
 			r.Index, r.Done, calls, r.Executed, r.Replayed, r.TotalMS, r.MaxMS)
 		for _, e := range r.Errors {
@@ -215,6 +255,9 @@ func checkHelpers(t *testing.T, mode, path string, results []helperResult, calls
 	}
 	if executed != len(distinct) {
 		t.Errorf("%d executions reported across processes, want one per key: %d", executed, len(distinct))
+	}
+	if writers != 1 {
+		t.Errorf("%d of %d processes were the file's writer once all had opened it, want 1 (the others forward)", writers, len(results))
 	}
 
 	s := mustOpenPath(t, path, ledger.Options{})

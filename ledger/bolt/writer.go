@@ -52,6 +52,10 @@ type shared struct {
 
 	// For tests and logs: writers lost, and outcomes read back.
 	failovers, readBacks atomic.Int64
+	// afterCurrent, when set (by a test, before any call), runs in
+	// current just before it returns the client to use, so a test can
+	// run a failover exactly between current and the call on the client.
+	afterCurrent func(client *forward.Client)
 }
 
 // failoverWait bounds how long a forwarder waits for a new writer (its
@@ -225,11 +229,15 @@ func (s *shared) dial() (net.Conn, error) {
 // else the client to the writer.
 func (s *shared) current() (*backend, *forward.Client, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	local, client, closed := s.local, s.client, s.closed
+	s.mu.Unlock()
+	if closed {
 		return nil, nil, ledger.ErrClosed
 	}
-	return s.local, s.client, nil
+	if s.afterCurrent != nil {
+		s.afterCurrent(client)
+	}
+	return local, client, nil
 }
 
 // replaced reports whether c is no longer how this process reaches the

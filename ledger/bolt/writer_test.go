@@ -5,19 +5,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"idemgate/ledger"
+	"idemgate/ledger/bolt/forward"
 	"idemgate/ledger/ledgertest"
 )
 
@@ -423,4 +427,188 @@ func TestSocketPathTooLongNoRuntimeDir(t *testing.T) {
 	if _, err := socketPath(path); err == nil {
 		t.Error("a socket directory open to others was accepted")
 	}
+}
+
+// TestFailoverBetweenCurrentAndCall: a failover in another goroutine
+// replaces and closes the forwarder's client after current() returned it
+// and before the call on it; the client refuses the call as closed (it
+// never began), and the call runs again on what replaced the client — a
+// new client to the same writer, or this process as the writer — instead
+// of failing with ledger.ErrClosed. In "read back", the failover comes
+// after an Update whose outcome was unknown, between current() and the
+// ReadBack of its marker.
+func TestFailoverBetweenCurrentAndCall(t *testing.T) {
+	for _, call := range []string{"update", "view", "read back"} {
+		for _, becomeWriter := range []bool{false, true} {
+			name := call + "/new client"
+			if becomeWriter {
+				name = call + "/this process the writer"
+			}
+			t.Run(name, func(t *testing.T) { failoverBetweenCurrentAndCall(t, call, becomeWriter) })
+		}
+	}
+}
+
+func failoverBetweenCurrentAndCall(t *testing.T, call string, becomeWriter bool) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	w, err := Open(path, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	var cut *atomic.Bool
+	if call == "read back" {
+		var sock string
+		sock, cut = cutProxy(t, w.sh.sock)
+		if err := os.WriteFile(path+".writer", []byte(sock), 0o600); err != nil { // forwarders dial the proxy
+			t.Fatal(err)
+		}
+	}
+	f := openForwarder(t, path, ledger.Options{})
+	defer f.Close()
+	s := f.sh
+	runs := 0 // of the Update's fn
+	put := func(k, v string) func(ledger.BTx) error {
+		return func(tx ledger.BTx) error {
+			runs++
+			b, err := tx.Data("t", true)
+			if err != nil {
+				return err
+			}
+			if cut != nil && runs == 1 {
+				cut.Store(true) // the writer's answer to this commit never arrives
+			}
+			return b.Put([]byte(k), []byte(v))
+		}
+	}
+	if call == "view" {
+		if err := s.Update(ctx, put("k", "seeded")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs = 0
+
+	// The failover runs once, at the first client current returns: in
+	// "read back", the one that replaced the client lost with the commit.
+	first := s.client
+	var replaced *forward.Client
+	s.afterCurrent = func(c *forward.Client) {
+		if c == nil || replaced != nil || (cut != nil && c == first) {
+			return
+		}
+		replaced = c
+		if becomeWriter {
+			if err := w.Close(); err != nil {
+				t.Error(err)
+			}
+		}
+		done := make(chan error)
+		go func() { done <- s.failover(c) }()
+		if err := <-done; err != nil {
+			t.Errorf("failover: %v", err)
+		}
+	}
+	var got string
+	switch call {
+	case "update", "read back":
+		err = s.Update(ctx, put("k", "v"))
+	case "view":
+		err = s.View(ctx, func(tx ledger.BTx) error {
+			b, err := tx.Data("t", false)
+			if err == nil && b != nil {
+				got = string(b.Get([]byte("k")))
+			}
+			return err
+		})
+	}
+	s.afterCurrent = nil
+	if err != nil {
+		t.Fatalf("%s with a failover between current and the call: %v", call, err)
+	}
+	if replaced == nil {
+		t.Fatal("no failover ran between current and the call")
+	}
+	if call == "read back" && s.readBacks.Load() == 0 {
+		t.Error("the Update's outcome was never unknown: nothing was read back")
+	}
+	// Refused as closed, the call never began; read back, the Update was
+	// found committed: either way fn ran once.
+	if call != "view" && runs != 1 {
+		t.Errorf("the Update's fn ran %d times, want 1", runs)
+	}
+	if err := replaced.Update(ctx, forward.NewMarker(), func(ledger.BTx) error { return nil }); !errors.Is(err, ledger.ErrClosed) {
+		t.Errorf("the replaced client's Update = %v, want ledger.ErrClosed", err)
+	}
+	if s.isWriter() != becomeWriter {
+		t.Errorf("this process is the writer: %v, want %v", s.isWriter(), becomeWriter)
+	}
+	if err := s.View(ctx, func(tx ledger.BTx) error {
+		b, err := tx.Data("t", false)
+		if err == nil && b != nil && call != "view" {
+			got = string(b.Get([]byte("k")))
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[bool]string{true: "seeded", false: "v"}[call == "view"]
+	if got != want {
+		t.Errorf("k = %q, want %q", got, want)
+	}
+}
+
+// cutProxy relays connections to the unix socket sock. Once the returned
+// flag is set, the next answer from sock is not passed on: the proxy
+// closes that connection and clears the flag, so a forwarder that had
+// sent its commit does not learn whether it committed.
+func cutProxy(t *testing.T, sock string) (string, *atomic.Bool) {
+	dir, err := os.MkdirTemp("", "cut") // short: a socket's path is at most 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ln, err := net.Listen("unix", filepath.Join(dir, "p.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	cut := new(atomic.Bool)
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("unix", sock)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go func() {
+				io.Copy(out, in)
+				out.Close()
+			}()
+			go func() {
+				defer in.Close()
+				defer out.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := out.Read(buf)
+					if n > 0 && cut.CompareAndSwap(true, false) {
+						return
+					}
+					if n > 0 {
+						if _, err := in.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), cut
 }
