@@ -329,7 +329,13 @@ func decodeStored(tenant, key string, v []byte) (*Record, error) {
 }
 
 func putRecord(tx *ltx, r *Record) error {
-	v, err := EncodeRecord(r)
+	return putRecordWith(tx, r, EncodeRecord)
+}
+
+// putRecordWith is putRecord with the record encoded by encode (one of
+// format 2's writers).
+func putRecordWith(tx *ltx, r *Record, encode func(*Record) ([]byte, error)) error {
+	v, err := encode(r)
 	if err != nil {
 		return err
 	}

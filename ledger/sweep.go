@@ -203,7 +203,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 						}
 						continue
 					}
-					if err := putRecord(tx, tombstone(rec)); err != nil {
+					if err := putRecordWith(tx, tombstone(rec), encodeTombstone); err != nil {
 						return err
 					}
 					at := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
