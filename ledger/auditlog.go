@@ -105,8 +105,8 @@ func keepAuditSeqLocked(tx BTx, rec *Record, e *AuditEntry) error {
 
 // indexRecordAuditLocked moves the audit entries rec numbers, and the
 // unindexed entries of its key near them (see auditNear), to the per-key
-// index (before rec is deleted, or when it holds too many); the caller
-// holds tx.
+// index, one index entry each (when rec holds too many); the caller holds
+// tx.
 func indexRecordAuditLocked(tx BTx, rec *Record) error {
 	near, err := nearAuditEntries(tx, rec.Tenant, rec.Key, rec.AuditSeqs)
 	if err != nil {
@@ -122,13 +122,69 @@ func indexRecordAuditLocked(tx BTx, rec *Record) error {
 	return nil
 }
 
+// keepRecordAuditLocked keeps the numbers of the audit entries rec
+// numbers, before rec is deleted, as one per-key index entry: tenant \x00
+// key \x00 (the newest of them) → all of them, 8 bytes BE each. A
+// reader scans near them (auditNear) for the key's unindexed entries, as
+// it does near a record's, so deleting a record reads no audit entry and
+// writes one index entry, not one per entry. A build that reads the
+// index by its keys alone finds the newest of them. PruneAudit removes
+// the entry with its newest, indexing one by one the entries near it that
+// it keeps. The caller holds tx.
+func keepRecordAuditLocked(tx BTx, rec *Record) error {
+	if len(rec.AuditSeqs) == 0 {
+		return nil
+	}
+	seqs := slices.Sorted(slices.Values(rec.AuditSeqs))
+	newest := seqs[len(seqs)-1]
+	if k, _ := tx.Bucket(bucketAudit).Cursor().First(); len(k) == 8 && beUint64(k) > newest {
+		// Pruned already, and no prune will see the newest go: the kept
+		// entries near them are indexed one by one (seldom any: the
+		// scan starts past the window).
+		near, err := nearAuditEntries(tx, rec.Tenant, rec.Key, seqs)
+		if err != nil {
+			return err
+		}
+		idx := tx.Bucket(bucketAuditByKey)
+		for _, seq := range near {
+			if err := idx.Put(auditKeyIndex(rec.Tenant, rec.Key, seq), nil); err != nil {
+				return err
+			}
+		}
+		rec.AuditSeqs = nil
+		return nil
+	}
+	v := make([]byte, 0, 8*len(seqs))
+	for _, seq := range seqs {
+		v = binary.BigEndian.AppendUint64(v, seq)
+	}
+	rec.AuditSeqs = nil
+	return tx.Bucket(bucketAuditByKey).Put(auditKeyIndex(rec.Tenant, rec.Key, newest), v)
+}
+
+// auditSet decodes the value of a per-key index entry: empty for an
+// entry of one audit entry (its number is in the key), else the numbers
+// a deleted record kept (keepRecordAuditLocked).
+func auditSet(k, v []byte) ([]uint64, error) {
+	if len(v)%8 != 0 {
+		return nil, fmt.Errorf("ledger: audit index entry %x: a value of %d bytes, not sequence numbers", k, len(v))
+	}
+	out := make([]uint64, 0, len(v)/8)
+	for ; len(v) > 0; v = v[8:] {
+		out = append(out, beUint64(v))
+	}
+	return out, nil
+}
+
 // auditNear is how close after one of the transitions its record numbers
 // (Record.AuditSeqs) an entry of the key must land to be found by a scan
 // of the log there instead of the per-key index: a call's answer, written
 // with the next commit after its transition, and the replays of the same
 // moment. Every entry of a key is in the index or at most auditNear
-// entries after a transition its record numbers, so AuditForKey reads at
-// most maxRecordAuditSeqs × auditNear entries beyond the key's own.
+// entries after a transition its record numbers, or a deleted record of
+// the key numbered (keepRecordAuditLocked), so AuditForKey reads at most
+// maxRecordAuditSeqs × auditNear entries beyond the key's own for each
+// operation the key has had.
 const auditNear = 256
 
 // nearRecordAudit reports whether entry seq of (tenant, key) lands at most
@@ -304,9 +360,12 @@ func (s *Ledger) AuditTail(ctx context.Context, n int) ([]AuditEntry, error) {
 
 // AuditForKey returns the audit entries of (tenant, key) — its calls,
 // replays, refusals, transitions and answers — oldest first: the newest
-// limit of them (limit <= 0: all), and how many there are in all. It reads
-// the key's record (the transitions it numbers, and at most auditNear
-// entries after each), the per-key index (the other entries), and the
+// limit of them (limit <= 0: all), and how many there are in all; the
+// same entries, in the same order, before and after the key's record is
+// deleted. It reads the key's record (the transitions it numbers, and at
+// most auditNear entries after each), the per-key index (the other
+// entries, and the transitions deleted records numbered, read as the
+// record's are), and the
 // entries appended since the index's watermark (which only a build
 // without the index leaves behind): its cost is that of the key's own
 // entries, not of the whole log.
@@ -327,20 +386,31 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 		prefix := recordKey(tenant, key+"\x00")
 		// A file of the build before the index, opened read-only, has no
 		// index bucket: its watermark is 0, so the scan below reads it all.
+		var numbered []uint64 // transitions: the entries near them are the key's too
 		if idx := tx.Bucket(bucketAuditByKey); idx != nil {
 			c := idx.Cursor()
-			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-				if len(k) == len(prefix)+8 {
-					seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+				if len(k) != len(prefix)+8 {
+					continue
 				}
+				if len(v) == 0 {
+					seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+					continue
+				}
+				set, err := auditSet(k, v) // a deleted record's
+				if err != nil {
+					return err
+				}
+				numbered = append(numbered, set...)
 			}
 		}
 		// The entries written with the record are numbered in it, and
 		// those near them are found by a scan there.
-		numbered, err := recordAuditSeqs(tx, tenant, key)
+		own, err := recordAuditSeqs(tx, tenant, key)
 		if err != nil {
 			return err
 		}
+		numbered = append(numbered, own...)
 		near, err := nearAuditEntries(tx, tenant, key, numbered)
 		if err != nil {
 			return err

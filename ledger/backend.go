@@ -101,7 +101,7 @@ var (
 	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
-	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → "": the entries of a key its record does not number or lead to (see Record.AuditSeqs, auditNear)
+	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → "": the entries of a key its record does not number or lead to (see Record.AuditSeqs, auditNear); → seqs (8 bytes BE each): the transitions a deleted record numbered, seq the newest (keepRecordAuditLocked)
 	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key, numbered by its record, or near a transition it numbers
 	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
 	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time

@@ -142,13 +142,25 @@ func (s *Ledger) PruneAudit(ctx context.Context, before time.Time, actor Actor, 
 			}
 			idx := tx.Bucket(bucketAuditByKey)
 			for _, e := range batch {
-				if err := b.Delete(be64(e.Seq)); err != nil {
-					return err
+				if e.Key == "" || idx == nil {
+					continue
 				}
-				if e.Key != "" && idx != nil {
-					if err := idx.Delete(auditKeyIndex(e.Actor.Tenant, e.Key, e.Seq)); err != nil {
+				k := auditKeyIndex(e.Actor.Tenant, e.Key, e.Seq)
+				if v := idx.Get(k); len(v) > 0 {
+					// A deleted record's entries, named by their newest
+					// (keepRecordAuditLocked): the kept entries near it
+					// are indexed one by one before it goes.
+					if err := keepNearAuditLocked(tx, e, end.Seq); err != nil {
 						return err
 					}
+				}
+				if err := idx.Delete(k); err != nil {
+					return err
+				}
+			}
+			for _, e := range batch {
+				if err := b.Delete(be64(e.Seq)); err != nil {
+					return err
 				}
 			}
 			v, err := json.Marshal(next)
@@ -168,6 +180,29 @@ func (s *Ledger) PruneAudit(ctx context.Context, before time.Time, actor Actor, 
 		res.Entries += len(batch)
 		res.Anchor = next
 	}
+}
+
+// keepNearAuditLocked indexes, one by one, the entries of e's key after
+// kept (the last pruned) that land at most auditNear after e — the ones a
+// reader found by scanning near e, a transition of a deleted record,
+// whose index entry goes with e. Every earlier transition of that record
+// is pruned too, so the kept entries near any of them are near e. The
+// caller holds tx.
+func keepNearAuditLocked(tx BTx, e AuditEntry, kept uint64) error {
+	near, err := nearAuditEntries(tx, e.Actor.Tenant, e.Key, []uint64{e.Seq})
+	if err != nil {
+		return err
+	}
+	idx := tx.Bucket(bucketAuditByKey)
+	for _, seq := range near {
+		if seq <= kept {
+			continue
+		}
+		if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, seq), nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pruneBatch reads the next batch to prune: up to pruneChunk entries from

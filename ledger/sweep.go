@@ -241,9 +241,9 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 }
 
 func (s *Ledger) deleteRecordLocked(tx *ltx, rec *Record) error {
-	// The key's history outlives its record: the entries the record
-	// numbered go to the per-key index.
-	if err := indexRecordAuditLocked(tx, rec); err != nil {
+	// The key's history outlives its record: the numbers of the entries
+	// the record numbered go to the per-key index, as one entry.
+	if err := keepRecordAuditLocked(tx, rec); err != nil {
 		return err
 	}
 	if err := tx.Bucket(bucketRecords).Delete(recordKey(rec.Tenant, rec.Key)); err != nil {

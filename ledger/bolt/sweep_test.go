@@ -1,7 +1,9 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"idemgate/ledger"
 	"os"
@@ -22,28 +24,32 @@ import (
 // may be loaded); BenchmarkSweepClaimWait measures how long claims wait
 // while a sweep runs.
 
-// countingBackend counts the Update transactions a ledger runs and the
-// records each one writes.
+// countingBackend counts the Update transactions a ledger runs, the
+// records each one writes, and the audit entries they step through.
 type countingBackend struct {
 	ledger.Backend
 	mu         sync.Mutex
 	updates    int             // updates that wrote at least one record
 	maxRecords int             // the most records one update wrote
 	durations  []time.Duration // of the updates that wrote records
+	auditSteps int             // audit cursor moves (Seek, Next, Prev) in updates
 }
 
 func (c *countingBackend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
-	var puts int
+	var puts, steps int
 	start := time.Now()
 	err := c.Backend.Update(ctx, func(tx ledger.BTx) error {
-		puts = 0 // fn may run twice (group commit)
-		return fn(countingTx{BTx: tx, puts: &puts})
+		puts, steps = 0, 0 // fn may run twice (group commit)
+		return fn(countingTx{BTx: tx, puts: &puts, steps: &steps})
 	})
-	if err == nil && puts > 0 {
+	if err == nil {
 		c.mu.Lock()
-		c.updates++
-		c.maxRecords = max(c.maxRecords, puts)
-		c.durations = append(c.durations, time.Since(start))
+		c.auditSteps += steps
+		if puts > 0 {
+			c.updates++
+			c.maxRecords = max(c.maxRecords, puts)
+			c.durations = append(c.durations, time.Since(start))
+		}
 		c.mu.Unlock()
 	}
 	return err
@@ -51,16 +57,41 @@ func (c *countingBackend) Update(ctx context.Context, fn func(ledger.BTx) error)
 
 type countingTx struct {
 	ledger.BTx
-	puts *int
+	puts, steps *int
 }
 
 func (t countingTx) Bucket(name []byte) ledger.Bucket {
 	b := t.BTx.Bucket(name)
-	if string(name) != ledger.RecordsCollection || b == nil {
+	switch {
+	case b == nil:
 		return b
+	case string(name) == ledger.RecordsCollection:
+		return countingBucket{Bucket: b, puts: t.puts}
+	case string(name) == ledger.AuditCollection:
+		return auditCountingBucket{Bucket: b, steps: t.steps}
 	}
-	return countingBucket{Bucket: b, puts: t.puts}
+	return b
 }
+
+// auditCountingBucket counts the moves of its cursors that read past the
+// log's ends (First and Last are how a transaction finds them).
+type auditCountingBucket struct {
+	ledger.Bucket
+	steps *int
+}
+
+func (b auditCountingBucket) Cursor() ledger.Cursor {
+	return auditCountingCursor{Cursor: b.Bucket.Cursor(), steps: b.steps}
+}
+
+type auditCountingCursor struct {
+	ledger.Cursor
+	steps *int
+}
+
+func (c auditCountingCursor) Seek(k []byte) ([]byte, []byte) { *c.steps++; return c.Cursor.Seek(k) }
+func (c auditCountingCursor) Next() ([]byte, []byte)         { *c.steps++; return c.Cursor.Next() }
+func (c auditCountingCursor) Prev() ([]byte, []byte)         { *c.steps++; return c.Cursor.Prev() }
 
 type countingBucket struct {
 	ledger.Bucket
@@ -318,4 +349,220 @@ func claimsAlone(t testing.TB, l *ledger.Ledger, callers int, d time.Duration) s
 	wg.Wait()
 	slices.Sort(waits)
 	return sweepRun{waits: waits}
+}
+
+// keyIndex returns the per-key audit index entries of (tenant, key) in the
+// file at path: the sequence number in each key, and its value.
+func keyIndex(t *testing.T, path, tenant, key string) (seqs []uint64, values [][]byte) {
+	t.Helper()
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
+		p := []byte(tenant + "\x00" + key + "\x00")
+		c := tx.Bucket(bucketAuditByKey).Cursor()
+		for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+			seqs = append(seqs, binary.BigEndian.Uint64(k[len(p):]))
+			values = append(values, bytes.Clone(v))
+		}
+		return nil
+	})
+	return seqs, values
+}
+
+func auditSeqsOf(entries []ledger.AuditEntry) []uint64 {
+	var out []uint64
+	for _, e := range entries {
+		out = append(out, e.Seq)
+	}
+	return out
+}
+
+// TestSweepDeletionKeepsHistory: deleting a tombstone keeps its key's
+// history whole — AuditForKey returns the same entries in the same order,
+// and the deletion's own entry after them, including the entries found
+// only by the scan near the record's transitions (the answer and the
+// replay right after the execution) — while the sweep reads no audit entry
+// for it and leaves one index entry for the record's transitions. An index
+// as the build before left it (an entry per audit entry) reads the same.
+// PruneAudit cut right after the transitions keeps the entries near them,
+// and a prune of everything leaves none of the key's index entries.
+func TestSweepDeletionKeepsHistory(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	opts := ledger.Options{Now: clock.Now, Elapsed: clock.Elapsed, Retention: time.Hour, TombstoneRetention: time.Hour}
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	if err := mustOpenPath(t, path, opts).Close(); err != nil { // creates the file
+		t.Fatal(err)
+	}
+	l, cb := openCounting(t, path, opts)
+	ap := &applier{}
+	a := newClaim("t1", "create_order", "fp-a")
+	if d, err := l.Execute(ctx, a, ap.succeed(`{"ok":true}`)); err != nil || d.Kind != ledger.DecisionExecuted {
+		t.Fatalf("Execute = %v, %v", d.Kind, err)
+	}
+	clock.Advance(time.Second)
+	cut := clock.Now() // a prune before it removes only the execution
+	l.Audit(ledger.AuditEntry{Event: ledger.EventAnswer, Actor: a.Actor, Tool: a.Tool, Key: a.Key, StateAfter: ledger.StateSucceeded})
+	if d, err := l.Execute(ctx, a, ap.succeed(`{"ok":true}`)); err != nil || d.Kind != ledger.DecisionReplay {
+		t.Fatalf("replay = %v, %v", d.Kind, err)
+	}
+	for i := range 300 { // entries of other keys: what follows is not near
+		l.Audit(ledger.AuditEntry{Event: ledger.EventCall, Actor: testActor("t1"), Tool: "get_order", Key: fmt.Sprint("other-", i), Decision: "read"})
+	}
+	if _, err := l.Execute(ctx, a, ap.succeed(`{"ok":true}`)); err != nil { // a late replay, indexed
+		t.Fatal(err)
+	}
+	before, total, err := l.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || total != len(before) || len(before) < 4 {
+		t.Fatalf("AuditForKey before = %v (total %d), %v; want the execution, the answer and two replays", summary(before), total, err)
+	}
+
+	clock.Advance(opts.Retention)
+	if c, _, err := l.Sweep(ctx); err != nil || c != 1 {
+		t.Fatalf("Sweep at retention = %d compacted, %v", c, err)
+	}
+	clock.Advance(opts.TombstoneRetention)
+	cb.mu.Lock()
+	cb.auditSteps = 0
+	cb.mu.Unlock()
+	if _, d, err := l.Sweep(ctx); err != nil || d != 1 {
+		t.Fatalf("Sweep at tombstone retention = %d deleted, %v", d, err)
+	}
+	if cb.auditSteps != 0 {
+		t.Errorf("the deletion stepped through %d audit entries; want none", cb.auditSteps)
+	}
+	after, total, err := l.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || total != len(after) {
+		t.Fatalf("AuditForKey after = %v (total %d), %v", summary(after), total, err)
+	}
+	if len(after) != len(before)+1 || !slices.Equal(auditSeqsOf(after[:len(before)]), auditSeqsOf(before)) || after[len(before)].Event != ledger.EventDeleted {
+		t.Fatalf("history after the deletion = %v %v; want %v %v and the deletion", auditSeqsOf(after), summary(after), auditSeqsOf(before), summary(before))
+	}
+	for i, e := range before {
+		if after[i].Hash != e.Hash {
+			t.Errorf("entry %d after the deletion is not the one before", e.Seq)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seqs, values := keyIndex(t, path, "t1", a.Key)
+	sets := 0
+	for _, v := range values {
+		if len(v) > 0 {
+			sets++
+		}
+	}
+	// The late replay, the deletion, and the record's transitions.
+	if len(seqs) != 3 || sets != 1 {
+		t.Errorf("the key's index entries: %v (%d with numbers); want the late replay, the deletion and one for the record's transitions", seqs, sets)
+	}
+
+	t.Run("index of the build before", func(t *testing.T) {
+		old := filepath.Join(t.TempDir(), "old.db")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(old, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// As the build before deleted it: an entry per audit entry.
+		rawUpdate(t, old, func(tx *bbolt.Tx) error {
+			idx := tx.Bucket(bucketAuditByKey)
+			for _, seq := range seqs {
+				if err := idx.Delete(append([]byte("t1\x00"+a.Key+"\x00"), be64(seq)...)); err != nil {
+					return err
+				}
+			}
+			for _, e := range after {
+				if err := idx.Put(append([]byte("t1\x00"+a.Key+"\x00"), be64(e.Seq)...), nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		s := mustOpenPath(t, old, opts)
+		got, _, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+		if err != nil || !slices.Equal(auditSeqsOf(got), auditSeqsOf(after)) {
+			t.Errorf("old index: AuditForKey = %v, %v; want %v", auditSeqsOf(got), err, auditSeqsOf(after))
+		}
+	})
+
+	s := mustOpenPath(t, path, opts)
+	pruned, err := s.PruneAudit(ctx, cut, testActor("ops"), nil)
+	if err != nil || pruned.Entries == 0 || pruned.Anchor.Seq >= before[1].Seq {
+		t.Fatalf("PruneAudit before the answer = %+v, %v; want the execution's entries pruned, not the answer (%d)", pruned, err, before[1].Seq)
+	}
+	var kept []uint64
+	for _, e := range after {
+		if e.Seq > pruned.Anchor.Seq {
+			kept = append(kept, e.Seq)
+		}
+	}
+	got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || total != len(kept) || !slices.Equal(auditSeqsOf(got), kept) {
+		t.Errorf("after a prune through %d: AuditForKey = %v (total %d), %v; want %v", pruned.Anchor.Seq, auditSeqsOf(got), total, err, kept)
+	}
+	clock.Advance(time.Second)
+	if _, err := s.PruneAudit(ctx, clock.Now(), testActor("ops"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, total, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil || total != 0 || len(got) != 0 {
+		t.Errorf("after a prune of everything: AuditForKey = %v (total %d), %v; want nothing", summary(got), total, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if seqs, _ := keyIndex(t, path, "t1", a.Key); len(seqs) != 0 {
+		t.Errorf("after a prune of everything the key's index holds %v; want nothing", seqs)
+	}
+}
+
+// TestSweepDeletionAfterPrune: a record deleted after the audit entries
+// it numbers were pruned keeps the kept entries near them in its key's
+// history, and a later prune of everything leaves none of the key's index
+// entries behind.
+func TestSweepDeletionAfterPrune(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	opts := ledger.Options{Now: clock.Now, Elapsed: clock.Elapsed, Retention: time.Hour, TombstoneRetention: time.Hour}
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s := mustOpenPath(t, path, opts)
+	ap := &applier{}
+	a := newClaim("t1", "create_order", "fp-a")
+	if _, err := s.Execute(ctx, a, ap.succeed(`{"ok":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	cut := clock.Now()
+	s.Audit(ledger.AuditEntry{Event: ledger.EventAnswer, Actor: a.Actor, Tool: a.Tool, Key: a.Key, StateAfter: ledger.StateSucceeded})
+	if _, _, err := s.AuditForKey(ctx, "t1", a.Key, 0); err != nil { // written
+		t.Fatal(err)
+	}
+	if p, err := s.PruneAudit(ctx, cut, testActor("ops"), nil); err != nil || p.Entries == 0 {
+		t.Fatalf("PruneAudit = %+v, %v", p, err)
+	}
+	before, _, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || len(before) != 1 || before[0].Event != ledger.EventAnswer {
+		t.Fatalf("AuditForKey after the prune = %v, %v; want the answer", summary(before), err)
+	}
+	clock.Advance(opts.Retention + opts.TombstoneRetention)
+	for range 2 { // compacts, then deletes
+		if _, _, err := s.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, _, err := s.AuditForKey(ctx, "t1", a.Key, 0)
+	if err != nil || len(after) != 2 || after[0].Seq != before[0].Seq || after[1].Event != ledger.EventDeleted {
+		t.Fatalf("AuditForKey after the deletion = %v, %v; want the answer and the deletion", summary(after), err)
+	}
+	clock.Advance(time.Second)
+	if _, err := s.PruneAudit(ctx, clock.Now(), testActor("ops"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if seqs, _ := keyIndex(t, path, "t1", a.Key); len(seqs) != 0 {
+		t.Errorf("after a prune of everything the key's index holds %v; want nothing", seqs)
+	}
 }
