@@ -100,10 +100,9 @@ func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
 // itself took 24 s instead of 5 s, which only a burst of old records (not
 // the steady state) ever sees.
 const (
-	sweepChunk    = 50
-	sweepMinChunk = 5
-	sweepBudget   = 5 * time.Millisecond
-	sweepScan     = 20 * sweepChunk
+	sweepChunk  = 50
+	sweepBudget = 5 * time.Millisecond
+	sweepScan   = 20 * sweepChunk
 )
 
 // Sweep implements Store. Pending approvals expire, and issued keys are
@@ -117,17 +116,14 @@ const (
 // entry of an earlier operation under a reused key never touches the new
 // one, and a changed retention reschedules rather than loses an entry.
 func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) {
-	chunk := sweepChunk
 	for {
 		if err := ctx.Err(); err != nil {
 			return compacted, deleted, err
 		}
 		var c, d int
 		var more bool
-		var worked time.Time // when fn returned: what follows is the commit
 		err := s.update(func(tx *ltx) error {
 			c, d, more = 0, 0, false
-			worked = time.Time{}
 			now, high, trusted, err := s.ledgerTime(tx)
 			if err != nil {
 				return err
@@ -156,7 +152,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 					continue // due by the wall clock, not yet by the trusted time
 				}
 				due = append(due, entry{bytes.Clone(k), at, v[0]})
-				if len(due) == chunk {
+				if len(due) == sweepChunk {
 					break
 				}
 			}
@@ -235,36 +231,13 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 					d++
 				}
 			}
-			if err := s.appendObserved(tx, deletedEntries...); err != nil {
-				return err
-			}
-			worked = time.Now()
-			return nil
+			return s.appendObserved(tx, deletedEntries...)
 		})
 		compacted, deleted = compacted+c, deleted+d
 		if err != nil || !more {
 			return compacted, deleted, err
 		}
-		if !worked.IsZero() {
-			chunk = nextSweepChunk(chunk, time.Since(worked))
-		}
 	}
-}
-
-// nextSweepChunk is how many due entries the sweep's next transaction
-// takes after one of chunk took commit to commit (and to run what was
-// committed with it): fewer, in proportion, when that was more than
-// sweepBudget — a transaction that dirtied many cold pages pays for them
-// at its commit, which the budget does not see — down to sweepMinChunk;
-// a quarter more when it was less than half of it, up to sweepChunk.
-func nextSweepChunk(chunk int, commit time.Duration) int {
-	switch {
-	case commit > sweepBudget:
-		return max(sweepMinChunk, int(int64(chunk)*int64(sweepBudget)/int64(commit)))
-	case commit < sweepBudget/2:
-		return min(sweepChunk, chunk+max(1, chunk/4))
-	}
-	return chunk
 }
 
 func (s *Ledger) deleteRecordLocked(tx *ltx, rec *Record) error {

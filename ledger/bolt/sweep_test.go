@@ -33,23 +33,15 @@ type countingBackend struct {
 	maxRecords int             // the most records one update wrote
 	durations  []time.Duration // of the updates that wrote records
 	auditSteps int             // audit cursor moves (Seek, Next, Prev) in updates
-	// commitDelay, when set, is added to every update that wrote a
-	// record, after its commit: a slow disk.
-	commitDelay time.Duration
-	perTx       []int // the records each update wrote, in order
-	scans       []int // the expiry entries each of them stepped through
 }
 
 func (c *countingBackend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
-	var puts, steps, scan int
+	var puts, steps int
 	start := time.Now()
 	err := c.Backend.Update(ctx, func(tx ledger.BTx) error {
-		puts, steps, scan = 0, 0, 0 // fn may run twice (group commit)
-		return fn(countingTx{BTx: tx, puts: &puts, steps: &steps, scan: &scan})
+		puts, steps = 0, 0 // fn may run twice (group commit)
+		return fn(countingTx{BTx: tx, puts: &puts, steps: &steps})
 	})
-	if err == nil && puts > 0 {
-		time.Sleep(c.commitDelay)
-	}
 	if err == nil {
 		c.mu.Lock()
 		c.auditSteps += steps
@@ -57,8 +49,6 @@ func (c *countingBackend) Update(ctx context.Context, fn func(ledger.BTx) error)
 			c.updates++
 			c.maxRecords = max(c.maxRecords, puts)
 			c.durations = append(c.durations, time.Since(start))
-			c.perTx = append(c.perTx, puts)
-			c.scans = append(c.scans, scan)
 		}
 		c.mu.Unlock()
 	}
@@ -67,7 +57,7 @@ func (c *countingBackend) Update(ctx context.Context, fn func(ledger.BTx) error)
 
 type countingTx struct {
 	ledger.BTx
-	puts, steps, scan *int
+	puts, steps *int
 }
 
 func (t countingTx) Bucket(name []byte) ledger.Bucket {
@@ -78,33 +68,30 @@ func (t countingTx) Bucket(name []byte) ledger.Bucket {
 	case string(name) == ledger.RecordsCollection:
 		return countingBucket{Bucket: b, puts: t.puts}
 	case string(name) == ledger.AuditCollection:
-		return steppingBucket{Bucket: b, steps: t.steps}
-	case string(name) == "expiry":
-		return steppingBucket{Bucket: b, steps: t.scan}
+		return auditCountingBucket{Bucket: b, steps: t.steps}
 	}
 	return b
 }
 
-// steppingBucket counts the moves of its cursors past the first or last
-// key (First and Last are how a transaction finds the ends of the audit
-// log).
-type steppingBucket struct {
+// auditCountingBucket counts the moves of its cursors that read past the
+// log's ends (First and Last are how a transaction finds them).
+type auditCountingBucket struct {
 	ledger.Bucket
 	steps *int
 }
 
-func (b steppingBucket) Cursor() ledger.Cursor {
-	return steppingCursor{Cursor: b.Bucket.Cursor(), steps: b.steps}
+func (b auditCountingBucket) Cursor() ledger.Cursor {
+	return auditCountingCursor{Cursor: b.Bucket.Cursor(), steps: b.steps}
 }
 
-type steppingCursor struct {
+type auditCountingCursor struct {
 	ledger.Cursor
 	steps *int
 }
 
-func (c steppingCursor) Seek(k []byte) ([]byte, []byte) { *c.steps++; return c.Cursor.Seek(k) }
-func (c steppingCursor) Next() ([]byte, []byte)         { *c.steps++; return c.Cursor.Next() }
-func (c steppingCursor) Prev() ([]byte, []byte)         { *c.steps++; return c.Cursor.Prev() }
+func (c auditCountingCursor) Seek(k []byte) ([]byte, []byte) { *c.steps++; return c.Cursor.Seek(k) }
+func (c auditCountingCursor) Next() ([]byte, []byte)         { *c.steps++; return c.Cursor.Next() }
+func (c auditCountingCursor) Prev() ([]byte, []byte)         { *c.steps++; return c.Cursor.Prev() }
 
 type countingBucket struct {
 	ledger.Bucket
@@ -210,32 +197,6 @@ func TestSweepSmallTransactions(t *testing.T) {
 	}
 	if !rec.Tombstone || rec.Result != nil {
 		t.Errorf("record after the sweep: tombstone %v, result %s; want a tombstone without its result", rec.Tombstone, rec.Result)
-	}
-}
-
-// TestSweepSlowCommitsSmallerTransactions: when a sweep transaction's
-// commit takes longer than the sweep's budget (a slow disk, many cold
-// pages), the next ones take fewer due entries, down to 5, so a claim
-// behind one waits for less. (It counts the due entries each transaction
-// reads, not the records it writes: those the work budget may bound
-// first, on a slow machine or with -race.)
-func TestSweepSlowCommitsSmallerTransactions(t *testing.T) {
-	const n = 400
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	writeDueRecords(t, path, n)
-	l, cb := openCounting(t, path, ledger.Options{Retention: time.Hour})
-	cb.commitDelay = 20 * time.Millisecond // four times the budget
-	compacted, _, err := l.Sweep(context.Background())
-	if err != nil || compacted != n {
-		t.Fatalf("Sweep = %d compacted, %v; want %d", compacted, err, n)
-	}
-	if len(cb.scans) < 4 || cb.scans[0] < 49 { // First, then 49 steps
-		t.Fatalf("due entries read per sweep transaction: %v; want 50 (49 steps) first, then more transactions", cb.scans)
-	}
-	for i, got := range cb.scans[3:] {
-		if got > 5 {
-			t.Fatalf("due entries read per sweep transaction: %v; transaction %d read %d, want at most 5 after three slow commits", cb.scans, i+3, got)
-		}
 	}
 }
 
