@@ -99,6 +99,18 @@ func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
 // transactions made it 45.6 ms. The price is more commits: the sweep
 // itself took 24 s instead of 5 s, which only a burst of old records (not
 // the steady state) ever sees.
+//
+// A compaction reads the compressed record and writes its tombstone
+// through encodeTombstone (not compress/flate, which cost half the
+// sweep's CPU); a deletion writes one index entry for the record's audit
+// entries and reads none (keepRecordAuditLocked). With 200k due records,
+// on the same machine at a load average of 4-7 (six runs alternated with
+// the tree before), the sweep took 29-50 s (median 36 s; 30-76 s, median
+// 58 s before) and used 53 µs of CPU per record (93 µs); a claim's p50
+// during it was 5.9-9.2 ms (median 8.4 ms; 7.1-14.0 ms, median 11.5 ms
+// before) against 1.3-3.4 ms with no sweep. The worst claim, 56-413 ms
+// (128-314 ms before), was the machine's: the same callers' worst with no
+// sweep was 17-128 ms in those runs.
 const (
 	sweepChunk  = 50
 	sweepBudget = 5 * time.Millisecond
