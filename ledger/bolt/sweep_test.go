@@ -566,3 +566,106 @@ func TestSweepDeletionAfterPrune(t *testing.T) {
 		t.Errorf("after a prune of everything the key's index holds %v; want nothing", seqs)
 	}
 }
+
+// BenchmarkSweepDelete measures a sweep that deletes many tombstones
+// (IDEMGATE_SWEEP_RECORDS, default 50000), each numbering two audit
+// entries with a third of its key (an answer) right after them, and
+// reports the sweep's time and its transactions' (no claims run beside
+// it). The audit log is written raw, its hashes placeholders: the sweep
+// does not verify the chain. Run with -benchtime=1x.
+func BenchmarkSweepDelete(b *testing.B) {
+	n := 50_000
+	if v, err := strconv.Atoi(os.Getenv("IDEMGATE_SWEEP_RECORDS")); err == nil && v > 0 {
+		n = v
+	}
+	for range b.N {
+		b.StopTimer()
+		path := filepath.Join(b.TempDir(), "ledger.db")
+		s, err := Open(path, ledger.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		db, err := bbolt.Open(path, 0o600, &bbolt.Options{NoSync: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		base := time.Now().Add(-3*time.Hour - time.Duration(n)*time.Millisecond).UTC()
+		const chunk = 20_000
+		for lo := 0; lo < n; lo += chunk {
+			err := db.Update(func(tx *bbolt.Tx) error {
+				times, exp, audit, meta := tx.Bucket(bucketByTime), tx.Bucket([]byte("expiry")), tx.Bucket([]byte("audit")), tx.Bucket([]byte("meta"))
+				for i := lo; i < min(lo+chunk, n); i++ {
+					key := fmt.Sprintf("00000000-0000-4000-9000-%012d", i)
+					at := base.Add(time.Duration(i) * time.Millisecond)
+					rec := succeededRecord(sweepTenant, key, at)
+					rec.Tombstone, rec.Result = true, nil
+					rec.AuditSeqs = []uint64{uint64(3*i + 1), uint64(3*i + 2)}
+					if err := putRecord(tx, rec); err != nil {
+						return err
+					}
+					if err := times.Put(timeKey(at, sweepTenant, key), nil); err != nil {
+						return err
+					}
+					due := append(append(be64(uint64(at.Add(2*time.Hour).UnixNano())), 't'), recordKey(sweepTenant, key)...)
+					if err := exp.Put(due, []byte{'t'}); err != nil {
+						return err
+					}
+					for j := 1; j <= 3; j++ {
+						seq := uint64(3*i + j)
+						e := fmt.Sprintf(`{"seq":%d,"at":%q,"event":"executed","actor":{"tenant":"sweep","principal":"agent-sweep","role":"agent","client_name":"bench"},"tool":"create_order","key":%q,"fingerprint":"fp-%s","state_after":"succeeded","hash":"%064d","prev_hash":"%064d"}`, seq, at.Format(time.RFC3339Nano), key, key, seq, seq-1)
+						if err := audit.Put(be64(seq), []byte(e)); err != nil {
+							return err
+						}
+					}
+				}
+				return meta.Put([]byte("audit_indexed"), be64(uint64(3*min(lo+chunk, n))))
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := db.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		if err := db.Close(); err != nil {
+			b.Fatal(err)
+		}
+		be, err := openBackend(path, openReadWrite, false, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cb := &timingBackend{Backend: be}
+		l := ledger.New(cb, ledger.Options{Retention: time.Hour, TombstoneRetention: time.Hour})
+		b.Cleanup(func() { l.Close() })
+		b.StartTimer()
+		start := time.Now()
+		_, d, err := l.Sweep(context.Background())
+		took := time.Since(start)
+		b.StopTimer()
+		if err != nil || d != n {
+			b.Fatalf("Sweep deleted %d, %v; want %d", d, err, n)
+		}
+		slices.Sort(cb.durations)
+		b.ReportMetric(took.Seconds(), "sweep-s")
+		b.ReportMetric(float64(cb.durations[len(cb.durations)/2].Microseconds())/1000, "tx-p50-ms")
+		b.ReportMetric(float64(cb.durations[len(cb.durations)*99/100].Microseconds())/1000, "tx-p99-ms")
+		b.ReportMetric(float64(cb.durations[len(cb.durations)-1].Microseconds())/1000, "tx-max-ms")
+		b.ReportMetric(float64(len(cb.durations)), "write-txs")
+	}
+}
+
+// timingBackend keeps the duration of every Update a ledger runs.
+type timingBackend struct {
+	ledger.Backend
+	durations []time.Duration
+}
+
+func (c *timingBackend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
+	start := time.Now()
+	err := c.Backend.Update(ctx, fn)
+	c.durations = append(c.durations, time.Since(start))
+	return err
+}
