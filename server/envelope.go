@@ -236,9 +236,9 @@ var errSyntax = errors.New("not one JSON value")
 // frame is one open array or object of the walk.
 type frame struct {
 	object bool
-	// names are the object's member names so far, folded and as
-	// written; byFold indexes them once there are more than a few.
-	names   []memberName
+	// names are the object's member names so far, as written; byFold
+	// indexes them by foldName once there are more than a few.
+	names   []string
 	byFold  map[string]string
 	wantKey bool   // an object's next token is a member name
 	key     string // the member being read
@@ -268,6 +268,9 @@ type walker struct {
 // 9007199254740993 would come back as 9007199254740992, which the client
 // cannot match to its request.
 func echoedExactly(lit string) bool {
+	if plainID([]byte(lit)) {
+		return true // an integer a float64 holds exactly
+	}
 	f, err := strconv.ParseFloat(lit, 64)
 	if err != nil || math.IsInf(f, 0) {
 		return false
@@ -366,8 +369,7 @@ func kindOf(d json.Delim) string {
 // member handles a member name of the innermost object.
 func (w *walker) member(name string) error {
 	f := &w.stack[len(w.stack)-1]
-	folded := foldName(name)
-	if prev, dup := f.seen(folded); dup {
+	if prev, dup := f.seen(name); dup {
 		where := w.path()
 		if where == "" {
 			where = "the message"
@@ -383,45 +385,43 @@ func (w *walker) member(name string) error {
 		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
 			" in " + where + " differ only in case (member names must be unique, ignoring case)")
 	}
-	f.add(folded, name)
+	f.add(name)
 	f.key = name
 	f.wantKey = false
 	return nil
 }
 
-// memberName is one member name of an object, folded (foldName) and as
-// written.
-type memberName struct{ folded, name string }
-
 // frameIndexAt is how many member names an object holds before they are
 // indexed by a map rather than searched.
 const frameIndexAt = 8
 
-// seen returns the member name as written that folds to folded, if any.
-func (f *frame) seen(folded string) (string, bool) {
+// seen returns the member name as written that equals name under Unicode
+// case folding, if any: strings.EqualFold while the names are few, their
+// foldName in the index after.
+func (f *frame) seen(name string) (string, bool) {
 	if f.byFold != nil {
-		name, ok := f.byFold[folded]
-		return name, ok
+		prev, ok := f.byFold[foldName(name)]
+		return prev, ok
 	}
-	for _, m := range f.names {
-		if m.folded == folded {
-			return m.name, true
+	for _, prev := range f.names {
+		if strings.EqualFold(prev, name) {
+			return prev, true
 		}
 	}
 	return "", false
 }
 
 // add notes a member name not seen before.
-func (f *frame) add(folded, name string) {
+func (f *frame) add(name string) {
 	if f.byFold != nil {
-		f.byFold[folded] = name
+		f.byFold[foldName(name)] = name
 		return
 	}
-	f.names = append(f.names, memberName{folded, name})
+	f.names = append(f.names, name)
 	if len(f.names) > frameIndexAt {
 		f.byFold = make(map[string]string, 2*len(f.names))
-		for _, m := range f.names {
-			f.byFold[m.folded] = m.name
+		for _, n := range f.names {
+			f.byFold[foldName(n)] = n
 		}
 		f.names = nil
 	}
@@ -534,13 +534,15 @@ func isIdentifier(s string) bool {
 func foldName(s string) string {
 	ascii := true
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c >= utf8.RuneSelf || c == 'k' || c == 'K' || c == 's' || c == 'S' {
-			ascii = false // k and s fold with the Kelvin and long-s signs
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
 			break
 		}
 	}
 	if ascii {
-		return strings.ToLower(s)
+		// The smallest rune of an ASCII letter's orbit is its upper case
+		// (k's and s's hold the Kelvin and long-s signs, which are larger).
+		return strings.ToUpper(s)
 	}
 	return strings.Map(func(r rune) rune {
 		m := r
