@@ -221,12 +221,30 @@ type sessionGate struct {
 type gateEnvelope struct {
 	Method string `json:"method"`
 	Params struct {
-		Meta       *mcp.Meta `json:"_meta"`
+		Meta       metaVersion `json:"_meta"`
 		ClientInfo *struct {
 			Name    string `json:"name"`
 			Version string `json:"version"`
 		} `json:"clientInfo"`
 	} `json:"params"`
+}
+
+// metaVersion is the protocol version a request's _meta names, read as
+// mcp.Meta reads it (ProtocolVersion): "" when the member is absent or
+// not a string, and an error when _meta is neither an object nor null.
+// Unlike mcp.Meta it does not decode the other members' values.
+type metaVersion string
+
+func (v *metaVersion) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	var s string
+	if raw, ok := m[mcp.MetaKeyProtocolVersion]; ok && json.Unmarshal(raw, &s) == nil {
+		*v = metaVersion(s)
+	}
+	return nil
 }
 
 func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -261,7 +279,7 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		modern = modern || mcp.IsModernProtocol(env.Params.Meta.ProtocolVersion())
+		modern = modern || mcp.IsModernProtocol(string(env.Params.Meta))
 	case http.MethodGet, http.MethodDelete:
 	default:
 		g.next.ServeHTTP(w, r)
