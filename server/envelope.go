@@ -158,10 +158,7 @@ func examine(msg []byte) envelope {
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
 				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}}
 	}
-	if !json.Valid(msg) {
-		return envelope{serve: serveParseError} // as mcp-go answers it
-	}
-	return examineWalk(&lexer{b: msg})
+	return examineWalk(&lexer{b: msg}) // it reads only valid JSON to its end
 }
 
 // examineTokens is examineEnvelope's walk of a valid JSON message, read
@@ -171,12 +168,15 @@ func examineTokens(src tokenSource) (refused *envelopeError, requestID json.RawM
 	return e.refused, e.requestID
 }
 
-// examineWalk is examine's walk of a valid JSON message, read from src.
+// examineWalk is examine's walk of a message read from src; for text
+// that is not one JSON value, no refusal and serveParseError.
 func examineWalk(src tokenSource) envelope {
 	w := &walker{dec: src}
 	if err := w.run(); err != nil {
-		if errors.Is(err, errSyntax) {
-			return envelope{}
+		if errors.Is(err, errSyntax) || !validRest(src) {
+			// Not JSON, even when the part walked had a flaw: answered
+			// as mcp-go answers it.
+			return envelope{serve: serveParseError}
 		}
 		return envelope{refused: &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}}
 	}
@@ -193,6 +193,16 @@ func examineWalk(src tokenSource) envelope {
 		e.serve = serveInline
 	}
 	return e
+}
+
+// validRest reports whether the rest of src, after a refusal stopped the
+// walk, reads to the end of one JSON value.
+func validRest(src tokenSource) bool {
+	for {
+		if _, err := src.Token(); err != nil {
+			return err == io.EOF
+		}
+	}
 }
 
 // verdict is the refusal of a message walked whole without one, from

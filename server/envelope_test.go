@@ -342,3 +342,33 @@ func FuzzLexerMatchesDecoder(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLexerValidates: the lexer reads to io.EOF exactly the texts
+// json.Valid accepts, and examine answers the others as not JSON.
+func FuzzLexerValidates(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `[]`, `{"a":1}`, `{"a":1,}`, `{"a" 1}`, `{"a":1 "b":2}`, `[1,]`, `[,1]`, `[1 2]`, `{"a":1},`, `{,}`, `{"a":}`,
+		`1 2`, `01`, `-`, `1.`, `1e`, `truex`, `true1`, `nul`, `"a`, `{"a":[1,{"b":null}]}`, ` [ -0 , 0.5e-3 ] `, ``, ` `,
+		`{"a":1]`, `[1}`, `}`, `]`, `:`, `,`, `"\u00"`, "\"\x01\"", `{1:2}`, `{"a"::1}`, `[[[]]`, call + `{"a":1}}}`, `{"":"","":`, `{"a":1,"a":2`, `{"id":` + strings.Repeat("9", 70) + `,`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		l := &lexer{b: msg}
+		var err error
+		for n := 0; err == nil; n++ {
+			if n > len(msg)+1 {
+				t.Fatalf("%q: the lexer does not end", msg)
+			}
+			_, err = l.Token()
+		}
+		if valid := json.Valid(msg); (err == io.EOF) != valid {
+			t.Fatalf("%q: lexer ends with %v, json.Valid %v", msg, err, valid)
+		}
+		if !json.Valid(msg) && schemas.NestingDepth(msg, MaxMessageDepth) <= MaxMessageDepth {
+			if e := examine(msg); e.refused != nil || e.requestID != nil || e.serve != serveParseError {
+				t.Fatalf("%q: not JSON, examined as %+v", msg, e)
+			}
+		}
+	})
+}
