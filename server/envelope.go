@@ -13,6 +13,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"idemgate/schemas"
 )
 
@@ -126,6 +128,10 @@ type envelope struct {
 	// decided as mcp-go's own stdio server decides it from the decoded
 	// method and id.
 	serve serveKind
+	// gate is what json.Unmarshal(msg, &gate) reads, and gateOK whether
+	// it succeeds, for a message the walk read whole (see gateOf).
+	gate   gateEnvelope
+	gateOK bool
 }
 
 // serveKind is how the stdio transport serves a message it lets through.
@@ -184,6 +190,7 @@ func examineWalk(src tokenSource) envelope {
 	if e.refused == nil && w.methodKind == "a string" {
 		e.requestID = w.id
 	}
+	e.gate, e.gateOK = w.gateOf()
 	switch {
 	case w.methodKind == "a string" && w.method == "tools/call":
 		e.serve = serveToolCall
@@ -270,6 +277,44 @@ type walker struct {
 	longID, longMethod bool   // the id or method is over its bound
 	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
 	inexactID          bool   // a numeric id mcp-go would answer under another value
+
+	// The JSON types of what gateEnvelope decodes ("" when absent): the
+	// message, its params, params._meta, params.clientInfo and its name
+	// and version; and the values of the strings among them.
+	topKind, paramsKind, metaKind, infoKind string
+	infoNameKind, infoVersionKind           string
+	infoName, infoVersion                   string
+	protocolVersion                         string // params._meta's, when a string
+}
+
+// gateOf is what json.Unmarshal(msg, &g) gives for the message walked,
+// from what the walk noted, and whether it succeeds: it fails when a
+// value gateEnvelope decodes has a JSON type other than its own or null
+// (encoding/json matches its member names ignoring case; _meta's members
+// are a map's, matched exactly).
+func (w *walker) gateOf() (g gateEnvelope, ok bool) {
+	is := func(kind string, want ...string) bool {
+		if kind == "" || kind == "null" {
+			return true
+		}
+		for _, k := range want {
+			if kind == k {
+				return true
+			}
+		}
+		return false
+	}
+	if !is(w.topKind, "an object") || !is(w.methodKind, "a string") || !is(w.paramsKind, "an object") ||
+		!is(w.metaKind, "an object") || !is(w.infoKind, "an object") ||
+		!is(w.infoNameKind, "a string") || !is(w.infoVersionKind, "a string") {
+		return gateEnvelope{}, false
+	}
+	g.Method = w.method
+	g.Params.Meta = metaVersion(w.protocolVersion)
+	if w.infoKind == "an object" {
+		g.Params.ClientInfo = &gateClientInfo{Name: w.infoName, Version: w.infoVersion}
+	}
+	return g, true
 }
 
 // echoedExactly reports whether mcp-go answers a request whose id is the
@@ -453,7 +498,19 @@ func (w *walker) valueDone() {
 // read; v is the scalar value (nil for containers and null), kind its
 // JSON type.
 func (w *walker) note(v any, kind string) {
+	str, _ := v.(string)
 	switch {
+	case len(w.stack) == 0:
+		w.topKind = kind
+	case len(w.stack) == 3 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") && w.stack[1].object && w.stack[2].object:
+		switch in, key := w.stack[1].key, w.stack[2].key; {
+		case strings.EqualFold(in, "_meta") && key == mcp.MetaKeyProtocolVersion:
+			w.protocolVersion = str
+		case strings.EqualFold(in, "clientInfo") && strings.EqualFold(key, "name"):
+			w.infoNameKind, w.infoName = kind, str
+		case strings.EqualFold(in, "clientInfo") && strings.EqualFold(key, "version"):
+			w.infoVersionKind, w.infoVersion = kind, str
+		}
 	case len(w.stack) == 1 && w.stack[0].object:
 		// mcp-go, like encoding/json, matches these names ignoring case.
 		switch key := w.stack[0].key; {
@@ -470,6 +527,8 @@ func (w *walker) note(v any, kind string) {
 				w.id = json.RawMessage(v)
 				w.inexactID = !echoedExactly(string(v))
 			}
+		case strings.EqualFold(key, "params"):
+			w.paramsKind = kind
 		case strings.EqualFold(key, "method"):
 			w.methodKind = kind
 			if s, ok := v.(string); ok {
@@ -477,11 +536,17 @@ func (w *walker) note(v any, kind string) {
 				w.longMethod = len(s) > maxMethodLen
 			}
 		}
-	case len(w.stack) == 2 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") &&
-		w.stack[1].object && strings.EqualFold(w.stack[1].key, "name"):
-		w.nameKind = kind
-		if s, ok := v.(string); ok {
-			w.nameLen = utf8.RuneCountInString(s)
+	case len(w.stack) == 2 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") && w.stack[1].object:
+		switch key := w.stack[1].key; {
+		case strings.EqualFold(key, "name"):
+			w.nameKind = kind
+			if s, ok := v.(string); ok {
+				w.nameLen = utf8.RuneCountInString(s)
+			}
+		case strings.EqualFold(key, "_meta"):
+			w.metaKind = kind
+		case strings.EqualFold(key, "clientInfo"):
+			w.infoKind = kind
 		}
 	}
 }

@@ -372,3 +372,31 @@ func FuzzLexerValidates(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGateAsUnmarshal: for any message the envelope check lets through,
+// the walk reads what the HTTP gate needs exactly as
+// json.Unmarshal(msg, &gateEnvelope) does, and fails where it fails.
+func FuzzGateAsUnmarshal(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`,
+		`{"METHOD":"ping","PARAMS":{"_META":{"io.modelcontextprotocol/protocolVersion":"x"},"ClientInfo":{"NAME":"n","Version":null}}}`,
+		`{"params":{"_meta":{"IO.MODELCONTEXTPROTOCOL/PROTOCOLVERSION":"2026-07-28"}}}`, `{"params":{"_meta":{"io.modelcontextprotocol/protocolVersion":7}}}`,
+		`null`, `1`, `"x"`, `{"method":1}`, `{"method":null}`, `{"params":[]}`, `{"params":{"_meta":"x"}}`, `{"params":{"_meta":null}}`,
+		`{"params":{"clientInfo":1}}`, `{"params":{"clientInfo":{"name":1}}}`, `{"params":{"clientInfo":{"version":[]}}}`, `{"params":{"clientInfo":null}}`,
+		`{"method":"a\u0062","params":{"clientInfo":{"name":"\ud83d\ude00 \xff"}}}`, `{"k":1,"params":{"name":"\u212A"}}`, `not json`, `{"a":`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		e := examine(msg)
+		if e.refused != nil {
+			return
+		}
+		var want gateEnvelope
+		wantOK := json.Unmarshal(msg, &want) == nil
+		if e.gateOK != wantOK || (wantOK && !reflect.DeepEqual(e.gate, want)) {
+			t.Fatalf("%q: walk %+v (%v), json.Unmarshal %+v (%v)", msg, e.gate, e.gateOK, want, wantOK)
+		}
+	})
+}

@@ -221,12 +221,15 @@ type sessionGate struct {
 type gateEnvelope struct {
 	Method string `json:"method"`
 	Params struct {
-		Meta       metaVersion `json:"_meta"`
-		ClientInfo *struct {
-			Name    string `json:"name"`
-			Version string `json:"version"`
-		} `json:"clientInfo"`
+		Meta       metaVersion     `json:"_meta"`
+		ClientInfo *gateClientInfo `json:"clientInfo"`
 	} `json:"params"`
+}
+
+// gateClientInfo is an initialize request's clientInfo.
+type gateClientInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
 }
 
 // metaVersion is the protocol version a request's _meta names, read as
@@ -263,11 +266,15 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		// Strictly, before anything decodes it: a duplicate or case-variant
 		// member must not mean one thing here and another to mcp-go.
-		if e := checkEnvelope(body); e != nil {
-			writeEnvelopeError(w, http.StatusBadRequest, e)
+		// The walk also reads what the gate needs: the message is not
+		// decoded again here.
+		e := examine(body)
+		if e.refused != nil {
+			writeEnvelopeError(w, http.StatusBadRequest, e.refused)
 			return
 		}
-		if json.Unmarshal(body, &env) != nil {
+		env = e.gate
+		if !e.gateOK {
 			// Not JSON-RPC as the gate reads it (a malformed initialize,
 			// say): mcp-go answers with its error. No session was
 			// recorded, so none may be handed out: mcp-go's id is
