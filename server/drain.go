@@ -143,21 +143,28 @@ func (w drainWriter) Write(p []byte) (int, error) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	n, err := d.out.Write(p)
-	d.part = append(d.part, p[:n]...)
+	// Lines are read where they lie: in p, or, after a partial line, in
+	// part. Only a partial line's bytes are kept (copied: p is the
+	// caller's), so an answer written whole is never copied.
+	rest := p[:n]
+	if len(d.part) > 0 {
+		d.part = append(d.part, rest...)
+		rest = d.part
+	}
 	for {
-		i := bytes.IndexByte(d.part, '\n')
+		i := bytes.IndexByte(rest, '\n')
 		if i < 0 {
 			break
 		}
-		if id, ok := responseID(d.part[:i]); ok {
+		if id, ok := responseID(rest[:i]); ok {
 			d.answered(id)
 		}
-		d.part = d.part[i+1:]
+		rest = rest[i+1:]
 	}
-	if len(d.part) > 2*MaxMessageBytes {
-		d.part = nil
+	if len(rest) > 2*MaxMessageBytes {
+		rest = nil
 	}
-	d.part = append([]byte(nil), d.part...)
+	d.part = append([]byte(nil), rest...)
 	return n, err
 }
 
@@ -234,7 +241,14 @@ func decodeResponseID(line []byte) (string, bool) {
 	return normalizeID(m.ID)
 }
 
+// normalizeID is the id raw as json.Marshal writes the value it decodes
+// to (a string or a float64), so that ids written differently but equal
+// as mcp-go reads them are one; false for null, anything else, and text
+// that is not JSON.
 func normalizeID(raw json.RawMessage) (string, bool) {
+	if plainID(raw) {
+		return string(raw), true
+	}
 	var v any
 	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil || v == nil {
 		return "", false
@@ -246,6 +260,30 @@ func normalizeID(raw json.RawMessage) (string, bool) {
 	}
 	b, _ := json.Marshal(v)
 	return string(b), true
+}
+
+// plainID reports whether raw is written as json.Marshal writes the value
+// it decodes to: a string of printable ASCII that has nothing to escape
+// (no quote, backslash, <, > or &), or an integer of at most 15 digits
+// without a leading zero or a minus sign, which a float64 holds exactly.
+func plainID(raw []byte) bool {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		for _, c := range raw[1 : len(raw)-1] {
+			if c < 0x20 || c > 0x7E || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+				return false
+			}
+		}
+		return true
+	}
+	if len(raw) == 0 || len(raw) > 15 || (raw[0] == '0' && len(raw) > 1) {
+		return false
+	}
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // plainIDLen is the length of the JSON number, or string without

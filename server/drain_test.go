@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"strings"
 	"sync"
@@ -144,5 +145,29 @@ func TestResponseID(t *testing.T) {
 				t.Errorf("decoded whole: %q, %v; from the first bytes: %q, %v", whole, wok, got, ok)
 			}
 		})
+	}
+}
+
+// TestNormalizeIDPlain: an id normalizeID takes as written (plainID) is
+// exactly what decoding and encoding it again gives, and ids written
+// otherwise are still normalized.
+func TestNormalizeIDPlain(t *testing.T) {
+	for _, raw := range []string{`0`, `7`, `123456789012345`, `1234567890123456`, `-1`, `-0`, `07`, `7.0`, `1e3`,
+		`"a-1"`, `"a b"`, `""`, `"<x>"`, `"a&b"`, `"\u0061"`, `"a\"b"`, `"é"`, "\"\x7f\"", `null`, `true`, `{}`, `"unterminated`} {
+		var v any
+		want, wantOK := "", false
+		if json.Unmarshal([]byte(raw), &v) == nil {
+			switch v.(type) {
+			case string, float64:
+				b, _ := json.Marshal(v)
+				want, wantOK = string(b), true
+			}
+		}
+		if plainID([]byte(raw)) && (!wantOK || want != raw) {
+			t.Errorf("%s: taken as written, but it normalizes to %q, %v", raw, want, wantOK)
+		}
+		if got, ok := normalizeID(json.RawMessage(raw)); got != want || ok != wantOK {
+			t.Errorf("normalizeID(%s) = %q, %v; want %q, %v", raw, got, ok, want, wantOK)
+		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/mark3labs/mcp-go/mcp"
+
 	"idemgate/schemas"
 )
 
@@ -126,6 +128,10 @@ type envelope struct {
 	// decided as mcp-go's own stdio server decides it from the decoded
 	// method and id.
 	serve serveKind
+	// gate is what json.Unmarshal(msg, &gate) reads, and gateOK whether
+	// it succeeds, for a message the walk read whole (see gateOf).
+	gate   gateEnvelope
+	gateOK bool
 }
 
 // serveKind is how the stdio transport serves a message it lets through.
@@ -158,10 +164,7 @@ func examine(msg []byte) envelope {
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
 				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}}
 	}
-	if !json.Valid(msg) {
-		return envelope{serve: serveParseError} // as mcp-go answers it
-	}
-	return examineWalk(&lexer{b: msg})
+	return examineWalk(&lexer{b: msg}) // it reads only valid JSON to its end
 }
 
 // examineTokens is examineEnvelope's walk of a valid JSON message, read
@@ -171,12 +174,15 @@ func examineTokens(src tokenSource) (refused *envelopeError, requestID json.RawM
 	return e.refused, e.requestID
 }
 
-// examineWalk is examine's walk of a valid JSON message, read from src.
+// examineWalk is examine's walk of a message read from src; for text
+// that is not one JSON value, no refusal and serveParseError.
 func examineWalk(src tokenSource) envelope {
 	w := &walker{dec: src}
 	if err := w.run(); err != nil {
-		if errors.Is(err, errSyntax) {
-			return envelope{}
+		if errors.Is(err, errSyntax) || !validRest(src) {
+			// Not JSON, even when the part walked had a flaw: answered
+			// as mcp-go answers it.
+			return envelope{serve: serveParseError}
 		}
 		return envelope{refused: &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}}
 	}
@@ -184,6 +190,7 @@ func examineWalk(src tokenSource) envelope {
 	if e.refused == nil && w.methodKind == "a string" {
 		e.requestID = w.id
 	}
+	e.gate, e.gateOK = w.gateOf()
 	switch {
 	case w.methodKind == "a string" && w.method == "tools/call":
 		e.serve = serveToolCall
@@ -193,6 +200,16 @@ func examineWalk(src tokenSource) envelope {
 		e.serve = serveInline
 	}
 	return e
+}
+
+// validRest reports whether the rest of src, after a refusal stopped the
+// walk, reads to the end of one JSON value.
+func validRest(src tokenSource) bool {
+	for {
+		if _, err := src.Token(); err != nil {
+			return err == io.EOF
+		}
+	}
 }
 
 // verdict is the refusal of a message walked whole without one, from
@@ -236,9 +253,9 @@ var errSyntax = errors.New("not one JSON value")
 // frame is one open array or object of the walk.
 type frame struct {
 	object bool
-	// names are the object's member names so far, folded and as
-	// written; byFold indexes them once there are more than a few.
-	names   []memberName
+	// names are the object's member names so far, as written; byFold
+	// indexes them by foldName once there are more than a few.
+	names   []string
 	byFold  map[string]string
 	wantKey bool   // an object's next token is a member name
 	key     string // the member being read
@@ -260,6 +277,44 @@ type walker struct {
 	longID, longMethod bool   // the id or method is over its bound
 	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
 	inexactID          bool   // a numeric id mcp-go would answer under another value
+
+	// The JSON types of what gateEnvelope decodes ("" when absent): the
+	// message, its params, params._meta, params.clientInfo and its name
+	// and version; and the values of the strings among them.
+	topKind, paramsKind, metaKind, infoKind string
+	infoNameKind, infoVersionKind           string
+	infoName, infoVersion                   string
+	protocolVersion                         string // params._meta's, when a string
+}
+
+// gateOf is what json.Unmarshal(msg, &g) gives for the message walked,
+// from what the walk noted, and whether it succeeds: it fails when a
+// value gateEnvelope decodes has a JSON type other than its own or null
+// (encoding/json matches its member names ignoring case; _meta's members
+// are a map's, matched exactly).
+func (w *walker) gateOf() (g gateEnvelope, ok bool) {
+	is := func(kind string, want ...string) bool {
+		if kind == "" || kind == "null" {
+			return true
+		}
+		for _, k := range want {
+			if kind == k {
+				return true
+			}
+		}
+		return false
+	}
+	if !is(w.topKind, "an object") || !is(w.methodKind, "a string") || !is(w.paramsKind, "an object") ||
+		!is(w.metaKind, "an object") || !is(w.infoKind, "an object") ||
+		!is(w.infoNameKind, "a string") || !is(w.infoVersionKind, "a string") {
+		return gateEnvelope{}, false
+	}
+	g.Method = w.method
+	g.Params.Meta = metaVersion(w.protocolVersion)
+	if w.infoKind == "an object" {
+		g.Params.ClientInfo = &gateClientInfo{Name: w.infoName, Version: w.infoVersion}
+	}
+	return g, true
 }
 
 // echoedExactly reports whether mcp-go answers a request whose id is the
@@ -268,6 +323,9 @@ type walker struct {
 // 9007199254740993 would come back as 9007199254740992, which the client
 // cannot match to its request.
 func echoedExactly(lit string) bool {
+	if plainID([]byte(lit)) {
+		return true // an integer a float64 holds exactly
+	}
 	f, err := strconv.ParseFloat(lit, 64)
 	if err != nil || math.IsInf(f, 0) {
 		return false
@@ -366,8 +424,7 @@ func kindOf(d json.Delim) string {
 // member handles a member name of the innermost object.
 func (w *walker) member(name string) error {
 	f := &w.stack[len(w.stack)-1]
-	folded := foldName(name)
-	if prev, dup := f.seen(folded); dup {
+	if prev, dup := f.seen(name); dup {
 		where := w.path()
 		if where == "" {
 			where = "the message"
@@ -383,45 +440,43 @@ func (w *walker) member(name string) error {
 		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
 			" in " + where + " differ only in case (member names must be unique, ignoring case)")
 	}
-	f.add(folded, name)
+	f.add(name)
 	f.key = name
 	f.wantKey = false
 	return nil
 }
 
-// memberName is one member name of an object, folded (foldName) and as
-// written.
-type memberName struct{ folded, name string }
-
 // frameIndexAt is how many member names an object holds before they are
 // indexed by a map rather than searched.
 const frameIndexAt = 8
 
-// seen returns the member name as written that folds to folded, if any.
-func (f *frame) seen(folded string) (string, bool) {
+// seen returns the member name as written that equals name under Unicode
+// case folding, if any: strings.EqualFold while the names are few, their
+// foldName in the index after.
+func (f *frame) seen(name string) (string, bool) {
 	if f.byFold != nil {
-		name, ok := f.byFold[folded]
-		return name, ok
+		prev, ok := f.byFold[foldName(name)]
+		return prev, ok
 	}
-	for _, m := range f.names {
-		if m.folded == folded {
-			return m.name, true
+	for _, prev := range f.names {
+		if strings.EqualFold(prev, name) {
+			return prev, true
 		}
 	}
 	return "", false
 }
 
 // add notes a member name not seen before.
-func (f *frame) add(folded, name string) {
+func (f *frame) add(name string) {
 	if f.byFold != nil {
-		f.byFold[folded] = name
+		f.byFold[foldName(name)] = name
 		return
 	}
-	f.names = append(f.names, memberName{folded, name})
+	f.names = append(f.names, name)
 	if len(f.names) > frameIndexAt {
 		f.byFold = make(map[string]string, 2*len(f.names))
-		for _, m := range f.names {
-			f.byFold[m.folded] = m.name
+		for _, n := range f.names {
+			f.byFold[foldName(n)] = n
 		}
 		f.names = nil
 	}
@@ -443,7 +498,19 @@ func (w *walker) valueDone() {
 // read; v is the scalar value (nil for containers and null), kind its
 // JSON type.
 func (w *walker) note(v any, kind string) {
+	str, _ := v.(string)
 	switch {
+	case len(w.stack) == 0:
+		w.topKind = kind
+	case len(w.stack) == 3 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") && w.stack[1].object && w.stack[2].object:
+		switch in, key := w.stack[1].key, w.stack[2].key; {
+		case strings.EqualFold(in, "_meta") && key == mcp.MetaKeyProtocolVersion:
+			w.protocolVersion = str
+		case strings.EqualFold(in, "clientInfo") && strings.EqualFold(key, "name"):
+			w.infoNameKind, w.infoName = kind, str
+		case strings.EqualFold(in, "clientInfo") && strings.EqualFold(key, "version"):
+			w.infoVersionKind, w.infoVersion = kind, str
+		}
 	case len(w.stack) == 1 && w.stack[0].object:
 		// mcp-go, like encoding/json, matches these names ignoring case.
 		switch key := w.stack[0].key; {
@@ -460,6 +527,8 @@ func (w *walker) note(v any, kind string) {
 				w.id = json.RawMessage(v)
 				w.inexactID = !echoedExactly(string(v))
 			}
+		case strings.EqualFold(key, "params"):
+			w.paramsKind = kind
 		case strings.EqualFold(key, "method"):
 			w.methodKind = kind
 			if s, ok := v.(string); ok {
@@ -467,11 +536,17 @@ func (w *walker) note(v any, kind string) {
 				w.longMethod = len(s) > maxMethodLen
 			}
 		}
-	case len(w.stack) == 2 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") &&
-		w.stack[1].object && strings.EqualFold(w.stack[1].key, "name"):
-		w.nameKind = kind
-		if s, ok := v.(string); ok {
-			w.nameLen = utf8.RuneCountInString(s)
+	case len(w.stack) == 2 && w.stack[0].object && strings.EqualFold(w.stack[0].key, "params") && w.stack[1].object:
+		switch key := w.stack[1].key; {
+		case strings.EqualFold(key, "name"):
+			w.nameKind = kind
+			if s, ok := v.(string); ok {
+				w.nameLen = utf8.RuneCountInString(s)
+			}
+		case strings.EqualFold(key, "_meta"):
+			w.metaKind = kind
+		case strings.EqualFold(key, "clientInfo"):
+			w.infoKind = kind
 		}
 	}
 }
@@ -534,13 +609,15 @@ func isIdentifier(s string) bool {
 func foldName(s string) string {
 	ascii := true
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c >= utf8.RuneSelf || c == 'k' || c == 'K' || c == 's' || c == 'S' {
-			ascii = false // k and s fold with the Kelvin and long-s signs
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
 			break
 		}
 	}
 	if ascii {
-		return strings.ToLower(s)
+		// The smallest rune of an ASCII letter's orbit is its upper case
+		// (k's and s's hold the Kelvin and long-s signs, which are larger).
+		return strings.ToUpper(s)
 	}
 	return strings.Map(func(r rune) rune {
 		m := r

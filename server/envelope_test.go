@@ -342,3 +342,61 @@ func FuzzLexerMatchesDecoder(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLexerValidates: the lexer reads to io.EOF exactly the texts
+// json.Valid accepts, and examine answers the others as not JSON.
+func FuzzLexerValidates(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `[]`, `{"a":1}`, `{"a":1,}`, `{"a" 1}`, `{"a":1 "b":2}`, `[1,]`, `[,1]`, `[1 2]`, `{"a":1},`, `{,}`, `{"a":}`,
+		`1 2`, `01`, `-`, `1.`, `1e`, `truex`, `true1`, `nul`, `"a`, `{"a":[1,{"b":null}]}`, ` [ -0 , 0.5e-3 ] `, ``, ` `,
+		`{"a":1]`, `[1}`, `}`, `]`, `:`, `,`, `"\u00"`, "\"\x01\"", `{1:2}`, `{"a"::1}`, `[[[]]`, call + `{"a":1}}}`, `{"":"","":`, `{"a":1,"a":2`, `{"id":` + strings.Repeat("9", 70) + `,`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		l := &lexer{b: msg}
+		var err error
+		for n := 0; err == nil; n++ {
+			if n > len(msg)+1 {
+				t.Fatalf("%q: the lexer does not end", msg)
+			}
+			_, err = l.Token()
+		}
+		if valid := json.Valid(msg); (err == io.EOF) != valid {
+			t.Fatalf("%q: lexer ends with %v, json.Valid %v", msg, err, valid)
+		}
+		if !json.Valid(msg) && schemas.NestingDepth(msg, MaxMessageDepth) <= MaxMessageDepth {
+			if e := examine(msg); e.refused != nil || e.requestID != nil || e.serve != serveParseError {
+				t.Fatalf("%q: not JSON, examined as %+v", msg, e)
+			}
+		}
+	})
+}
+
+// FuzzGateAsUnmarshal: for any message the envelope check lets through,
+// the walk reads what the HTTP gate needs exactly as
+// json.Unmarshal(msg, &gateEnvelope) does, and fails where it fails.
+func FuzzGateAsUnmarshal(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`,
+		`{"METHOD":"ping","PARAMS":{"_META":{"io.modelcontextprotocol/protocolVersion":"x"},"ClientInfo":{"NAME":"n","Version":null}}}`,
+		`{"params":{"_meta":{"IO.MODELCONTEXTPROTOCOL/PROTOCOLVERSION":"2026-07-28"}}}`, `{"params":{"_meta":{"io.modelcontextprotocol/protocolVersion":7}}}`,
+		`null`, `1`, `"x"`, `{"method":1}`, `{"method":null}`, `{"params":[]}`, `{"params":{"_meta":"x"}}`, `{"params":{"_meta":null}}`,
+		`{"params":{"clientInfo":1}}`, `{"params":{"clientInfo":{"name":1}}}`, `{"params":{"clientInfo":{"version":[]}}}`, `{"params":{"clientInfo":null}}`,
+		`{"method":"a\u0062","params":{"clientInfo":{"name":"\ud83d\ude00 \xff"}}}`, `{"k":1,"params":{"name":"\u212A"}}`, `not json`, `{"a":`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		e := examine(msg)
+		if e.refused != nil {
+			return
+		}
+		var want gateEnvelope
+		wantOK := json.Unmarshal(msg, &want) == nil
+		if e.gateOK != wantOK || (wantOK && !reflect.DeepEqual(e.gate, want)) {
+			t.Fatalf("%q: walk %+v (%v), json.Unmarshal %+v (%v)", msg, e.gate, e.gateOK, want, wantOK)
+		}
+	})
+}

@@ -221,12 +221,33 @@ type sessionGate struct {
 type gateEnvelope struct {
 	Method string `json:"method"`
 	Params struct {
-		Meta       *mcp.Meta `json:"_meta"`
-		ClientInfo *struct {
-			Name    string `json:"name"`
-			Version string `json:"version"`
-		} `json:"clientInfo"`
+		Meta       metaVersion     `json:"_meta"`
+		ClientInfo *gateClientInfo `json:"clientInfo"`
 	} `json:"params"`
+}
+
+// gateClientInfo is an initialize request's clientInfo.
+type gateClientInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// metaVersion is the protocol version a request's _meta names, read as
+// mcp.Meta reads it (ProtocolVersion): "" when the member is absent or
+// not a string, and an error when _meta is neither an object nor null.
+// Unlike mcp.Meta it does not decode the other members' values.
+type metaVersion string
+
+func (v *metaVersion) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	var s string
+	if raw, ok := m[mcp.MetaKeyProtocolVersion]; ok && json.Unmarshal(raw, &s) == nil {
+		*v = metaVersion(s)
+	}
+	return nil
 }
 
 func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -245,11 +266,15 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		// Strictly, before anything decodes it: a duplicate or case-variant
 		// member must not mean one thing here and another to mcp-go.
-		if e := checkEnvelope(body); e != nil {
-			writeEnvelopeError(w, http.StatusBadRequest, e)
+		// The walk also reads what the gate needs: the message is not
+		// decoded again here.
+		e := examine(body)
+		if e.refused != nil {
+			writeEnvelopeError(w, http.StatusBadRequest, e.refused)
 			return
 		}
-		if json.Unmarshal(body, &env) != nil {
+		env = e.gate
+		if !e.gateOK {
 			// Not JSON-RPC as the gate reads it (a malformed initialize,
 			// say): mcp-go answers with its error. No session was
 			// recorded, so none may be handed out: mcp-go's id is
@@ -261,7 +286,7 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		modern = modern || mcp.IsModernProtocol(env.Params.Meta.ProtocolVersion())
+		modern = modern || mcp.IsModernProtocol(string(env.Params.Meta))
 	case http.MethodGet, http.MethodDelete:
 	default:
 		g.next.ServeHTTP(w, r)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 )
 
@@ -241,5 +243,31 @@ func TestHTTPTwoOriginHeaders(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("Mcp-Session-Id") != "" {
 		t.Fatalf("two Origin headers: %d (session %q), want 403", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
+	}
+}
+
+// TestMetaVersionAsMCPMeta: the gate reads a request's protocol version
+// from _meta exactly as mcp.Meta does, and fails to where it fails.
+func TestMetaVersionAsMCPMeta(t *testing.T) {
+	for _, meta := range []string{`null`, `{}`, `{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}`,
+		`{"io.modelcontextprotocol/protocolVersion":"2025-06-18","progressToken":1,"x":{"y":[1]}}`,
+		`{"io.modelcontextprotocol/protocolVersion":7}`, `{"io.modelcontextprotocol/protocolVersion":null}`,
+		`{"IO.MODELCONTEXTPROTOCOL/PROTOCOLVERSION":"2026-07-28"}`, `"2026-07-28"`, `[]`, `1`} {
+		body := `{"method":"tools/call","params":{"_meta":` + meta + `}}`
+		var got gateEnvelope
+		gotErr := json.Unmarshal([]byte(body), &got)
+		var want struct {
+			Params struct {
+				Meta *mcp.Meta `json:"_meta"`
+			} `json:"params"`
+		}
+		wantErr := json.Unmarshal([]byte(body), &want)
+		if (gotErr != nil) != (wantErr != nil) {
+			t.Errorf("%s: error %v, mcp.Meta's %v", meta, gotErr, wantErr)
+			continue
+		}
+		if wantErr == nil && string(got.Params.Meta) != want.Params.Meta.ProtocolVersion() {
+			t.Errorf("%s: version %q, mcp.Meta's %q", meta, got.Params.Meta, want.Params.Meta.ProtocolVersion())
+		}
 	}
 }

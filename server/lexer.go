@@ -13,39 +13,129 @@ type tokenSource interface {
 	Token() (json.Token, error)
 }
 
-// lexer is the envelope walker's tokenSource for text json.Valid
-// accepted: the tokens json.Decoder yields for the same text, without a
-// decoder's cost per token (it allocates an error for every scalar it
-// reads). It checks each token's own syntax (strings, numbers, literals)
-// but not how tokens are arranged, which is why it is only given valid
-// JSON.
+// lexer is the envelope walker's tokenSource: the tokens json.Decoder
+// yields for a valid JSON text, without a decoder's cost per token (it
+// allocates an error for every scalar it reads). It checks each token's
+// own syntax (strings, numbers, literals) and how the tokens are arranged
+// (commas, colons, brackets, one value), so that it reads to io.EOF
+// exactly the texts json.Valid accepts and returns an error for any
+// other: the walk needs no json.Valid pass before it.
 type lexer struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	open []byte  // '{' or '[' for each container open
+	want lexWant // what may come next
 }
 
-// Token returns the next token, skipping whitespace, commas and colons.
+// lexWant is what the lexer accepts next.
+type lexWant uint8
+
+const (
+	wantValue        lexWant = iota // a value: at the start, after a colon or an array's comma
+	wantValueOrClose                // after '['
+	wantKeyOrClose                  // after '{'
+	wantKey                         // after an object's comma
+	wantColon                       // after a member name
+	wantCommaOrClose                // after a value in a container
+	wantEnd                         // after the whole value: only whitespace
+)
+
+// Token returns the next token, skipping whitespace, commas and colons
+// where they belong; errSyntax where the text stops being JSON, and
+// io.EOF after one whole value.
 func (l *lexer) Token() (json.Token, error) {
 	for l.i < len(l.b) {
-		switch c := l.b[l.i]; c {
-		case ' ', '\t', '\n', '\r', ',', ':':
+		c := l.b[l.i]
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
 			l.i++
-		case '{', '}', '[', ']':
-			l.i++
-			return json.Delim(c), nil
-		case '"':
-			return l.str()
-		case 't':
-			return l.literal("true", true)
-		case 'f':
-			return l.literal("false", false)
-		case 'n':
-			return l.literal("null", nil)
-		default:
-			return l.number()
+			continue
 		}
+		switch l.want {
+		case wantEnd:
+			return nil, errSyntax
+		case wantColon:
+			if c != ':' {
+				return nil, errSyntax
+			}
+			l.i++
+			l.want = wantValue
+			continue
+		case wantCommaOrClose:
+			top := l.open[len(l.open)-1]
+			switch {
+			case c == ',':
+				l.i++
+				l.want = wantValue
+				if top == '{' {
+					l.want = wantKey
+				}
+				continue
+			case c == '}' && top == '{', c == ']' && top == '[':
+				return l.close(c)
+			}
+			return nil, errSyntax
+		case wantKeyOrClose, wantKey:
+			if c == '}' && l.want == wantKeyOrClose {
+				return l.close(c)
+			}
+			if c != '"' {
+				return nil, errSyntax
+			}
+			l.want = wantColon
+			return l.str()
+		case wantValueOrClose:
+			if c == ']' {
+				return l.close(c)
+			}
+		}
+		return l.value(c)
+	}
+	if l.want != wantEnd {
+		return nil, errSyntax // the text ends before its value does
 	}
 	return nil, io.EOF
+}
+
+// value reads the value that begins with c.
+func (l *lexer) value(c byte) (json.Token, error) {
+	switch c {
+	case '{', '[':
+		l.i++
+		l.open = append(l.open, c)
+		l.want = wantKeyOrClose
+		if c == '[' {
+			l.want = wantValueOrClose
+		}
+		return json.Delim(c), nil
+	}
+	l.valueDone()
+	switch c {
+	case '"':
+		return l.str()
+	case 't':
+		return l.literal("true", true)
+	case 'f':
+		return l.literal("false", false)
+	case 'n':
+		return l.literal("null", nil)
+	}
+	return l.number()
+}
+
+// close reads the bracket c that closes the innermost container.
+func (l *lexer) close(c byte) (json.Token, error) {
+	l.i++
+	l.open = l.open[:len(l.open)-1]
+	l.valueDone()
+	return json.Delim(c), nil
+}
+
+// valueDone notes that a value was read.
+func (l *lexer) valueDone() {
+	l.want = wantEnd
+	if len(l.open) > 0 {
+		l.want = wantCommaOrClose
+	}
 }
 
 func (l *lexer) literal(word string, v json.Token) (json.Token, error) {

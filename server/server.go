@@ -78,23 +78,29 @@ func identityOf(ctx context.Context, fallback Identity) Identity {
 // context carries (WithIdentity), or for id when it carries none (stdio:
 // one process, one principal). metrics may be nil.
 func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics) *mcpserver.MCPServer {
+	out := json.RawMessage(schemas.OutputSchema())
 	approverOnly := map[string]bool{}
+	published := map[string]mcp.Tool{}
 	for _, spec := range svc.Specs() {
 		approverOnly[spec.Name] = spec.ApproverOnly
+		published[spec.Name] = toolOf(spec, out)
 	}
 	s := mcpserver.NewMCPServer("idemgate", Version,
 		mcpserver.WithToolCapabilities(false),
 		// Approver tools are neither listed nor callable for other roles
 		// (mcp-go refuses calls to filtered-out tools); the tools re-check.
+		// Every tool passes as published (see registeredTool).
 		mcpserver.WithToolFilter(func(ctx context.Context, ts []mcp.Tool) []mcp.Tool {
-			if identityOf(ctx, id).Role == "approver" {
-				return ts
-			}
+			approver := identityOf(ctx, id).Role == "approver"
 			out := ts[:0:0]
 			for _, t := range ts {
-				if !approverOnly[t.Name] {
-					out = append(out, t)
+				if approverOnly[t.Name] && !approver {
+					continue
 				}
+				if p, ok := published[t.Name]; ok {
+					t = p
+				}
+				out = append(out, t)
 			}
 			return out
 		}),
@@ -103,24 +109,17 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics)
 			"For each business intent get ONE key (new_operation_key) before the first attempt and reuse it on every retry; "+
 			"a timeout is not a failure — retry with the same key, or check get_operation_status. Never mint a new key to retry."),
 	)
-	out := json.RawMessage(schemas.OutputSchema())
 	for _, spec := range svc.Specs() {
-		s.AddTool(toolOf(spec, out), handler(s, svc, id, spec.Name, metrics))
+		s.AddTool(registeredTool(published[spec.Name]), handler(s, svc, id, spec.Name, metrics))
 	}
 	addRequestIDHook(s)
 	return s
 }
 
-// toolOf is the MCP tool of spec: its input schema file, the shared
-// output schema out, every behaviour hint set.
-//
-// The input schema is registered compacted. tools/list publishes the same
-// bytes either way (encoding/json compacts a json.RawMessage), but over
-// Streamable HTTP mcp-go re-encodes and decodes the whole input schema on
-// every tools/call of the 2026-07-28 era to look for x-mcp-header
-// annotations (mcp.ExtractParamHeaderBindings, from
-// validateStandardHeadersForMessage), and that costs in proportion to its
-// bytes: a quarter less for create_order (4 512 bytes, 3 363 compacted).
+// toolOf is the MCP tool of spec as tools/list publishes it: its input
+// schema file (compacted: tools/list publishes the same bytes either way,
+// as encoding/json compacts a json.RawMessage), the shared output schema
+// out, every behaviour hint set.
 func toolOf(spec tools.Spec, out json.RawMessage) mcp.Tool {
 	in, _ := schemas.InputSchema(spec.Name)
 	var compact bytes.Buffer
@@ -136,6 +135,33 @@ func toolOf(spec tools.Spec, out json.RawMessage) mcp.Tool {
 		IdempotentHint:  mcp.ToBoolPtr(spec.Idempotent),
 		OpenWorldHint:   mcp.ToBoolPtr(spec.OpenWorld),
 	}
+	return t
+}
+
+// headerlessSchema is the input schema a tool is registered with when its
+// published schema binds no parameter to a header (registeredTool).
+var headerlessSchema = json.RawMessage(`{"type":"object"}`)
+
+// registeredTool is the tool t as it is kept in mcp-go's registry. Over
+// Streamable HTTP mcp-go re-encodes and decodes the registered input
+// schema on every tools/call of the 2026-07-28 era, to find its
+// x-mcp-header bindings and check each bound parameter against its
+// request header (validateStandardHeadersForMessage →
+// mcp.ValidateParamHeadersLookup → mcp.ExtractParamHeaderBindings), at a
+// cost in proportion to the schema's bytes: tens of microseconds for
+// create_order's. A schema without any binding is therefore registered as
+// {"type":"object"}, which binds none either, so that check runs and
+// decides as it would on the published schema; a schema with a binding
+// is registered whole, as is one whose annotations mcp-go would refuse
+// (mcp.ValidateParamHeaderAnnotations), so that AddTool still refuses it.
+// Nothing else of mcp-go reads a registered tool's
+// input schema (input validation is off) but tools/list, and the tool
+// filter in New lists and passes every tool as published (toolOf).
+func registeredTool(t mcp.Tool) mcp.Tool {
+	if mcp.ExtractParamHeaderBindings(&t) != nil || mcp.ValidateParamHeaderAnnotations(&t) != nil {
+		return t
+	}
+	t.RawInputSchema = headerlessSchema
 	return t
 }
 

@@ -162,6 +162,7 @@ type stdioLoop struct {
 	s      *mcpserver.MCPServer
 	out    io.Writer // atomic per Write (the drain's writer)
 	logger *slog.Logger
+	lines  sync.Pool // *[]byte buffers to encode answers in (write)
 }
 
 // serve handles one message and writes its answer, if any. A panic
@@ -190,17 +191,30 @@ func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
 	}
 }
 
-// write sends one message as one line.
+// write sends one message as one line, with one Write: the bytes
+// json.Marshal writes for it (appendMessage), and a newline.
 func (l *stdioLoop) write(msg any) {
-	b, err := json.Marshal(msg)
+	buf, _ := l.lines.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	defer l.lines.Put(buf)
+	b, err := appendMessage((*buf)[:0], msg)
 	if err != nil {
 		l.logger.Error("stdio: encode an answer", "err", err)
 		return
 	}
-	if _, err := l.out.Write(append(b, '\n')); err != nil {
+	b = append(b, '\n')
+	if cap(b) <= maxPooledLine {
+		*buf = b
+	}
+	if _, err := l.out.Write(b); err != nil {
 		l.logger.Warn("stdio: write an answer", "err", err)
 	}
 }
+
+// maxPooledLine bounds the buffers stdioLoop keeps for its answers.
+const maxPooledLine = 64 << 10
 
 // notifications writes the session's notifications (progress) until ctx
 // is done.

@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -24,8 +25,21 @@ func stdioTestServer() *mcpserver.MCPServer {
 	s.AddTool(mcp.NewTool("boom"), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		panic("boom")
 	})
+	// structured answers as idemgate's tools do (toResult): its argument
+	// json, a JSON text, as structured content and as text.
+	s.AddTool(mcp.NewTool("structured", mcp.WithString("json"), mcp.WithBoolean("error")), func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		text := req.GetString("json", "")
+		r := mcp.NewToolResultStructured(json.RawMessage(text), text)
+		r.IsError = req.GetBool("error", false)
+		return r, nil
+	})
 	return s
 }
+
+// modernMeta is the _meta of a request of the 2026-07-28 era, which has
+// no handshake: its result carries a resultType and the server's
+// identity.
+const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}`
 
 // stdioExchange is a conversation: each line sent, and whether it is
 // answered.
@@ -42,6 +56,12 @@ var stdioExchange = []struct {
 	{`{"jsonrpc":"2.0","id":4,"method":"ping"}`, true},
 	{`{"jsonrpc":"2.0","id":99,"result":{}}`, false},
 	{`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"boom"}}`, true},
+	{`{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"structured","arguments":{"json":"{\"status\":\"completed\",\"replayed\":true,\"note\":\"x y\\\"z\"}"}}}`, true},
+	{`{"jsonrpc":"2.0","id":"11","method":"tools/call","params":{"name":"structured","arguments":{"json":"{ \"a\" : [1, 2.50, {}],\n\"b\":\"\\u00e9\"}","error":true}}}`, true},
+	{`{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"structured","arguments":{"json":"{\"html\":\"<b>&amp;</b>\",\"sep\":\"\u2028\u2029\",\"é\":\"\\u003c\"}"}}}`, true},
+	{`{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"structured","arguments":{"json":"[]"}}}`, true},
+	{`{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{"name":"structured","arguments":{"json":"{\"a\":1}"},` + modernMeta + `}}`, true},
+	{`{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"echo","arguments":{"x":"<\u2028>"},` + modernMeta + `}}`, true},
 	{`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"missing"}}`, true},
 	{`{"jsonrpc":"1.0","id":7,"method":"ping"}`, true},
 	{`[1,2]`, true},

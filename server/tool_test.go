@@ -2,11 +2,17 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/schemas"
 	"idemgate/tools"
 )
@@ -47,5 +53,102 @@ func TestToolSchemaCompacted(t *testing.T) {
 		if got := mcp.ExtractParamHeaderBindings(&tool); got != nil {
 			t.Errorf("%s: header bindings %v, want none", name, got)
 		}
+	}
+}
+
+// TestRegisteredToolsBindNoHeader: New registers each tool with an input
+// schema that binds no header to a parameter (mcp-go re-reads it on every
+// HTTP tools/call), which is exactly what the published schema binds,
+// while tools/list publishes each schema file, as an approver sees every
+// tool and an agent every tool but the approver-only ones.
+func TestRegisteredToolsBindNoHeader(t *testing.T) {
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	v, err := schemas.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := tools.New(store, v, tools.Options{OutboxDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
+	agent := Identity{Principal: "a", Tenant: "t", Role: "agent"}
+	s := New(svc, agent, slog.New(slog.DiscardHandler), nil)
+	out := json.RawMessage(schemas.OutputSchema())
+	for _, spec := range svc.Specs() {
+		registered := s.GetTool(spec.Name)
+		if registered == nil {
+			t.Fatalf("%s: not registered", spec.Name)
+		}
+		published := toolOf(spec, out)
+		if got, want := mcp.ExtractParamHeaderBindings(&registered.Tool), mcp.ExtractParamHeaderBindings(&published); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: registered header bindings %v, published %v", spec.Name, got, want)
+		}
+		if len(registered.Tool.RawInputSchema) >= len(published.RawInputSchema) {
+			t.Errorf("%s: registered the whole input schema (%d bytes)", spec.Name, len(registered.Tool.RawInputSchema))
+		}
+	}
+	for _, role := range []string{"agent", "approver"} {
+		ctx := WithIdentity(context.Background(), Identity{Principal: "p", Tenant: "t", Role: role})
+		resp := s.HandleMessage(ctx, json.RawMessage(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		b, err := json.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list struct {
+			Result struct {
+				Tools []struct {
+					Name        string          `json:"name"`
+					InputSchema json.RawMessage `json:"inputSchema"`
+				} `json:"tools"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(b, &list); err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for _, spec := range svc.Specs() {
+			if role == "approver" || !spec.ApproverOnly {
+				want++
+			}
+		}
+		if len(list.Result.Tools) != want || want == 0 {
+			t.Fatalf("%s: tools/list has %d tools, want %d: %s", role, len(list.Result.Tools), want, b)
+		}
+		for _, tool := range list.Result.Tools {
+			file, _ := schemas.InputSchema(tool.Name)
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, file); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(tool.InputSchema, compact.Bytes()) {
+				t.Errorf("%s: tools/list publishes %s's input schema as %.80s…, not its file", role, tool.Name, tool.InputSchema)
+			}
+		}
+	}
+}
+
+// TestRegisteredToolKeepsHeaderBindings: a tool whose input schema binds
+// a parameter to a header, or whose annotations mcp-go refuses, is
+// registered with that schema whole, so mcp-go still checks the header
+// (or refuses the tool).
+func TestRegisteredToolKeepsHeaderBindings(t *testing.T) {
+	for _, schema := range []string{
+		`{"type":"object","properties":{"region":{"type":"string","x-mcp-header":"Region"}}}`,
+		`{"type":"object","properties":{"o":{"type":"object","properties":{"r":{"type":"string","x-mcp-header":"R"}}}}}`,
+		`{"type":"object","properties":{"items":{"type":"array","x-mcp-header":"Items"}}}`,
+	} {
+		tool := mcp.NewToolWithRawSchema("t", "d", json.RawMessage(schema))
+		if got := registeredTool(tool); !bytes.Equal(got.RawInputSchema, tool.RawInputSchema) {
+			t.Errorf("%s: registered as %s", schema, got.RawInputSchema)
+		}
+	}
+	plain := mcp.NewToolWithRawSchema("t", "d", json.RawMessage(`{"type":"object","properties":{"a":{"type":"string"}}}`))
+	if got := registeredTool(plain); string(got.RawInputSchema) != `{"type":"object"}` {
+		t.Errorf("a schema without bindings registered as %s", got.RawInputSchema)
 	}
 }
