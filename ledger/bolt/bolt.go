@@ -59,22 +59,38 @@ type backend struct {
 }
 
 // CommitStats counts this process's commits of a ledger file: the
-// read-write transactions committed, the pages they wrote (bbolt's write
-// count: one per page or run of overflow pages, the freelist and the meta
-// page included) and the time their writes took (bbolt's write time: the
-// pages written, fdatasync, the meta page written, fdatasync again). Tests
-// pin the pages a create costs with it.
+// read-write transactions committed, the transaction functions they
+// committed (Functions/Commits is the group commit's batch size; a
+// forwarded transaction is one function, however many claims its
+// forwarder ran in it), the pages they wrote (bbolt's write count: one per
+// page or run of overflow pages, the freelist and the meta page included)
+// and the time their writes took (bbolt's write time: the pages written,
+// fdatasync, the meta page written, fdatasync again). Tests pin the pages
+// a create costs with it.
 type CommitStats struct {
 	Commits    int64
+	Functions  int64
 	PageWrites int64
 	WriteTime  time.Duration
 }
 
-// CommitStats returns what this process's commits of f wrote so far.
+// CommitStats returns what this process's commits of f wrote so far. A
+// process that forwards its transactions to another process (the file's
+// writer) commits nothing itself: its stats stay zero until it becomes
+// the writer.
 func (f *File) CommitStats() CommitStats {
-	f.be.statsMu.Lock()
-	defer f.be.statsMu.Unlock()
-	return f.be.stats
+	be := f.be
+	if f.sh != nil {
+		f.sh.mu.Lock()
+		be = f.sh.local
+		f.sh.mu.Unlock()
+	}
+	if be == nil {
+		return CommitStats{}
+	}
+	be.statsMu.Lock()
+	defer be.statsMu.Unlock()
+	return be.stats
 }
 
 var (
@@ -465,7 +481,7 @@ func (s *backend) commit(batch []*gcJob) {
 		return
 	}
 	defer s.h.release()
-	err = s.guardedUpdate(db, func(tx *bbolt.Tx) error {
+	err = s.guardedUpdate(db, len(batch), func(tx *bbolt.Tx) error {
 		for _, b := range batch {
 			if b.err = b.run(tx, s.path); b.err != nil {
 				return errBatchRetry
@@ -494,7 +510,7 @@ func (s *backend) commit(batch []*gcJob) {
 	}
 	for _, b := range batch {
 		fnFailed := false
-		b.err = s.guardedUpdate(db, func(tx *bbolt.Tx) error {
+		b.err = s.guardedUpdate(db, 1, func(tx *bbolt.Tx) error {
 			err := b.run(tx, s.path)
 			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
 			return err
@@ -507,14 +523,16 @@ func (s *backend) commit(batch []*gcJob) {
 
 // guardedUpdate runs db.Update under guard: a fault or a bbolt panic on a
 // damaged page becomes ErrDamaged and the file is checked again at its
-// next open.
-func (s *backend) guardedUpdate(db *bbolt.DB, fn func(*bbolt.Tx) error) error {
+// next open. funcs is the number of transaction functions fn runs (see
+// CommitStats).
+func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) error) error {
 	err := guard(s.path, func() error {
 		return db.Update(func(tx *bbolt.Tx) error {
 			tx.OnCommit(func() {
 				st := tx.Stats()
 				s.statsMu.Lock()
 				s.stats.Commits++
+				s.stats.Functions += int64(funcs)
 				s.stats.PageWrites += st.GetWrite()
 				s.stats.WriteTime += st.GetWriteTime()
 				s.statsMu.Unlock()

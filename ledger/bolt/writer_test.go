@@ -612,3 +612,53 @@ func cutProxy(t *testing.T, sock string) (string, *atomic.Bool) {
 	}()
 	return ln.Addr().String(), cut
 }
+
+// TestCommitStatsCountsFunctions: CommitStats counts every transaction
+// function the writer committed, its own and forwarded ones (one each),
+// in fewer commits than functions when they run concurrently; a
+// forwarder, which commits nothing itself, reports zero (it dereferenced
+// the writer's backend it does not have).
+func TestCommitStatsCountsFunctions(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	w := mustOpenPath(t, path, ledger.Options{})
+	f := openForwarder(t, path, ledger.Options{})
+	defer f.Close()
+	put := func(tx ledger.BTx) error {
+		b, err := tx.Data("stats_test", true)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(forward.NewMarker()), []byte("v"))
+	}
+	s0 := w.CommitStats()
+	const local, forwarded = 16, 8
+	var wg sync.WaitGroup
+	errs := make(chan error, local+forwarded)
+	for i := range local + forwarded {
+		wg.Go(func() {
+			if i < local {
+				errs <- w.sh.Update(ctx, put)
+			} else {
+				errs <- f.sh.Update(ctx, put)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s1 := w.CommitStats()
+	if fns := s1.Functions - s0.Functions; fns != local+forwarded {
+		t.Errorf("Functions grew by %d, want %d", fns, local+forwarded)
+	}
+	if c := s1.Commits - s0.Commits; c < 1 || c > local+forwarded {
+		t.Errorf("Commits grew by %d, want 1..%d", c, local+forwarded)
+	}
+	if st := f.CommitStats(); st != (CommitStats{}) {
+		t.Errorf("the forwarder's CommitStats = %+v, want zero", st)
+	}
+}
