@@ -399,7 +399,8 @@ func (s *Ledger) finish(rec *Record, out Outcome, now time.Time) {
 }
 
 // saveTransition writes rec, its audit entry and, for a final state, its
-// retention schedule; the caller holds tx.
+// retention schedule when the retention walk will not find it in time
+// (scheduleCompact); the caller holds tx.
 func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why AuditDecision, now time.Time, more ...func(*AuditEntry)) error {
 	if rec.State.Final() {
 		// A final operation never runs again: its fingerprint stands for
@@ -436,8 +437,7 @@ func (s *Ledger) saveTransition(tx *ltx, a Actor, rec *Record, before State, why
 		return err
 	}
 	if rec.State.Final() && before != rec.State {
-		due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
-		if err := tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact}); err != nil {
+		if err := s.scheduleCompact(tx, rec); err != nil {
 			return err
 		}
 	}

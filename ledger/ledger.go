@@ -345,11 +345,19 @@ func putRecordWith(tx *ltx, r *Record, encode func(*Record) ([]byte, error)) err
 
 // Expiry index values say which sweep action is due.
 const (
-	dueCompact      = 'r' // full record → tombstone
+	dueCompact      = 'r' // full record → tombstone (see scheduleCompact)
 	dueDeleteTomb   = 't' // tombstone → deleted
 	dueDeleteIssued = 'i' // issued key → forgotten
 	dueApproval     = 'a' // pending approval → rejected (approval_expired)
 )
+
+// keyRetentionWalk is the meta key of the retention walk's place in
+// by_time: the time index key of the last record it looked at (absent:
+// it has looked at none). Every record under a key at or before it was
+// either compacted, given its dueCompact entry, or not final then — and a
+// record's completion writes the entry when its key is at or before this
+// one (see scheduleCompact).
+var keyRetentionWalk = []byte("retention_walk")
 
 // dueKey is an expiry index key: due time, action, tenant \x00 key. The
 // action is part of the key so two actions due at the same instant for the

@@ -129,6 +129,12 @@ const (
 // (EventDeleted). Index entries are checked against their record, so an
 // entry of an earlier operation under a reused key never touches the new
 // one, and a changed retention reschedules rather than loses an entry.
+//
+// A completion writes no compaction entry of its own: the sweep finds the
+// records past retention by walking by_time in first-seen order
+// (walkRetention), and a record gets an entry only where that walk would
+// find it late (scheduleCompact). The entries of files written by earlier
+// builds, one per completed record, are honoured as before.
 func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -176,10 +182,12 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 			more = len(due) > 0
 			var deletedEntries []AuditEntry
 			started := time.Now() // the budget is this process's work, not the ledger's clock
+			handled := 0
 			for i, e := range due {
 				if i > 0 && time.Since(started) >= sweepBudget {
 					break // the rest stays due, for the next transaction
 				}
+				handled++
 				if err := exp.Delete(e.k); err != nil {
 					return err
 				}
@@ -217,11 +225,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 						}
 						continue
 					}
-					if err := putRecordWith(tx, tombstone(rec), encodeTombstone); err != nil {
-						return err
-					}
-					at := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
-					if err := exp.Put(at, []byte{dueDeleteTomb}); err != nil {
+					if err := s.compactLocked(tx, rec); err != nil {
 						return err
 					}
 					c++
@@ -245,6 +249,16 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 					d++
 				}
 			}
+			// With room left, the records past retention by their
+			// first-seen time, from where the walk left off.
+			if handled < sweepChunk && (handled == 0 || time.Since(started) < sweepBudget) {
+				wc, moved, err := s.walkRetention(tx, cutoff, sweepChunk-handled, handled > 0, started)
+				if err != nil {
+					return err
+				}
+				c += wc
+				more = more || moved
+			}
 			return s.appendObserved(tx, deletedEntries...)
 		})
 		compacted, deleted = compacted+c, deleted+d
@@ -252,6 +266,104 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 			return compacted, deleted, err
 		}
 	}
+}
+
+// walkRetention is the part of a sweep transaction that finds the records
+// past retention without an expiry entry per record: it walks by_time (in
+// first-seen order) from the place kept under keyRetentionWalk, over the
+// records first seen Retention or more before cutoff. A final record due
+// by cutoff (CompletedAt+Retention) becomes a tombstone, with its
+// deletion's entry; a final record not yet due (it completed after it was
+// first seen) gets its dueCompact entry; one not final (in progress,
+// awaiting approval, unknown) gets its entry when it completes
+// (scheduleCompact). An index entry whose record is gone, a tombstone, or
+// a record first seen at another time (a newer operation under the key)
+// is passed over. The walk reads at most sweepScan index entries and
+// writes at most room entries and records, and stops at the sweep's
+// budget (counted from started; busy: the transaction did work already,
+// else it looks at one record at least). It returns the records it
+// compacted and whether its place moved.
+func (s *Ledger) walkRetention(tx *ltx, cutoff time.Time, room int, busy bool, started time.Time) (compacted int, moved bool, err error) {
+	meta := tx.Bucket(bucketMeta)
+	mark := bytes.Clone(meta.Get(keyRetentionWalk))
+	end := cutoff.Add(-s.opts.Retention) // first seen at or before end: past retention
+	// The keys first, then the records: nothing is written to a bucket
+	// while a cursor walks it.
+	var keys [][]byte
+	cur := tx.Bucket(bucketByTime).Cursor()
+	var k []byte
+	if mark == nil {
+		k, _ = cur.First()
+	} else if k, _ = cur.Seek(mark); bytes.Equal(k, mark) {
+		k, _ = cur.Next()
+	}
+	for ; k != nil && len(keys) < sweepScan; k, _ = cur.Next() {
+		if len(k) < 8 || time.Unix(0, int64(beUint64(k[:8]))).After(end) {
+			break
+		}
+		keys = append(keys, bytes.Clone(k))
+	}
+	exp := tx.Bucket(bucketExpiry)
+	var last []byte
+	written := 0
+	for i, k := range keys {
+		if written == room || (busy || i > 0) && time.Since(started) >= sweepBudget {
+			break // the rest waits for the next transaction
+		}
+		last = k
+		tenant, key, _ := bytes.Cut(k[8:], []byte{0})
+		rec, err := getRecord(tx, string(tenant), string(key))
+		if err != nil {
+			return compacted, false, err
+		}
+		if rec == nil || rec.Tombstone || rec.FirstSeenAt.UnixNano() != int64(beUint64(k[:8])) ||
+			!rec.State.Final() || rec.CompletedAt.IsZero() {
+			continue
+		}
+		written++
+		if want := rec.CompletedAt.Add(s.opts.Retention); want.After(cutoff) {
+			if err := exp.Put(dueKey(want, dueCompact, rec.Tenant, rec.Key), []byte{dueCompact}); err != nil {
+				return compacted, false, err
+			}
+			continue
+		}
+		if err := s.compactLocked(tx, rec); err != nil {
+			return compacted, false, err
+		}
+		compacted++
+	}
+	if last == nil {
+		return compacted, false, nil
+	}
+	return compacted, true, meta.Put(keyRetentionWalk, last)
+}
+
+// scheduleCompact writes the dueCompact entry of rec, which has just
+// become final, when the retention walk would not find it by its due
+// time: the walk has passed its time index key already (rec was not final
+// then, or the clock was set back behind the walk when rec was first
+// seen), or rec completed before it was first seen (a clock set back
+// since), so that the walk would reach it after its due time. Otherwise
+// nothing is written: the walk finds rec. The caller holds tx.
+func (s *Ledger) scheduleCompact(tx *ltx, rec *Record) error {
+	if !rec.CompletedAt.Before(rec.FirstSeenAt) {
+		mark := tx.Bucket(bucketMeta).Get(keyRetentionWalk)
+		if mark == nil || bytes.Compare(timeKey(rec.FirstSeenAt, rec.Tenant, rec.Key), mark) > 0 {
+			return nil
+		}
+	}
+	due := dueKey(rec.CompletedAt.Add(s.opts.Retention), dueCompact, rec.Tenant, rec.Key)
+	return tx.Bucket(bucketExpiry).Put(due, []byte{dueCompact})
+}
+
+// compactLocked makes rec, final and past retention, a tombstone and
+// schedules the tombstone's deletion; the caller holds tx.
+func (s *Ledger) compactLocked(tx *ltx, rec *Record) error {
+	if err := putRecordWith(tx, tombstone(rec), encodeTombstone); err != nil {
+		return err
+	}
+	at := dueKey(rec.CompletedAt.Add(s.opts.Retention+s.opts.TombstoneRetention), dueDeleteTomb, rec.Tenant, rec.Key)
+	return tx.Bucket(bucketExpiry).Put(at, []byte{dueDeleteTomb})
 }
 
 func (s *Ledger) deleteRecordLocked(tx *ltx, rec *Record) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"idemgate/ledger"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,9 +109,17 @@ const sweepTenant = "sweep"
 
 // writeDueRecords writes n finished records to the ledger file at path,
 // each completed two hours ago with its retention entry (compaction to a
-// tombstone) due an hour ago, as the ledger writes them: raw bbolt, in
+// tombstone) due an hour ago, as earlier builds wrote them: raw bbolt, in
 // big transactions, so a large file is quick to make.
 func writeDueRecords(t testing.TB, path string, n int) {
+	t.Helper()
+	writeRecordsAgo(t, path, n, true)
+}
+
+// writeRecordsAgo is writeDueRecords, with the retention entries (as
+// earlier builds wrote them) or without (as this one does: the sweep
+// finds the records by their first-seen time).
+func writeRecordsAgo(t testing.TB, path string, n int, entries bool) {
 	t.Helper()
 	s, err := Open(path, ledger.Options{})
 	if err != nil {
@@ -138,6 +147,9 @@ func writeDueRecords(t testing.TB, path string, n int) {
 				}
 				if err := times.Put(timeKey(at, sweepTenant, key), nil); err != nil {
 					return err
+				}
+				if !entries {
+					continue
 				}
 				// expiry: due (8 bytes BE ns) action tenant \x00 key → action
 				due := append(append(be64(uint64(at.Add(time.Hour).UnixNano())), 'r'), recordKey(sweepTenant, key)...)
@@ -173,9 +185,16 @@ func openCounting(t testing.TB, path string, opts ledger.Options) (*ledger.Ledge
 // many transactions of at most 50 records each, never one big one, and
 // compacts every record.
 func TestSweepSmallTransactions(t *testing.T) {
+	t.Run("entries", func(t *testing.T) { testSweepSmallTransactions(t, true) })
+	t.Run("walk", func(t *testing.T) { testSweepSmallTransactions(t, false) })
+}
+
+// testSweepSmallTransactions is TestSweepSmallTransactions over records
+// with their retention entries (earlier builds) or without (this one).
+func testSweepSmallTransactions(t *testing.T, entries bool) {
 	const n = 5000
 	path := filepath.Join(t.TempDir(), "ledger.db")
-	writeDueRecords(t, path, n)
+	writeRecordsAgo(t, path, n, entries)
 	l, cb := openCounting(t, path, ledger.Options{Retention: time.Hour})
 	compacted, deleted, err := l.Sweep(context.Background())
 	if err != nil {
@@ -668,4 +687,96 @@ func (c *timingBackend) Update(ctx context.Context, fn func(ledger.BTx) error) e
 	err := c.Backend.Update(ctx, fn)
 	c.durations = append(c.durations, time.Since(start))
 	return err
+}
+
+// expiryActions counts the entries of the expiry index by action.
+func expiryActions(t testing.TB, f *File) map[byte]int {
+	t.Helper()
+	got := map[byte]int{}
+	err := f.view(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("expiry")).ForEach(func(k, v []byte) error {
+			got[k[8]]++
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// TestCreateWritesNoExpiryEntry: an operation that completes — executed at
+// once, or claimed and then completed — writes nothing to the expiry
+// index (the sweep finds it by its first-seen time); a held one writes
+// only its approval's expiry.
+func TestCreateWritesNoExpiryEntry(t *testing.T) {
+	ctx := context.Background()
+	f := mustOpen(t, ledger.Options{})
+	ap := &applier{}
+	if _, err := f.Execute(ctx, newClaim("t1", "create_order", "fp-1"), ap.succeed(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	c := newClaim("t1", "create_order", "fp-2")
+	d, err := f.Claim(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Complete(ctx, c.Actor, c.Key, d.Record.Generation, ledger.Outcome{State: ledger.StateFailed}); err != nil {
+		t.Fatal(err)
+	}
+	held := newClaim("t1", "create_order", "fp-3")
+	held.RequireApproval = true
+	if _, err := f.Execute(ctx, held, ap.succeed(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := expiryActions(t, f), map[byte]int{'a': 1}; !maps.Equal(got, want) {
+		t.Errorf("expiry entries by action = %v; want %v (one approval's expiry, no compaction)", got, want)
+	}
+}
+
+// TestSweepHonoursEarlierEntries: a file of an earlier build holds a
+// compaction entry per completed record. An entry due before the sweep's
+// walk by first-seen time reaches its record (a record that completed
+// before it was first seen, a clock set back) compacts it when due, as
+// before; afterwards only the tombstones' deletion entries are left.
+func TestSweepHonoursEarlierEntries(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	writeRecordsAgo(t, path, 100, true) // first seen and completed 2h ago, entries due 1h ago
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	early := succeededRecord(sweepTenant, "completed-before-first-seen", now.Add(-30*time.Minute))
+	early.CompletedAt = now.Add(-2 * time.Hour)
+	err = db.Update(func(tx *bbolt.Tx) error {
+		if err := putRecord(tx, early); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketByTime).Put(timeKey(early.FirstSeenAt, early.Tenant, early.Key), nil); err != nil {
+			return err
+		}
+		due := append(append(be64(uint64(early.CompletedAt.Add(time.Hour).UnixNano())), 'r'), recordKey(early.Tenant, early.Key)...)
+		return tx.Bucket([]byte("expiry")).Put(due, []byte{'r'})
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := mustOpenPath(t, path, ledger.Options{Retention: time.Hour})
+	compacted, deleted, err := f.Sweep(context.Background())
+	if err != nil || compacted != 101 || deleted != 0 {
+		t.Fatalf("Sweep = %d compacted, %d deleted, %v; want 101, 0, nil", compacted, deleted, err)
+	}
+	if rec := mustGet(t, f, early.Tenant, early.Key); !rec.Tombstone {
+		t.Errorf("the record due by its entry only is not a tombstone: %s", recordJSON(t, rec))
+	}
+	if got, want := expiryActions(t, f), map[byte]int{'t': 101}; !maps.Equal(got, want) {
+		t.Errorf("expiry entries by action after the sweep = %v; want %v", got, want)
+	}
+	if n, d, err := f.Sweep(context.Background()); err != nil || n != 0 || d != 0 {
+		t.Errorf("second Sweep = %d, %d, %v; want 0, 0, nil", n, d, err)
+	}
 }

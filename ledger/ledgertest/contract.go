@@ -142,6 +142,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		{"LeaseExpiryUnknown", contractLeaseExpiryUnknown},
 		{"RenewLease", contractRenewLease},
 		{"RetentionTombstoneSweep", contractRetention},
+		{"RetentionMoment", contractRetentionMoment},
 		{"Tenants", contractTenants},
 		{"SuspectedDuplicate", contractSuspectedDuplicate},
 		{"ApprovalExpiry", contractApprovalExpiry},
