@@ -3,17 +3,15 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"idemgate/console"
 	"idemgate/ledger"
-	"idemgate/ledger/bolt"
-	"idemgate/schemas"
 	"idemgate/server"
 	"idemgate/tools"
+	"idemgate/tools/toolstest"
 )
 
 // TestPrintLogin: idemgate console prints where to log in — the listener's
@@ -23,20 +21,7 @@ import (
 // plain http, and the one code both links would carry would be spent by
 // the local one. The printed one-time link logs in, once.
 func TestPrintLogin(t *testing.T) {
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	v, err := schemas.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := tools.New(store, v, tools.Options{OutboxDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
+	svc, store := toolstest.New(t, ledger.Options{}, tools.Options{})
 	boss := &server.Identity{Principal: "boss", Tenant: "acme", Role: "approver"}
 	urlRE := regexp.MustCompile(`(?mi)^\s+(https?://\S+)$`)
 	for _, c := range []struct {

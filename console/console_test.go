@@ -7,16 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"idemgate/ledger"
-	"idemgate/ledger/bolt"
-	"idemgate/schemas"
 	"idemgate/tools"
+	"idemgate/tools/toolstest"
 )
 
 // TestTemplatesParse: every page's template parses with the shared layout
@@ -74,27 +72,11 @@ func newTestConsoleWith(t *testing.T, o testOptions) *testConsole {
 		"agent-token": {Principal: "alice", Tenant: "acme", Role: "agent"},
 		"zed-token":   {Principal: "zed", Tenant: "globex", Role: RoleApprover},
 	}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{ApprovalTTL: time.Hour, Now: func() time.Time {
+	svc, store := toolstest.New(t, ledger.Options{ApprovalTTL: time.Hour, Now: func() time.Time {
 		tc.mu.Lock()
 		defer tc.mu.Unlock()
 		return time.Now().Add(tc.skew)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	v, err := schemas.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.tools.OutboxDir == "" {
-		o.tools.OutboxDir = t.TempDir()
-	}
-	svc, err := tools.New(store, v, o.tools)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
+	}}, o.tools)
 	var read ledger.Store = store
 	if o.wrap != nil {
 		read = o.wrap(store)

@@ -5,16 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"path/filepath"
 	"reflect"
 	"testing"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"idemgate/ledger"
-	"idemgate/ledger/bolt"
 	"idemgate/schemas"
 	"idemgate/tools"
+	"idemgate/tools/toolstest"
 )
 
 // TestToolSchemaCompacted: a tool's input schema is registered compacted
@@ -62,20 +61,7 @@ func TestToolSchemaCompacted(t *testing.T) {
 // while tools/list publishes each schema file, as an approver sees every
 // tool and an agent every tool but the approver-only ones.
 func TestRegisteredToolsBindNoHeader(t *testing.T) {
-	store, err := bolt.Open(filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	v, err := schemas.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := tools.New(store, v, tools.Options{OutboxDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Close)
+	svc, _ := toolstest.New(t, ledger.Options{}, tools.Options{})
 	agent := Identity{Principal: "a", Tenant: "t", Role: "agent"}
 	s := New(svc, agent, slog.New(slog.DiscardHandler), nil)
 	out := json.RawMessage(schemas.OutputSchema())
