@@ -197,42 +197,12 @@ var layouts = []layout{
 		return nil
 	}},
 	{name: "floor", put: func(tx *bbolt.Tx, i int) error {
-		now := int64(i) * 1e6
-		key := []byte(simTenant + "\x00" + simHex(36))
-		oid := cat(be8(now), simRand(8))
-		for _, err := range []error{
-			simMeta(tx, i),
-			simPut(tx, "ops", false, cat(key, []byte("\x00r")), simRand(simRecord)),
-			simPut(tx, "ops", false, cat(key, []byte("\x00m\x00confirmation")), simRand(simMessage)),
-			simPut(tx, "log", true, cat(be8(now), []byte("a"), be8(int64(i))), simRand(simAudit)),
-			simPut(tx, "log", true, cat(be8(now), []byte("t"), key), nil),
-			simPut(tx, "log", true, cat(be8(now), []byte("o"+simTenant+"\x00"), oid), simRand(simOrder)),
-			simIndexes(tx, i),
-		} {
-			if err != nil {
-				return err
-			}
+		if err := simFloorOwn(tx, i); err != nil {
+			return err
 		}
-		return nil
+		return simIndexes(tx, i)
 	}},
-	{name: "deferred", put: func(tx *bbolt.Tx, i int) error {
-		now := int64(i) * 1e6
-		key := []byte(simTenant + "\x00" + simHex(36))
-		oid := cat(be8(now), simRand(8))
-		for _, err := range []error{
-			simMeta(tx, i),
-			simPut(tx, "ops", false, cat(key, []byte("\x00r")), simRand(simRecord)),
-			simPut(tx, "ops", false, cat(key, []byte("\x00m\x00confirmation")), simRand(simMessage)),
-			simPut(tx, "log", true, cat(be8(now), []byte("a"), be8(int64(i))), simRand(simAudit)),
-			simPut(tx, "log", true, cat(be8(now), []byte("t"), key), nil),
-			simPut(tx, "log", true, cat(be8(now), []byte("o"+simTenant+"\x00"), oid), simRand(simOrder)),
-		} {
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}, flush: func(tx *bbolt.Tx, from, to int) error {
+	{name: "deferred", put: simFloorOwn, flush: func(tx *bbolt.Tx, from, to int) error {
 		for i := from; i < to; i++ {
 			if err := simIndexes(tx, i); err != nil {
 				return err
@@ -240,6 +210,27 @@ var layouts = []layout{
 		}
 		return nil
 	}},
+}
+
+// simFloorOwn writes a create in the floor layout but for its two
+// hash-keyed indexes (simIndexes), which "deferred" writes later.
+func simFloorOwn(tx *bbolt.Tx, i int) error {
+	now := int64(i) * 1e6
+	key := []byte(simTenant + "\x00" + simHex(36))
+	oid := cat(be8(now), simRand(8))
+	for _, err := range []error{
+		simMeta(tx, i),
+		simPut(tx, "ops", false, cat(key, []byte("\x00r")), simRand(simRecord)),
+		simPut(tx, "ops", false, cat(key, []byte("\x00m\x00confirmation")), simRand(simMessage)),
+		simPut(tx, "log", true, cat(be8(now), []byte("a"), be8(int64(i))), simRand(simAudit)),
+		simPut(tx, "log", true, cat(be8(now), []byte("t"), key), nil),
+		simPut(tx, "log", true, cat(be8(now), []byte("o"+simTenant+"\x00"), oid), simRand(simOrder)),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // layoutPages fills a new file of page size ps with n creates of l (64
