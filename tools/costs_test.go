@@ -90,13 +90,7 @@ func TestCreateCommitCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]int{}
-	size := 0
-	for _, e := range entries {
-		kinds[string(e.Event)+" "+string(e.Decision)]++
-		b, _ := json.Marshal(e)
-		size += len(b)
-	}
+	kinds, size := tally(entries)
 	if len(entries) != n || kinds["transition executed"] != n {
 		t.Errorf("audit entries of %d creates: %d, %v; want one executed transition each", n, len(entries), kinds)
 	}
@@ -261,13 +255,7 @@ func TestOrderAPICreateAuditCosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]int{}
-	size := 0
-	for _, e := range entries {
-		kinds[string(e.Event)+" "+string(e.Decision)]++
-		b, _ := json.Marshal(e)
-		size += len(b)
-	}
+	kinds, size := tally(entries)
 	t.Logf("per order-API create: %.1f audit entries, %d audit bytes", float64(len(entries))/n, size/n)
 	if len(entries) != 2*n || kinds["transition claimed"] != n || kinds["transition completed"] != n {
 		t.Fatalf("audit entries of %d creates: %d, %v; want a claimed and a completed transition each", n, len(entries), kinds)
@@ -287,4 +275,16 @@ func TestOrderAPICreateAuditCosts(t *testing.T) {
 	if n, err := svc.ledger.VerifyAudit(ctx); err != nil || n < len(entries) {
 		t.Errorf("VerifyAudit = %d, %v; want every entry verified", n, err)
 	}
+}
+
+// tally counts audit entries by "event decision", and their bytes as
+// JSON.
+func tally(entries []ledger.AuditEntry) (kinds map[string]int, size int) {
+	kinds = map[string]int{}
+	for _, e := range entries {
+		kinds[string(e.Event)+" "+string(e.Decision)]++
+		b, _ := json.Marshal(e)
+		size += len(b)
+	}
+	return kinds, size
 }
