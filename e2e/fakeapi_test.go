@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -363,7 +364,16 @@ func (f *fakeAPI) StopAccepting() {
 	}
 	sa := &syscall.SockaddrInet4{Port: port}
 	copy(sa.Addr[:], ip)
-	if err := syscall.Bind(fd, sa); err != nil {
+	// The port can be busy for a moment after the listener closed (as in
+	// Accept); keep trying for long enough on a loaded machine.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		err = syscall.Bind(fd, sa)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
 		syscall.Close(fd)
 		f.t.Fatalf("StopAccepting: bind %s: %v", f.addr, err)
 	}
