@@ -69,10 +69,7 @@ func TestDeflateFixedRoundTrip(t *testing.T) {
 // a fifth longer than compress/flate's at recordLevel, and less than two
 // thirds of its JSON.
 func TestDeflateFixedSize(t *testing.T) {
-	r, err := DecodeRecord([]byte(format1Record))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := sampleRecord(t)
 	tomb := tombstone(r)
 	flate, err := EncodeRecord(tomb)
 	if err != nil {
@@ -95,10 +92,7 @@ func TestDeflateFixedSize(t *testing.T) {
 // TestTombstoneEncoding: a tombstone stored by encodeTombstone decodes to
 // the same record as one stored by EncodeRecord.
 func TestTombstoneEncoding(t *testing.T) {
-	r, err := DecodeRecord([]byte(format1Record))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := sampleRecord(t)
 	r.AuditSeqs = []uint64{7, 9}
 	tomb := tombstone(r)
 	v, err := encodeTombstone(tomb)

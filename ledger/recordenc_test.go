@@ -126,10 +126,7 @@ func TestRecordRoundTrip(t *testing.T) {
 // above 1 — refuses a format-2 record (ErrSchemaVersion there) rather
 // than reading an empty one, and still finds the record's audit entries.
 func TestFormat2RefusedByFormat1Reader(t *testing.T) {
-	r, err := DecodeRecord([]byte(format1Record))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := sampleRecord(t)
 	for _, rec := range []*Record{r, {Tenant: "t", Key: "k", State: StateInProgress, AuditSeqs: []uint64{9}}} {
 		v, err := EncodeRecord(rec)
 		if err != nil {
@@ -273,4 +270,14 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("stored again:\n%s\n%s", a, b)
 		}
 	})
+}
+
+// sampleRecord is format1Record decoded: a finished create_order.
+func sampleRecord(t testing.TB) *Record {
+	t.Helper()
+	r, err := DecodeRecord([]byte(format1Record))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
