@@ -21,6 +21,13 @@ type Backend interface {
 	// may then run fn again, alone, when another member failed: fn must
 	// reset whatever it reports at its start. When Update returns nil the
 	// writes are durable.
+	//
+	// A ctx marked by Background carries background work (the retention
+	// sweep): a backend that commits callers' functions together runs it
+	// in a transaction of its own, after every other function already
+	// waiting, so that a claim never waits for more than the one
+	// background transaction in progress. A backend without group commit
+	// may ignore the mark.
 	Update(ctx context.Context, fn func(BTx) error) error
 	// View runs fn in a read-only transaction that sees one consistent
 	// state: every Update committed before it began, nothing of a later
@@ -33,6 +40,20 @@ type Backend interface {
 	// Close releases the backend. The ledger calls it once, last; after
 	// it, Update and View return ErrClosed.
 	Close() error
+}
+
+type backgroundKey struct{}
+
+// Background returns ctx marked as carrying background work (see
+// Backend.Update).
+func Background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
+}
+
+// IsBackground reports whether ctx was marked by Background.
+func IsBackground(ctx context.Context) bool {
+	b, _ := ctx.Value(backgroundKey{}).(bool)
+	return b
 }
 
 // Clock is a Backend that supplies the ledger's clock. When a backend

@@ -94,6 +94,12 @@ func (e *laterFailed) Error() string { return e.err.Error() }
 // more than once (see Backend.Update), so it must reset whatever it
 // reports at its start.
 func (s *Ledger) update(fn func(*ltx) error) error {
+	return s.updateIn(context.Background(), fn)
+}
+
+// updateIn is update with the context given to the backend: Background
+// marks the retention sweep's transactions.
+func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 	audits, laters := s.takeAudit()
 	committed := false
 	defer func() {
@@ -104,7 +110,7 @@ func (s *Ledger) update(fn func(*ltx) error) error {
 	var observed []AuditEntry
 	var topics []string
 	for {
-		err := s.b.Update(context.Background(), func(bt BTx) error {
+		err := s.b.Update(ctx, func(bt BTx) error {
 			observed, topics = nil, nil
 			tx := &ltx{BTx: bt}
 			if err := appendAudit(tx, audits...); err != nil {

@@ -142,7 +142,7 @@ func (s *Ledger) Sweep(ctx context.Context) (compacted, deleted int, err error) 
 		}
 		var c, d int
 		var more bool
-		err := s.update(func(tx *ltx) error {
+		err := s.updateIn(Background(ctx), func(tx *ltx) error {
 			c, d, more = 0, 0, false
 			now, high, trusted, err := s.ledgerTime(tx)
 			if err != nil {

@@ -51,7 +51,8 @@ type backend struct {
 	probeErr   error
 
 	gcMu      sync.Mutex
-	gcQueue   []*gcJob
+	gcQueue   []*gcJob // waiting to be committed, in order
+	bgQueue   []*gcJob // background functions waiting, each to be committed alone
 	gcRunning bool
 
 	statsMu sync.Mutex
@@ -429,13 +430,22 @@ var errBatchRetry = errors.New("ledger: batch member failed")
 // must reset whatever it reports at its start. The first caller to find no
 // commit running leads; when its batch is committed it hands the lead to the
 // next waiter, so no caller waits for more than one commit beyond its own.
-func (s *backend) update(fn func(*bbolt.Tx) error) error {
+//
+// A background fn (the retention sweep's, see ledger.Background) is
+// committed alone, and leads only when no other caller waits: a claim
+// shares no batch with it and waits for at most the one background
+// transaction in progress.
+func (s *backend) update(fn func(*bbolt.Tx) error, background bool) error {
 	if s.readOnly {
 		return ErrReadOnly
 	}
 	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
 	s.gcMu.Lock()
-	s.gcQueue = append(s.gcQueue, j)
+	if background {
+		s.bgQueue = append(s.bgQueue, j)
+	} else {
+		s.gcQueue = append(s.gcQueue, j)
+	}
 	if s.gcRunning {
 		s.gcMu.Unlock()
 		if lead := <-j.wake; !lead {
@@ -448,9 +458,16 @@ func (s *backend) update(fn func(*bbolt.Tx) error) error {
 	} else {
 		s.gcRunning = true
 	}
-	n := min(len(s.gcQueue), maxBatch)
-	batch := s.gcQueue[:n:n]
-	s.gcQueue = append([]*gcJob(nil), s.gcQueue[n:]...)
+	// j leads: it is the first of its queue.
+	var batch []*gcJob
+	if background {
+		batch = []*gcJob{j}
+		s.bgQueue = append([]*gcJob(nil), s.bgQueue[1:]...)
+	} else {
+		n := min(len(s.gcQueue), maxBatch)
+		batch = s.gcQueue[:n:n]
+		s.gcQueue = append([]*gcJob(nil), s.gcQueue[n:]...)
+	}
 	s.gcMu.Unlock()
 
 	s.commit(batch)
@@ -459,9 +476,12 @@ func (s *backend) update(fn func(*bbolt.Tx) error) error {
 		b.wake <- false
 	}
 	s.gcMu.Lock()
-	if len(s.gcQueue) > 0 {
+	switch {
+	case len(s.gcQueue) > 0:
 		s.gcQueue[0].wake <- true
-	} else {
+	case len(s.bgQueue) > 0:
+		s.bgQueue[0].wake <- true
+	default:
 		s.gcRunning = false
 	}
 	s.gcMu.Unlock()
@@ -548,9 +568,10 @@ func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) erro
 
 // Update implements ledger.Backend: fn runs in a read-write transaction
 // committed together with the functions of concurrent callers (see
-// update), so fn may be run twice.
+// update), so fn may be run twice; a background fn is committed alone,
+// after the others waiting.
 func (s *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
-	return s.update(func(tx *bbolt.Tx) error { return fn(btx{tx}) })
+	return s.update(func(tx *bbolt.Tx) error { return fn(btx{tx}) }, ledger.IsBackground(ctx))
 }
 
 // View implements ledger.Backend.

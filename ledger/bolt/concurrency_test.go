@@ -158,3 +158,79 @@ func TestBoltConcurrentMixed(t *testing.T) {
 		t.Errorf("VerifyAudit = %d, %v", n, err)
 	}
 }
+
+// TestBoltBackgroundCommitsAloneAfterWaiters: a background transaction
+// (the sweep's) queued before three claims' transactions, while another
+// commit runs, is committed after them, in a transaction of its own; the
+// three share one commit.
+func TestBoltBackgroundCommitsAloneAfterWaiters(t *testing.T) {
+	f := mustOpen(t, ledger.Options{})
+	s := f.be
+	var (
+		mu    sync.Mutex
+		order []string
+		wg    sync.WaitGroup
+	)
+	note := func(name string) func(ledger.BTx) error {
+		return func(ledger.BTx) error {
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			return nil
+		}
+	}
+	queued := func(normal, background int) {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s.gcMu.Lock()
+			n, b := len(s.gcQueue), len(s.bgQueue)
+			s.gcMu.Unlock()
+			if n == normal && b == background {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("queued %d + %d background; want %d + %d", n, b, normal, background)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release) // a failed wait: the blocker ends all the same
+		}
+	}()
+	wg.Go(func() { // holds the commit while the others queue
+		if err := s.Update(context.Background(), func(ledger.BTx) error { close(started); <-release; return nil }); err != nil {
+			t.Error(err)
+		}
+	})
+	<-started
+	wg.Go(func() {
+		if err := s.Update(ledger.Background(context.Background()), note("sweep")); err != nil {
+			t.Error(err)
+		}
+	})
+	queued(0, 1)
+	for i := range 3 {
+		wg.Go(func() {
+			if err := s.Update(context.Background(), note(fmt.Sprint("claim", i))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	queued(3, 1)
+	before := f.CommitStats()
+	close(release)
+	wg.Wait()
+	after := f.CommitStats()
+	if len(order) != 4 || order[3] != "sweep" {
+		t.Errorf("committed in the order %v; want the three claims, then the sweep", order)
+	}
+	if commits, funcs := after.Commits-before.Commits, after.Functions-before.Functions; commits != 3 || funcs != 5 {
+		// the blocker's commit, the claims' (three functions), the sweep's
+		t.Errorf("%d commits of %d functions; want 3 of 5 (the blocker, the three claims together, the sweep alone)", commits, funcs)
+	}
+}

@@ -113,7 +113,7 @@ func (s *backend) probe() error {
 	s.healthMu.Unlock()
 	err := s.update(func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(keyHealthProbe, []byte(time.Now().UTC().Format(time.RFC3339Nano)))
-	})
+	}, false)
 	s.healthMu.Lock()
 	s.probeAt, s.probeErr = time.Now(), err
 	s.healthMu.Unlock()

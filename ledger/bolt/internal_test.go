@@ -40,7 +40,7 @@ func timeKey(t time.Time, tenant, key string) []byte {
 }
 
 func (f *File) view(fn func(*bbolt.Tx) error) error   { return f.be.view(fn) }
-func (f *File) update(fn func(*bbolt.Tx) error) error { return f.be.update(fn) }
+func (f *File) update(fn func(*bbolt.Tx) error) error { return f.be.update(fn, false) }
 
 func auditIndexed(tx *bbolt.Tx) uint64 {
 	if v := tx.Bucket(bucketMeta).Get(keyAuditIndexed); len(v) == 8 {
