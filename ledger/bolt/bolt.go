@@ -68,11 +68,21 @@ type backend struct {
 // and the time their writes took (bbolt's write time: the pages written,
 // fdatasync, the meta page written, fdatasync again). Tests pin the pages
 // a create costs with it.
+//
+// BehindBackground counts the transaction functions that waited for a
+// background transaction (the retention sweep's, see update) to commit,
+// and BehindBackgroundMax is the longest of those waits: from when the
+// function was queued, or the background transaction began if that was
+// later, to the background transaction's end. It is the wait a claim
+// owes to a sweep, per transaction (a claim and its completion are two).
 type CommitStats struct {
 	Commits    int64
 	Functions  int64
 	PageWrites int64
 	WriteTime  time.Duration
+
+	BehindBackground    int64
+	BehindBackgroundMax time.Duration
 }
 
 // CommitStats returns what this process's commits of f wrote so far. A
@@ -89,9 +99,13 @@ func (f *File) CommitStats() CommitStats {
 	if be == nil {
 		return CommitStats{}
 	}
-	be.statsMu.Lock()
-	defer be.statsMu.Unlock()
-	return be.stats
+	return be.commitStats()
+}
+
+func (s *backend) commitStats() CommitStats {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return s.stats
 }
 
 var (
@@ -395,6 +409,7 @@ func (s *backend) view(fn func(*bbolt.Tx) error) error {
 }
 
 type gcJob struct {
+	queued   time.Time
 	fn       func(*bbolt.Tx) error
 	err      error
 	panicked any
@@ -441,7 +456,7 @@ func (s *backend) update(fn func(*bbolt.Tx) error, background bool) error {
 	if s.readOnly {
 		return ErrReadOnly
 	}
-	j := &gcJob{fn: fn, wake: make(chan bool, 1)}
+	j := &gcJob{queued: time.Now(), fn: fn, wake: make(chan bool, 1)}
 	s.gcMu.Lock()
 	if background {
 		s.bgQueue = append(s.bgQueue, j)
@@ -480,6 +495,9 @@ func (s *backend) update(fn func(*bbolt.Tx) error, background bool) error {
 	}
 	s.gcMu.Lock()
 	waited := len(s.gcQueue) > 0
+	if background && waited {
+		s.noteBehind(led)
+	}
 	switch {
 	case len(s.gcQueue) > 0:
 		s.gcQueue[0].wake <- true
@@ -499,6 +517,28 @@ func (s *backend) update(fn func(*bbolt.Tx) error, background bool) error {
 		panic(j.panicked)
 	}
 	return j.err
+}
+
+// noteBehind counts, in CommitStats, the functions queued now, which
+// waited for the background transaction that began at began and has just
+// ended. The caller holds gcMu.
+func (s *backend) noteBehind(began time.Time) {
+	now := time.Now()
+	var longest time.Duration
+	for _, w := range s.gcQueue {
+		longest = max(longest, now.Sub(later(w.queued, began)))
+	}
+	s.statsMu.Lock()
+	s.stats.BehindBackground += int64(len(s.gcQueue))
+	s.stats.BehindBackgroundMax = max(s.stats.BehindBackgroundMax, longest)
+	s.statsMu.Unlock()
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (s *backend) commit(batch []*gcJob) {

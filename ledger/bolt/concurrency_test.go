@@ -234,3 +234,50 @@ func TestBoltBackgroundCommitsAloneAfterWaiters(t *testing.T) {
 		t.Errorf("%d commits of %d functions; want 3 of 5 (the blocker, the three claims together, the sweep alone)", commits, funcs)
 	}
 }
+
+// TestBoltBehindBackgroundCounted: a claim's transaction queued while a
+// background one runs is counted as waiting behind it, for as long as it
+// waited; one queued with no background transaction running is not.
+func TestBoltBehindBackgroundCounted(t *testing.T) {
+	f := mustOpen(t, ledger.Options{})
+	s := f.be
+	if err := s.Update(context.Background(), func(ledger.BTx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.CommitStats(); st.BehindBackground != 0 {
+		t.Fatalf("BehindBackground = %d with no background transaction; want 0", st.BehindBackground)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.Update(ledger.Background(context.Background()), func(ledger.BTx) error { close(started); <-release; return nil }); err != nil {
+			t.Error(err)
+		}
+	})
+	<-started
+	wg.Go(func() {
+		if err := s.Update(context.Background(), func(ledger.BTx) error { return nil }); err != nil {
+			t.Error(err)
+		}
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.gcMu.Lock()
+		n := len(s.gcQueue)
+		s.gcMu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatal("the claim's transaction never queued behind the background one")
+		}
+	}
+	const held = 30 * time.Millisecond
+	time.Sleep(held)
+	close(release)
+	wg.Wait()
+	st := f.CommitStats()
+	if st.BehindBackground != 1 || st.BehindBackgroundMax < held {
+		t.Errorf("BehindBackground = %d, longest %v; want 1, at least %v", st.BehindBackground, st.BehindBackgroundMax, held)
+	}
+}

@@ -343,6 +343,7 @@ func BenchmarkSweepClaimWait(b *testing.B) {
 		if res.compacted != n {
 			b.Fatalf("Sweep compacted %d; want %d", res.compacted, n)
 		}
+		behind := cb.Backend.(*backend).commitStats()
 		floor := claimsAlone(b, l, 2, len(res.waits), 2*time.Minute)
 		b.ReportMetric(res.sweep.Seconds(), "sweep-s")
 		b.ReportMetric(float64(len(res.waits)), "claims-during-sweep")
@@ -353,8 +354,11 @@ func BenchmarkSweepClaimWait(b *testing.B) {
 		b.ReportMetric(float64(floor.p(0.99).Microseconds())/1000, "floor-p99-ms")
 		b.ReportMetric(float64(floor.p(1).Microseconds())/1000, "floor-max-ms")
 		b.ReportMetric(float64(cb.maxRecords), "max-records-per-tx")
+		b.ReportMetric(float64(behind.BehindBackgroundMax.Microseconds())/1000, "behind-sweep-max-ms")
+		b.ReportMetric(float64(behind.BehindBackground), "behind-sweep-txs")
 		slices.Sort(cb.durations)
 		b.Logf("%d write transactions: p50 %v, p99 %v, max %v", len(cb.durations), cb.durations[len(cb.durations)/2], cb.durations[len(cb.durations)*99/100], cb.durations[len(cb.durations)-1])
+		b.Logf("%d transactions waited for a sweep transaction, the longest %v", behind.BehindBackground, behind.BehindBackgroundMax)
 		b.Logf("%d due records: sweep %v; %d claims during it, p50 %v p99 %v max %v; without a sweep p50 %v p99 %v max %v (%d claims)",
 			n, res.sweep.Round(time.Millisecond), len(res.waits), res.p(0.5), res.p(0.99), res.p(1), floor.p(0.5), floor.p(0.99), floor.p(1), len(floor.waits))
 	}
