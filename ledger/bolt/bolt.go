@@ -526,19 +526,12 @@ func (s *backend) noteBehind(began time.Time) {
 	now := time.Now()
 	var longest time.Duration
 	for _, w := range s.gcQueue {
-		longest = max(longest, now.Sub(later(w.queued, began)))
+		longest = max(longest, min(now.Sub(w.queued), now.Sub(began)))
 	}
 	s.statsMu.Lock()
 	s.stats.BehindBackground += int64(len(s.gcQueue))
 	s.stats.BehindBackgroundMax = max(s.stats.BehindBackgroundMax, longest)
 	s.statsMu.Unlock()
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 func (s *backend) commit(batch []*gcJob) {

@@ -179,21 +179,6 @@ func TestBoltBackgroundCommitsAloneAfterWaiters(t *testing.T) {
 			return nil
 		}
 	}
-	queued := func(normal, background int) {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			s.gcMu.Lock()
-			n, b := len(s.gcQueue), len(s.bgQueue)
-			s.gcMu.Unlock()
-			if n == normal && b == background {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("queued %d + %d background; want %d + %d", n, b, normal, background)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
 	started, release := make(chan struct{}), make(chan struct{})
 	defer func() {
 		select {
@@ -213,7 +198,7 @@ func TestBoltBackgroundCommitsAloneAfterWaiters(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	queued(0, 1)
+	waitQueued(t, s, 0, 1)
 	for i := range 3 {
 		wg.Go(func() {
 			if err := s.Update(context.Background(), note(fmt.Sprint("claim", i))); err != nil {
@@ -221,7 +206,7 @@ func TestBoltBackgroundCommitsAloneAfterWaiters(t *testing.T) {
 			}
 		})
 	}
-	queued(3, 1)
+	waitQueued(t, s, 3, 1)
 	before := f.CommitStats()
 	close(release)
 	wg.Wait()
@@ -254,24 +239,20 @@ func TestBoltBehindBackgroundCounted(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release) // a failed wait: the background one ends all the same
+		}
+	}()
 	<-started
 	wg.Go(func() {
 		if err := s.Update(context.Background(), func(ledger.BTx) error { return nil }); err != nil {
 			t.Error(err)
 		}
 	})
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		s.gcMu.Lock()
-		n := len(s.gcQueue)
-		s.gcMu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(release)
-			t.Fatal("the claim's transaction never queued behind the background one")
-		}
-	}
+	waitQueued(t, s, 1, 0)
 	const held = 30 * time.Millisecond
 	time.Sleep(held)
 	close(release)
@@ -279,5 +260,22 @@ func TestBoltBehindBackgroundCounted(t *testing.T) {
 	st := f.CommitStats()
 	if st.BehindBackground != 1 || st.BehindBackgroundMax < held {
 		t.Errorf("BehindBackground = %d, longest %v; want 1, at least %v", st.BehindBackground, st.BehindBackgroundMax, held)
+	}
+}
+
+// waitQueued waits until s's group commit holds normal transactions and
+// background ones waiting, and fails t after 5 s.
+func waitQueued(t *testing.T, s *backend, normal, background int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.gcMu.Lock()
+		n, b := len(s.gcQueue), len(s.bgQueue)
+		s.gcMu.Unlock()
+		if n == normal && b == background {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queued %d + %d background; want %d + %d", n, b, normal, background)
+		}
 	}
 }

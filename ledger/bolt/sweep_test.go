@@ -194,8 +194,8 @@ func openCounting(t testing.TB, path string, opts ledger.Options) (*ledger.Ledge
 }
 
 // TestSweepSmallTransactions: a sweep of many due records commits them in
-// many transactions of at most 50 records each, never one big one, and
-// compacts every record.
+// many transactions of at most 20 records each (the ledger's sweepChunk),
+// never one big one, and compacts every record.
 func TestSweepSmallTransactions(t *testing.T) {
 	t.Run("entries", func(t *testing.T) { testSweepSmallTransactions(t, true) })
 	t.Run("walk", func(t *testing.T) { testSweepSmallTransactions(t, false) })
@@ -215,7 +215,7 @@ func testSweepSmallTransactions(t *testing.T, entries bool) {
 	if compacted != n || deleted != 0 {
 		t.Fatalf("Sweep = %d compacted, %d deleted; want %d, 0", compacted, deleted, n)
 	}
-	const maxPerTx = 50
+	const maxPerTx = 20
 	if cb.maxRecords > maxPerTx {
 		t.Errorf("one sweep transaction wrote %d records; want at most %d", cb.maxRecords, maxPerTx)
 	}
@@ -320,7 +320,7 @@ func sweepWithClaims(t testing.TB, l *ledger.Ledger, callers int) sweepRun {
 // them (no retention entry; the sweep walks their first-seen times) under
 // random keys (as agents choose them, so that a sweep transaction's
 // records lie on pages far apart); IDEMGATE_SWEEP_LAYOUT=sequential
-// writes them as the benchmark did before 2026-12-02 instead: keys in
+// writes them as the benchmark did up to commit 39354c9 instead: keys in
 // first-seen order, each with its retention entry as earlier builds wrote
 // it. Run with -benchtime=1x: one sweep.
 func BenchmarkSweepClaimWait(b *testing.B) {
