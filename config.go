@@ -295,7 +295,7 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		}
 		opts.Sink = sink
 	} else if l.file.Notifications.OutboxFormat == outboxSegments && !l.readOnlySink {
-		sink, err := outbox.NewSegmentSink(outboxDir)
+		sink, err := outbox.NewSegmentSink(outboxDir, logger)
 		if err != nil {
 			return nil, err
 		}

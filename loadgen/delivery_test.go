@@ -39,7 +39,7 @@ func TestCountMessages(t *testing.T) {
 	}
 	// The segment sink's lines count too, whole lines only (not a torn
 	// tail, nor its lock file).
-	sink, err := outbox.NewSegmentSink(dir)
+	sink, err := outbox.NewSegmentSink(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func BenchmarkDirSink(b *testing.B) {
 	// The segment sink (SegmentSink): each pass one write and one
 	// fdatasync of the newest segment.
 	b.Run("sink=segments,sync=fdatasync", func(b *testing.B) {
-		sink, err := NewSegmentSink(b.TempDir())
+		sink, err := NewSegmentSink(b.TempDir(), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func BenchmarkDeliverPending(b *testing.B) {
 // BenchmarkDeliverPendingSegments is BenchmarkDeliverPending with the
 // segment sink.
 func BenchmarkDeliverPendingSegments(b *testing.B) {
-	sink, err := NewSegmentSink(b.TempDir())
+	sink, err := NewSegmentSink(b.TempDir(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -329,7 +329,7 @@ func TestFullPassStartsNextAtOnce(t *testing.T) {
 		delivered func(t *testing.T, dir string) int
 	}{
 		{"files", func(dir string) (Sink, error) { return NewDirSink(dir) }, func(t *testing.T, dir string) int { return len(files(t, dir)) }},
-		{"segments", func(dir string) (Sink, error) { return NewSegmentSink(dir) }, func(t *testing.T, dir string) int { return len(segmentPayloads(t, dir)) }},
+		{"segments", func(dir string) (Sink, error) { return NewSegmentSink(dir, nil) }, func(t *testing.T, dir string) int { return len(segmentPayloads(t, dir)) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())

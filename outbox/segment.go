@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,14 +45,29 @@ import (
 //     Found by Deliver, it refuses at once; found only by Flush (another
 //     process appended the id since the last Flush), Flush returns an
 //     error, nothing of the pass is recorded, and the redelivery refuses.
-//   - A torn tail — the newest segment's lines from the first that is not
-//     a whole message line on (power lost before the fdatasync, or a
-//     process killed in its write) — is cut off (truncated) by the next
-//     holder of the lock, at open or at a Flush, and never read as a
-//     message; those messages were not recorded as delivered, and are
-//     appended again when redelivered. Only the newest segment can have
-//     one (a segment is complete and synced before the next is started),
-//     so a damaged line in an older segment is an error naming the file.
+//   - A torn tail is the newest segment's last line when it does not end
+//     in "\n": what a power loss before the fdatasync, or a process killed
+//     in its write, leaves. The next holder of the lock (at open or at a
+//     Flush) copies it to <seq>.jsonl.torn-<offset>-<n> beside the segment
+//     (synced), then cuts it off, and logs a warning naming the message
+//     when its id is readable. Such a message was normally not recorded
+//     as delivered (its Flush did not return) and is appended again when
+//     redelivered; a line cut after its delivery was recorded (a file
+//     shortened by hand or by a damaged file system) is never appended
+//     again, and the kept copy, the warning, TornTails and CheckSegments
+//     are how it is not lost without a word.
+//   - Any other line that is not a whole message line — a whole line
+//     (ending in "\n") that is not a JSON object with a message_id, in
+//     any segment, or an unterminated last line in an older one — is
+//     damage, never a torn tail: nothing is cut, and the sink refuses it
+//     with a *SegmentDamageError naming the file, line and byte, at open
+//     (NewSegmentSink fails: a server does not start) and at a Flush
+//     that finds it in what others appended (Flush fails and delivers
+//     nothing: messages stay queued, the server keeps serving, Damaged
+//     reports it). Damage is not what a crash of this sink leaves, so the
+//     lines after it are messages too — some recorded as delivered — and
+//     a sink cannot tell which bytes to drop: an operator repairs or
+//     removes the damaged line (CheckSegments lists every one).
 //
 // Consumers read the segments in name order and a segment from start to
 // end, taking only lines that end in "\n"; a line may appear before it is
@@ -65,6 +81,7 @@ import (
 // Safe for concurrent use. NewSegmentSink needs flock(2) (a Unix system).
 type SegmentSink struct {
 	dir string // the segments directory
+	log *slog.Logger
 	// MaxSegmentBytes bounds a segment: a pass that would take the newest
 	// segment past it starts a new one (a pass is never split, so a
 	// segment is larger only when one pass alone is). Set it before the
@@ -84,8 +101,10 @@ type SegmentSink struct {
 	// not have been synced before a crash); Flush syncs them.
 	resync map[uint64]bool
 
-	syncs atomic.Int64 // syncs issued (tests, benchmarks)
-	cut   atomic.Int64 // torn bytes cut off (tests)
+	syncs   atomic.Int64 // syncs issued (tests, benchmarks)
+	cut     atomic.Int64 // torn bytes cut off (tests)
+	torn    atomic.Int64 // torn tails cut off (TornTails)
+	damaged atomic.Bool  // the last Flush found damage (Damaged)
 }
 
 // DefaultSegmentBytes is a SegmentSink's MaxSegmentBytes unless set.
@@ -160,10 +179,14 @@ func (x segmentIndex) len() int { return len(x.ids) + len(x.other) }
 
 // NewSegmentSink opens the segments of outboxDir (creating the
 // directories if needed): it reads every segment into the index, and cuts
-// a torn tail off the newest. Errors: the file system's; a damaged line
-// in a segment other than the newest; errors.ErrUnsupported where
-// flock(2) is not available.
-func NewSegmentSink(outboxDir string) (*SegmentSink, error) {
+// a torn tail off the newest (kept aside, and logged to log at warning
+// level; nil log: not logged). Errors: the file system's; a
+// *SegmentDamageError for a damaged line in any segment;
+// errors.ErrUnsupported where flock(2) is not available.
+func NewSegmentSink(outboxDir string, log *slog.Logger) (*SegmentSink, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	dir := filepath.Join(outboxDir, "segments")
 	if err := os.MkdirAll(outboxDir, 0o700); err != nil {
 		return nil, fmt.Errorf("outbox directory: %w", err)
@@ -176,7 +199,7 @@ func NewSegmentSink(outboxDir string) (*SegmentSink, error) {
 	case !errors.Is(err, os.ErrExist):
 		return nil, fmt.Errorf("outbox segments directory: %w", err)
 	}
-	s := &SegmentSink{dir: dir, MaxSegmentBytes: DefaultSegmentBytes, pendingIDs: map[string]int{}, resync: map[uint64]bool{}}
+	s := &SegmentSink{dir: dir, log: log, MaxSegmentBytes: DefaultSegmentBytes, pendingIDs: map[string]int{}, resync: map[uint64]bool{}}
 	unlock, err := lockPath(filepath.Join(dir, "lock"))
 	if err != nil {
 		return nil, err
@@ -240,9 +263,10 @@ func (s *SegmentSink) loadLocked() error {
 }
 
 // readLocked indexes the lines of segment seq from offset from (a line
-// boundary) to its end and returns the end of its last whole line. In the
-// newest segment (newest), whatever follows that is a torn tail and is
-// cut off; in another, it is damage and an error.
+// boundary) to its end and returns the end of its last whole line. An
+// unterminated last line of the newest segment (newest) is a torn tail:
+// it is kept aside and cut off (cutTorn). Any other line that is not a
+// message line is a *SegmentDamageError, and nothing is cut.
 func (s *SegmentSink) readLocked(seq uint64, from int64, newest bool) (int64, error) {
 	f, err := os.Open(s.path(seq))
 	if err != nil {
@@ -256,30 +280,126 @@ func (s *SegmentSink) readLocked(seq uint64, from int64, newest bool) (int64, er
 	if fi.Size() > 1<<32-1 {
 		return 0, fmt.Errorf("outbox segment %s: larger than 4 GiB, not one this sink wrote", f.Name())
 	}
+	bad := int64(-1)
 	end, err := scanSegment(io.NewSectionReader(f, from, fi.Size()-from), newest, func(off int64, n int, id string) {
 		s.index.add(id, segmentLoc{off: from + off, seq: uint32(seq), n: uint32(n)})
+	}, func(off int64) bool {
+		bad = from + off
+		return false
 	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox segment %s: %w", f.Name(), err)
 	}
 	end += from
-	if end == fi.Size() {
+	switch {
+	case bad >= 0:
+		return 0, damageAt(f, bad)
+	case end == fi.Size():
 		return end, nil
+	case !newest:
+		return 0, damageAt(f, end) // a segment is complete before the next starts
 	}
-	if !newest {
-		return 0, fmt.Errorf("outbox segment %s is damaged at byte %d: not a crash's torn tail (only the newest segment can have one); check it and move it aside", f.Name(), end)
+	if err := s.cutTorn(f, seq, end, fi.Size()); err != nil {
+		return 0, err
 	}
-	// A torn tail: its messages were never recorded as delivered (their
-	// Flush did not return), so they are delivered again.
-	if err := os.Truncate(f.Name(), end); err != nil {
-		return 0, fmt.Errorf("outbox segment %s: cutting its torn tail: %w", f.Name(), err)
-	}
-	s.cut.Add(fi.Size() - end)
 	return end, nil
 }
 
+// cutTorn handles the torn tail of segment seq (open as f): bytes end to
+// size, an unterminated last line. It copies them to a file of their own
+// beside the segment and syncs it, then cuts them off the segment, and
+// logs it naming the message when the bytes show its id. The caller holds
+// the lock.
+func (s *SegmentSink) cutTorn(f *os.File, seq uint64, end, size int64) error {
+	torn := make([]byte, size-end)
+	if _, err := f.ReadAt(torn, end); err != nil {
+		return fmt.Errorf("outbox segment %s: reading its torn tail: %w", f.Name(), err)
+	}
+	kept, err := keepTorn(s.dir, seq, end, torn)
+	if err != nil {
+		return fmt.Errorf("outbox segment %s: keeping its torn tail aside: %w", f.Name(), err)
+	}
+	if err := os.Truncate(f.Name(), end); err != nil {
+		return fmt.Errorf("outbox segment %s: cutting its torn tail: %w", f.Name(), err)
+	}
+	s.cut.Add(size - end)
+	s.torn.Add(1)
+	id := tornID(torn)
+	if id == "" {
+		id = "(unreadable)"
+	}
+	s.log.Warn("outbox segment: cut off an unterminated last line (a torn write) and kept it aside",
+		"segment", f.Name(), "byte", end, "bytes", size-end, "message_id", id, "kept", kept,
+		"meaning", "a crash before the write was synced leaves one: its message was not recorded as delivered and is appended again when redelivered; "+
+			"if the ledger records it as delivered (get_operation_status), its line was lost after delivery and is not written again: recover it from the kept file. "+
+			"idemgate check lists kept files whose message is not in the segments")
+	return nil
+}
+
+// keepTorn writes torn, the tail cut at byte off of segment seq, to a new
+// file <segment>.torn-<off>-<n> in dir, synced with its directory entry,
+// and returns its path.
+func keepTorn(dir string, seq uint64, off int64, torn []byte) (string, error) {
+	f, err := os.CreateTemp(dir, fmt.Sprintf("%s.torn-%d-*", segmentName(seq), off))
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := f.Write(torn); err != nil {
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		return "", err
+	}
+	return f.Name(), syncDir(dir)
+}
+
+// tornID is the message id a torn line shows (the sink's lines start with
+// it), or "" when it was cut before the id's end.
+func tornID(torn []byte) string {
+	rest, ok := bytes.CutPrefix(torn, []byte(`{"message_id":"`))
+	if i := bytes.IndexByte(rest, '"'); ok && i > 0 && bytes.IndexByte(rest[:i], '\\') < 0 {
+		return strings.ToValidUTF8(string(rest[:i]), "?")
+	}
+	return ""
+}
+
+// SegmentDamageError is a line of a segment that is not a message line
+// and not a torn tail (see SegmentSink): nothing of the segment was cut.
+type SegmentDamageError struct {
+	Path   string
+	Line   int   // the damaged line's number, from 1
+	Offset int64 // where it starts
+	After  int   // the whole lines after it in the segment
+}
+
+func (e *SegmentDamageError) Error() string {
+	return fmt.Sprintf("outbox segment %s is damaged at line %d (byte %d): a line that is not a message line, "+
+		"and not a torn tail (only an unterminated last line of the newest segment is one); nothing was cut: the %d whole line(s) after it are kept. "+
+		"Repair or remove that line (the lines after it are messages, some recorded as delivered: keep them), then start again; "+
+		"idemgate check lists every damaged line", e.Path, e.Line, e.Offset, e.After)
+}
+
+// damageAt is the *SegmentDamageError of the line at byte off of f.
+func damageAt(f *os.File, off int64) error {
+	var before, rest int // newlines before off, and from it on
+	buf := make([]byte, 256<<10)
+	for pos := int64(0); ; {
+		n, err := f.ReadAt(buf, pos)
+		split := int(min(max(off-pos, 0), int64(n)))
+		before += bytes.Count(buf[:split], []byte("\n"))
+		rest += bytes.Count(buf[split:n], []byte("\n"))
+		pos += int64(n)
+		if err != nil {
+			break
+		}
+	}
+	// The first newline from off on ends the damaged line itself.
+	return &SegmentDamageError{Path: f.Name(), Line: before + 1, Offset: off, After: max(rest-1, 0)}
+}
+
 // catchUpLocked indexes what other sinks appended since this one last
-// read, cutting a torn tail off; the caller holds the lock.
+// read, cutting a torn tail off (readLocked); the caller holds the lock.
 func (s *SegmentSink) catchUpLocked() error {
 	for {
 		if s.seq != 0 {
@@ -313,13 +433,16 @@ func (s *SegmentSink) catchUpLocked() error {
 	}
 }
 
-// scanSegment reads message lines from r, calling fn with each whole
-// line's offset, length (with its "\n") and message id, up to the first
-// line that is not a whole message line; it returns where that line
-// starts (the end of r when every line is whole). With strict, every line
-// is also checked to be valid JSON (the newest segment, where a torn tail
-// may be). Errors: r's.
-func scanSegment(r io.Reader, strict bool, fn func(off int64, n int, id string)) (int64, error) {
+// scanSegment reads lines from r: it calls fn with each whole message
+// line's offset, length (with its "\n") and message id, and damaged with
+// the offset of each whole line that is not a message line (strict: also
+// each line that is not valid JSON — the newest segment, where a torn
+// write may be); the scan stops there unless damaged returns true. A line
+// of maxLineBytes or more is damaged too, and always stops the scan. It
+// returns where it stopped: the end of the last whole line read, or the
+// start of the damaged line it stopped at; at the end of r, what follows
+// has no "\n" (an unterminated last line, or nothing). Errors: r's.
+func scanSegment(r io.Reader, strict bool, fn func(off int64, n int, id string), damaged func(off int64) bool) (int64, error) {
 	buf := make([]byte, 0, 256<<10)
 	var base int64 // offset of buf[0]
 	eof := false
@@ -333,37 +456,38 @@ func scanSegment(r io.Reader, strict bool, fn func(off int64, n int, id string))
 				return 0, err
 			}
 		}
-		used, bad := scanLines(buf, strict, func(off, n int, id string) { fn(base+int64(off), n, id) })
+		used, stop := scanLines(buf, strict, func(off, n int, id string) { fn(base+int64(off), n, id) },
+			func(off int) bool { return damaged(base + int64(off)) })
 		base += int64(used)
-		if bad || eof {
-			// At the end, what is left has no "\n": a torn line (or nothing).
+		if stop || eof {
 			return base, nil
 		}
 		buf = buf[:copy(buf, buf[used:])]
 		if len(buf) == cap(buf) { // one line fills the buffer
 			if cap(buf) >= maxLineBytes {
-				return base, nil // too long to be a message line
+				damaged(base) // too long to be a message line
+				return base, nil
 			}
 			buf = slices.Grow(buf, cap(buf))
 		}
 	}
 }
 
-// scanLines calls fn for each whole message line at the start of b and
-// returns the length of those lines; bad is set when it stopped at a line
-// that is whole (ends in "\n") but not a message line. A last line
-// without its "\n" is left unread, bad unset: more may follow.
-func scanLines(b []byte, strict bool, fn func(off, n int, id string)) (used int, bad bool) {
+// scanLines reads the whole lines at the start of b: fn gets each message
+// line, damaged each other line (stop is set, and that line left unread,
+// when damaged returns false). It returns the length of the lines read; a
+// last line without its "\n" is left unread: more may follow.
+func scanLines(b []byte, strict bool, fn func(off, n int, id string), damaged func(off int) bool) (used int, stop bool) {
 	for used < len(b) {
 		i := bytes.IndexByte(b[used:], '\n')
 		if i < 0 {
 			return used, false
 		}
-		id, ok := lineID(b[used:used+i], strict)
-		if !ok {
+		if id, ok := lineID(b[used:used+i], strict); ok {
+			fn(used, i+1, id)
+		} else if !damaged(used) {
 			return used, true
 		}
-		fn(used, i+1, id)
 		used += i + 1
 	}
 	return used, false
@@ -392,6 +516,15 @@ func lineID(line []byte, strict bool) (string, bool) {
 	return *v.MessageID, true
 }
 
+// TornTails is how many torn tails this sink cut off (and kept aside)
+// since it was opened.
+func (s *SegmentSink) TornTails() int64 { return s.torn.Load() }
+
+// Damaged reports whether the last Flush that read the segments failed
+// on a damaged line (a *SegmentDamageError): deliveries wait until an
+// operator repairs it.
+func (s *SegmentSink) Damaged() bool { return s.damaged.Load() }
+
 // Deliver implements Sink: it checks m against the segments as this sink
 // last read them and keeps its line for the next Flush. A message whose id
 // is in a segment already is done when it is this very message (its
@@ -405,7 +538,7 @@ func (s *SegmentSink) Deliver(_ context.Context, m *Message) error {
 	}
 	// A line the reader would not take back as this message's — too long,
 	// or an id that does not survive the JSON round trip (invalid UTF-8)
-	// or is empty — would read as a torn tail, or be missed by the index.
+	// or is empty — would read as damage, or be missed by the index.
 	if id, ok := lineID(line, true); !ok || id != m.MessageID || len(line) >= maxLineBytes {
 		return &PermanentError{Err: fmt.Errorf("message %q cannot be written as a segment line (an empty or invalid id, or larger than %d bytes)", m.MessageID, maxLineBytes)}
 	}
@@ -479,7 +612,10 @@ func (s *SegmentSink) Flush() error {
 		return err
 	}
 	defer unlock()
-	if err := s.catchUpLocked(); err != nil {
+	err = s.catchUpLocked()
+	var damage *SegmentDamageError
+	s.damaged.Store(errors.As(err, &damage))
+	if err != nil {
 		return err
 	}
 	var conflicts []error
