@@ -129,6 +129,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	metrics.WatchSegments(lf.segments)
 	// Every background loop is joined before the ledger closes, on every
 	// way out of serve.
 	bg := newLoops()

@@ -97,6 +97,8 @@ type settings struct {
 	observe func(ledger.AuditEntry) // metrics hook, when metrics are served
 
 	readOnlySink bool // the service delivers nothing (a read-only command)
+	// segments is the segments sink service opened, if any (for metrics).
+	segments *outbox.SegmentSink
 	// mayCreate lets open create a new ledger where no file exists: only
 	// serve (and init) do; every other command refuses a missing ledger
 	// rather than start an empty one that remembers no key.
@@ -299,7 +301,7 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		if err != nil {
 			return nil, err
 		}
-		opts.Sink = sink
+		opts.Sink, l.segments = sink, sink
 	}
 	if u := l.file.Approvals.NotifyWebhook; u != "" {
 		sink, err := outbox.NewNoticeSink(u, 10*time.Second, l.file.Approvals.NotifySecret)

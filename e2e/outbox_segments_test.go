@@ -3,10 +3,12 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -106,4 +108,116 @@ func TestSegmentOutboxTwoProcesses(t *testing.T) {
 	if len(seen) != queued || len(orders) != queued {
 		t.Fatalf("%d messages for %d orders in the segments; the runs queued %d confirmations", len(seen), len(orders), queued)
 	}
+}
+
+// TestSegmentOutboxDamage: 50 confirmations delivered to the segments
+// outbox, then, with the server stopped, the newest segment damaged as a
+// disk or a hand can damage it. A damaged whole line in the middle (a
+// byte changed at the start of line 11, or an empty line inserted after
+// line 10) is not a torn tail: the server refuses to start, naming the
+// segment and the line, and changes nothing — the 40 delivered lines
+// after it stay; `idemgate check` lists it. The last line cut in half is
+// a torn tail: the server cuts it off, but keeps it aside, logs the
+// message it names, and counts it at /metrics; `idemgate check` lists the
+// kept tail, whose message the ledger records as delivered and which is
+// not written again.
+func TestSegmentOutboxDamage(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "idemgate.toml")
+	if err := os.WriteFile(config, []byte("[notifications]\noutbox_format = \"segments\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(dir, "ledger.db")
+	rep := runBench(t, "--db", db, "--config", config, "--calls", "50", "--duration", "0", "--clients", "1",
+		"--dup-ratio", "0", "--mix", "create_order=1", "--drain-timeout", "30s")
+	if d := rep.Delivery; d == nil || !d.Drained {
+		t.Fatalf("delivery %+v, want every confirmation delivered", d)
+	}
+	seg := filepath.Join(dir, "outbox", "segments", "000000000001.jsonl")
+	whole, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.SplitAfter(whole, []byte("\n"))
+	lines = lines[:len(lines)-1] // after the last "\n": nothing
+	if len(lines) != 50 {
+		t.Fatalf("the segment holds %d lines, want 50", len(lines))
+	}
+	line11 := len(bytes.Join(lines[:10], nil)) // where line 11 starts
+
+	for _, tc := range []struct {
+		name   string
+		damage func() []byte
+		after  int // the whole lines after the damaged one
+	}{
+		{"a byte changed at the start of line 11", func() []byte {
+			b := bytes.Clone(whole)
+			b[line11] = 'X'
+			return b
+		}, 39},
+		{"an empty line after line 10", func() []byte {
+			return append(append(bytes.Clone(whole[:line11]), '\n'), whole[line11:]...)
+		}, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			damaged := tc.damage()
+			if err := os.WriteFile(seg, damaged, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			defer os.WriteFile(seg, whole, 0o600)
+			r := runCLI(t, 30*time.Second, "serve", "--db", db, "--config", config)
+			if r.Code == 0 || !strings.Contains(r.Stderr, "000000000001.jsonl is damaged at line 11 ") || !strings.Contains(r.Stderr, fmt.Sprintf(" %d whole line(s) after it are kept", tc.after)) {
+				t.Errorf("serve over the damaged segment: exit %d, stderr:\n%s\nwant a refusal naming the segment, line 11 and the %d lines after it", r.Code, r.Stderr, tc.after)
+			}
+			if got, _ := os.ReadFile(seg); !bytes.Equal(got, damaged) {
+				t.Errorf("the segment holds %d bytes (%d lines) after the server ran, want the %d bytes it had: nothing cut",
+					len(got), bytes.Count(got, []byte("\n")), len(damaged))
+			}
+			c := runCLI(t, 30*time.Second, "check", "--db", db)
+			if c.Code != 1 || !strings.Contains(c.Stdout, "000000000001.jsonl: line 11 (byte ") {
+				t.Errorf("idemgate check: exit %d, stdout:\n%s\nstderr: %s\nwant line 11 listed, exit 1", c.Code, c.Stdout, c.Stderr)
+			}
+		})
+	}
+
+	t.Run("the last line cut in half", func(t *testing.T) {
+		last := lines[49]
+		var m deliveredMessage
+		if err := json.Unmarshal(last, &m); err != nil {
+			t.Fatal(err)
+		}
+		cut := len(whole) - len(last)/2
+		if err := os.Truncate(seg, int64(cut)); err != nil {
+			t.Fatal(err)
+		}
+		c := runCLI(t, 30*time.Second, "check", "--db", db)
+		if c.Code != 1 || !strings.Contains(c.Stdout, "is a torn tail") || !strings.Contains(c.Stdout, m.MessageID) {
+			t.Errorf("idemgate check before a start: exit %d, stdout:\n%s\nwant the torn tail of %s listed, exit 1", c.Code, c.Stdout, m.MessageID)
+		}
+
+		tokens := filepath.Join(dir, "tokens.json")
+		addToken(t, tokens, "alice", "acme", "agent")
+		srv := startHTTP(t, db, tokens, 0, "--config", config)
+		kept, _ := filepath.Glob(seg + ".torn-*")
+		if len(kept) != 1 {
+			t.Errorf("kept aside: %v, want one file", kept)
+			kept = []string{seg + ".torn-?"}
+		}
+		if b, _ := os.ReadFile(kept[0]); !bytes.Equal(b, whole[len(whole)-len(last):cut]) {
+			t.Errorf("the kept file holds %q, want the half line %q", b, whole[len(whole)-len(last):cut])
+		}
+		if got, _ := os.ReadFile(seg); !bytes.Equal(got, whole[:len(whole)-len(last)]) {
+			t.Errorf("the segment holds %d bytes, want the 49 whole lines (%d bytes)", len(got), len(whole)-len(last))
+		}
+		if log := srv.stderr.String(); !strings.Contains(log, "cut off an unterminated last line") || !strings.Contains(log, m.MessageID) || !strings.Contains(log, kept[0]) {
+			t.Errorf("the server's log does not name the cut message %s and the kept file:\n%s", m.MessageID, log)
+		}
+		if got := scrape(t, srv.base, "idemgate_outbox_segment_torn_tails_total"); got != 1 {
+			t.Errorf("/metrics idemgate_outbox_segment_torn_tails_total = %v, want 1", got)
+		}
+		c = runCLI(t, 30*time.Second, "check", "--db", db)
+		if c.Code != 1 || !strings.Contains(c.Stdout, kept[0]) || !strings.Contains(c.Stdout, m.MessageID) {
+			t.Errorf("idemgate check after the cut: exit %d, stdout:\n%s\nwant the kept tail of %s listed, exit 1", c.Code, c.Stdout, m.MessageID)
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"idemgate/ledger"
+	"idemgate/outbox"
 	"idemgate/tools"
 )
 
@@ -91,6 +92,27 @@ func (m *Metrics) watchSessionMemory(f func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemgate", Name: "http_sessions_in_memory",
 		Help: "Streamable HTTP sessions this process holds in memory (initialized here and not yet ended)."},
 		func() float64 { return float64(f()) }))
+}
+
+// WatchSegments publishes the state of the segments outbox of this
+// process (read at each scrape): torn tails its sink cut off and kept
+// aside, and whether a damaged line stops its deliveries. See
+// outbox.SegmentSink.
+func (m *Metrics) WatchSegments(s *outbox.SegmentSink) {
+	if m == nil || s == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemgate", Name: "outbox_segment_torn_tails_total",
+		Help: "Unterminated last lines of the newest outbox segment this process cut off and kept aside (<segment>.torn-*): a crash's torn write, or a line cut after its delivery was recorded (see the log and idemgate check)."},
+		func() float64 { return float64(s.TornTails()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemgate", Name: "outbox_segment_damaged",
+		Help: "1 while a damaged line in the outbox segments stops this process's deliveries (messages stay queued; see the log and idemgate check), else 0."},
+		func() float64 {
+			if s.Damaged() {
+				return 1
+			}
+			return 0
+		}))
 }
 
 // Handler serves the metrics in the Prometheus text format.
