@@ -40,7 +40,9 @@ Usage:
                                   archive the old audit entries and remove them (verify --archive FILE checks both)
   idemgate init [--db PATH]       create a new, empty ledger file (never overwrites one)
   idemgate migrate --db URL       create or upgrade a PostgreSQL ledger's schema (serve does it at start)
-  idemgate check [--db PATH]      check the whole ledger file (pages, records, audit entries); exit 1 on a problem
+  idemgate check [--db PATH] [--outbox-dir DIR]
+                                  check the whole ledger file (pages, records, audit entries) and the outbox
+                                  segments beside it (damaged lines, torn tails); exit 1 on a problem
   idemgate backup FILE [--db PATH]
                                   write a consistent copy of the ledger, while servers run
   idemgate compact [--db PATH] [--out FILE] [--no-backup]
