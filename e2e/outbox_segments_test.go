@@ -220,4 +220,46 @@ func TestSegmentOutboxDamage(t *testing.T) {
 			t.Errorf("idemgate check after the cut: exit %d, stdout:\n%s\nwant the kept tail of %s listed, exit 1", c.Code, c.Stdout, m.MessageID)
 		}
 	})
+
+	// Damage another process appends while this one serves: calls are
+	// served, the confirmation waits queued (the gauge says why) and is
+	// delivered once the line is removed; nothing is cut meanwhile.
+	t.Run("a damaged line appended while serving", func(t *testing.T) {
+		tokens := filepath.Join(dir, "tokens.json")
+		token := addToken(t, tokens, "bob", "acme", "agent")
+		srv := startHTTP(t, db, tokens, 0, "--config", config)
+		before, err := os.ReadFile(seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		damaged := append(bytes.Clone(before), "not a message\n"...)
+		report := fmt.Sprintf("is damaged at line %d ", bytes.Count(damaged, []byte("\n")))
+		if err := os.WriteFile(seg, damaged, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		order := httpSession(t, srv.base, token).mustSucceed(t, "create_order", orderArgs(newKey(), "cust-damage", coffee, nil)).orderID()
+		eventually(10*time.Second, func() bool {
+			got, _ := os.ReadFile(seg)
+			return strings.Contains(srv.stderr.String(), report) || !bytes.Equal(got, damaged)
+		})
+		if got, _ := os.ReadFile(seg); !bytes.Equal(got, damaged) {
+			t.Fatalf("the segment was changed while damaged: it ends in %q", got[max(0, len(got)-200):])
+		}
+		if log := srv.stderr.String(); !strings.Contains(log, report) {
+			t.Errorf("the server's log does not say %q:\n%s", report, log)
+		}
+		if got := scrape(t, srv.base, "idemgate_outbox_segment_damaged"); got != 1 {
+			t.Errorf("idemgate_outbox_segment_damaged = %v, want 1", got)
+		}
+		if err := os.WriteFile(seg, before, 0o600); err != nil { // the operator removes the line
+			t.Fatal(err)
+		}
+		delivered := func() bool {
+			b, _ := os.ReadFile(seg)
+			return bytes.Contains(b, []byte(`"order_id":"`+order+`"`))
+		}
+		if !eventually(10*time.Second, delivered) || scrape(t, srv.base, "idemgate_outbox_segment_damaged") != 0 {
+			t.Fatalf("the confirmation of %s was not delivered once the line was removed (or the gauge stayed 1); server log:\n%s", order, srv.stderr.String())
+		}
+	})
 }
