@@ -311,11 +311,8 @@ func (s *SegmentSink) readLocked(seq uint64, from int64, newest bool) (int64, er
 // logs it naming the message when the bytes show its id. The caller holds
 // the lock.
 func (s *SegmentSink) cutTorn(f *os.File, seq uint64, end, size int64) error {
-	torn := make([]byte, size-end)
-	if _, err := f.ReadAt(torn, end); err != nil {
-		return fmt.Errorf("outbox segment %s: reading its torn tail: %w", f.Name(), err)
-	}
-	kept, err := keepTorn(s.dir, seq, end, torn)
+	id := tornID(f, end) // before the cut
+	kept, err := keepTorn(s.dir, seq, end, io.NewSectionReader(f, end, size-end))
 	if err != nil {
 		return fmt.Errorf("outbox segment %s: keeping its torn tail aside: %w", f.Name(), err)
 	}
@@ -324,10 +321,6 @@ func (s *SegmentSink) cutTorn(f *os.File, seq uint64, end, size int64) error {
 	}
 	s.cut.Add(size - end)
 	s.torn.Add(1)
-	id := tornID(torn)
-	if id == "" {
-		id = "(unreadable)"
-	}
 	s.log.Warn("outbox segment: cut off an unterminated last line (a torn write) and kept it aside",
 		"segment", f.Name(), "byte", end, "bytes", size-end, "message_id", id, "kept", kept,
 		"meaning", "a crash before the write was synced leaves one: its message was not recorded as delivered and is appended again when redelivered; "+
@@ -336,16 +329,17 @@ func (s *SegmentSink) cutTorn(f *os.File, seq uint64, end, size int64) error {
 	return nil
 }
 
-// keepTorn writes torn, the tail cut at byte off of segment seq, to a new
-// file <segment>.torn-<off>-<n> in dir, synced with its directory entry,
-// and returns its path.
-func keepTorn(dir string, seq uint64, off int64, torn []byte) (string, error) {
+// keepTorn copies torn, the tail at byte off of segment seq, to a new
+// file <segment>.torn-<off>-<n> in dir (n makes the name unique: a crash
+// before the cut leaves the tail to be kept again), synced with its
+// directory entry, and returns its path.
+func keepTorn(dir string, seq uint64, off int64, torn io.Reader) (string, error) {
 	f, err := os.CreateTemp(dir, fmt.Sprintf("%s.torn-%d-*", segmentName(seq), off))
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	if _, err := f.Write(torn); err != nil {
+	if _, err := io.Copy(f, torn); err != nil {
 		return "", err
 	}
 	if err := f.Sync(); err != nil {
@@ -354,14 +348,17 @@ func keepTorn(dir string, seq uint64, off int64, torn []byte) (string, error) {
 	return f.Name(), syncDir(dir)
 }
 
-// tornID is the message id a torn line shows (the sink's lines start with
-// it), or "" when it was cut before the id's end.
-func tornID(torn []byte) string {
-	rest, ok := bytes.CutPrefix(torn, []byte(`{"message_id":"`))
+// tornID is the message id the torn line at byte off of r shows (the
+// sink's lines start with it), or "(unreadable)" when it was cut before
+// the id's end.
+func tornID(r io.ReaderAt, off int64) string {
+	b := make([]byte, 128) // more than `{"message_id":"` and an id of MessageID's
+	n, _ := r.ReadAt(b, off)
+	rest, ok := bytes.CutPrefix(b[:n], []byte(`{"message_id":"`))
 	if i := bytes.IndexByte(rest, '"'); ok && i > 0 && bytes.IndexByte(rest[:i], '\\') < 0 {
 		return strings.ToValidUTF8(string(rest[:i]), "?")
 	}
-	return ""
+	return "(unreadable)"
 }
 
 // SegmentDamageError is a line of a segment that is not a message line
@@ -376,8 +373,8 @@ type SegmentDamageError struct {
 func (e *SegmentDamageError) Error() string {
 	return fmt.Sprintf("outbox segment %s is damaged at line %d (byte %d): a line that is not a message line, "+
 		"and not a torn tail (only an unterminated last line of the newest segment is one); nothing was cut: the %d whole line(s) after it are kept. "+
-		"Repair or remove that line (the lines after it are messages, some recorded as delivered: keep them), then start again; "+
-		"idemgate check lists every damaged line", e.Path, e.Line, e.Offset, e.After)
+		"Repair or remove that line (the lines after it are messages, some recorded as delivered: keep them); "+
+		"until then no server starts on these segments and deliveries wait queued; idemgate check lists every damaged line", e.Path, e.Line, e.Offset, e.After)
 }
 
 // damageAt is the *SegmentDamageError of the line at byte off of f.
@@ -436,8 +433,8 @@ func (s *SegmentSink) catchUpLocked() error {
 // scanSegment reads lines from r: it calls fn with each whole message
 // line's offset, length (with its "\n") and message id, and damaged with
 // the offset of each whole line that is not a message line (strict: also
-// each line that is not valid JSON — the newest segment, where a torn
-// write may be); the scan stops there unless damaged returns true. A line
+// each line that is not valid JSON, a check worth its cost where the
+// latest writes are: the newest segment); the scan stops there unless damaged returns true. A line
 // of maxLineBytes or more is damaged too, and always stops the scan. It
 // returns where it stopped: the end of the last whole line read, or the
 // start of the damaged line it stopped at; at the end of r, what follows

@@ -36,13 +36,13 @@ func CheckSegments(outboxDir string) ([]string, error) {
 	found := map[string]bool{} // the kept tails' ids: appended again?
 	keptID := make([]string, len(kept))
 	for i, name := range kept {
-		b, err := os.ReadFile(name)
+		f, err := os.Open(name)
 		if err != nil {
 			return nil, err
 		}
-		if keptID[i] = tornID(b); keptID[i] != "" {
-			found[keptID[i]] = false
-		}
+		keptID[i] = tornID(f, 0)
+		f.Close()
+		found[keptID[i]] = false
 	}
 	var problems []string
 	for i, seq := range seqs {
@@ -54,7 +54,7 @@ func CheckSegments(outboxDir string) ([]string, error) {
 	}
 	for i, name := range kept {
 		switch id := keptID[i]; {
-		case id == "":
+		case id == "(unreadable)":
 			problems = append(problems, fmt.Sprintf("%s: a torn tail cut off and kept aside, too short to name its message: if the ledger records a message as delivered whose line is not in the segments, this was it; remove the file once dealt with", name))
 		case !found[id]:
 			problems = append(problems, fmt.Sprintf("%s: the torn line of message %s, cut off and not appended again since: if the ledger records it as delivered, its line is lost and this file is what is left of it; remove the file once dealt with", name, id))
@@ -94,20 +94,9 @@ func checkSegment(path string, newest bool, found map[string]bool) ([]string, er
 	switch {
 	case end == fi.Size() || end == lastBad: // whole, or a line too long to read on
 	case newest:
-		id := tornID(readAt(f, end, fi.Size()-end))
-		if id == "" {
-			id = "(unreadable)"
-		}
-		problems = append(problems, fmt.Sprintf("%s: line %d (byte %d) is a torn tail, an unterminated last line (message %s): the next server to start cuts it off and keeps it aside; its message is appended again if it was not recorded as delivered", path, line+1, end, id))
+		problems = append(problems, fmt.Sprintf("%s: line %d (byte %d) is a torn tail, an unterminated last line (message %s): the next server to start cuts it off and keeps it aside; its message is appended again if it was not recorded as delivered", path, line+1, end, tornID(f, end)))
 	default:
 		problems = append(problems, fmt.Sprintf("%s: line %d (byte %d) is damaged: an unterminated last line in a segment that is not the newest", path, line+1, end))
 	}
 	return problems, nil
-}
-
-// readAt is up to n bytes of f at off (fewer if f cannot give them).
-func readAt(f *os.File, off, n int64) []byte {
-	b := make([]byte, min(n, 64))
-	k, _ := f.ReadAt(b, off)
-	return b[:k]
 }
