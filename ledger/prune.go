@@ -342,21 +342,29 @@ type chainCheck struct {
 func (s *Ledger) verifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
 	var st chainCheck
 	for first := true; !st.done; first = false {
+		var reached AuditVerification // what the failed chunk had proved
 		err := s.view(func(tx *ltx) error {
 			// A backend may run fn again: it works on a copy, kept only
 			// when the transaction's reads all succeeded.
 			next := st
-			if err := next.chunk(ctx, tx, from, first); err != nil {
+			err := next.chunk(ctx, tx, from, first)
+			reached = next.res
+			if err != nil {
 				return err
 			}
 			st = next
 			return nil
 		})
 		if err != nil {
-			return st.res, err
+			// The entries before the one that failed are good: say how
+			// many ("broken after 5 good entries", not after 0).
+			return reached, err
 		}
 	}
-	return st.res, st.finish(from)
+	if err := st.finish(from); err != nil {
+		return st.res, err
+	}
+	return st.res, s.checkAuditNumbers(ctx)
 }
 
 // chunk checks up to verifyChunk entries in tx: from the log's first entry
@@ -412,6 +420,13 @@ func (st *chainCheck) chunk(ctx context.Context, tx *ltx, from *AuditChain, firs
 		}
 		if e.Seq != binary.BigEndian.Uint64(k) {
 			return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
+		}
+		if res.Entries > 0 && e.Seq != res.Last+1 {
+			missing := fmt.Sprintf("entry %d is", res.Last+1)
+			if e.Seq-res.Last > 2 {
+				missing = fmt.Sprintf("entries %d-%d are", res.Last+1, e.Seq-1)
+			}
+			return fmt.Errorf("audit entry %d: it follows entry %d, %s missing", e.Seq, res.Last, missing)
 		}
 		if res.Entries == 0 && e.Seq != st.want {
 			if anchor == nil {
