@@ -435,6 +435,9 @@ type Store interface {
 	// part must continue exactly. It returns what it proved, or an error
 	// naming the first entry that does not verify ([Ledger.VerifyAuditChain]).
 	VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error)
+	// CheckAuditCheckpoint checks that the log still holds the head a
+	// signed checkpoint covers ([Ledger.CheckAuditCheckpoint]).
+	CheckAuditCheckpoint(ctx context.Context, c AuditCheckpoint) error
 	// PruneAudit removes the oldest audit entries written before before,
 	// handing each batch to archive first (nil: they are discarded), in
 	// small transactions that each move the anchor and append an
