@@ -313,8 +313,12 @@ var errPrunedMeanwhile = errors.New("ledger: the audit log was pruned while it w
 // a copy of its first entries. It checks the entries present when it
 // started (those appended meanwhile are left to the next check), reading
 // them in transactions of at most verifyChunk entries; a prune that runs
-// meanwhile makes it start again (three times at most). It returns what
-// it proved, or an error naming the first entry that does not verify, or
+// meanwhile makes it start again (three times at most). Then it checks
+// that every entry the records, the per-key index and its watermark
+// number is in the log or pruned (checkAuditNumbers), so a cut tail is
+// found. It returns what it proved — on an error, Entries counts the
+// entries that verified before the one named — or an error naming the
+// first entry that does not verify, or what numbers a missing one, or
 // ctx's error when ctx ends first (then nothing was proved).
 func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
 	for attempt := 1; ; attempt++ {
