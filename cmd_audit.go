@@ -9,10 +9,11 @@ import (
 	"idemgate/ledger"
 	"io"
 	"text/tabwriter"
+	"time"
 )
 
 func audit(args []string, stdout, stderr io.Writer) error {
-	const use = "usage: idemgate audit verify [--archive FILE]... | tail [-n N] | export [--after SEQ] | prune (--before TIME | --audit-retention AGE) (--export FILE | --discard)"
+	const use = "usage: idemgate audit verify [--archive FILE]... [--checkpoint FILE]... | tail [-n N] | export [--after SEQ] | prune (--before TIME | --audit-retention AGE) (--export FILE | --discard)"
 	if err := groupHelp("audit", use, args, stderr); err != nil {
 		return err
 	}
@@ -30,6 +31,8 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	after := fs.Uint64("after", 0, "export: only entries with a sequence number above this (resume an earlier export)")
 	var archives stringList
 	fs.Var(&archives, "archive", "verify: an archive written by audit prune --export (or audit export), checked first and required to continue into the ledger; repeat, oldest first")
+	var checkpoints stringList
+	fs.Var(&checkpoints, "checkpoint", "verify: a file holding signed checkpoints of the chain (the server's log, or an audit export made with --audit-checkpoint-key): the chain must still hold every entry they cover, unchanged; repeat for several files")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -39,38 +42,60 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	if *n < 1 || *n > 10000 {
 		return usageError{fmt.Errorf("-n must be 1-10000, got %d", *n)}
 	}
-	if len(archives) > 0 && args[0] != "verify" {
-		return usageError{errors.New("--archive is a flag of audit verify")}
+	if (len(archives) > 0 || len(checkpoints) > 0) && args[0] != "verify" {
+		return usageError{errors.New("--archive and --checkpoint are flags of audit verify")}
 	}
 	store, err := lf.openReadOnly()
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	var key *checkpointKey
+	if name := lf.file.Audit.CheckpointKey; name != "" && (args[0] == "export" || len(checkpoints) > 0) {
+		if key, err = loadCheckpointKey(name); err != nil {
+			return usageError{err}
+		}
+	}
 	ctx := context.Background()
 	if args[0] == "verify" {
-		return auditVerify(ctx, store, archives, stdout)
+		if len(checkpoints) > 0 && key == nil {
+			return usageError{errors.New("--checkpoint needs the key that signed the checkpoints: --audit-checkpoint-key FILE (its public key is enough)")}
+		}
+		return auditVerify(ctx, store, archives, checkpoints, key, stdout)
 	}
 	enc := json.NewEncoder(stdout)
 	if args[0] == "export" {
 		// The whole log (or what follows --after) as JSON lines, oldest
 		// first, paged so that a long log is never held in memory; each
 		// line keeps its hash chain fields for an external verifier.
+		var last *ledger.AuditEntry
 		for seq := *after; ; {
 			page, err := store.AuditLog(ctx, seq, 10000)
 			if err != nil {
 				return err
 			}
-			for _, e := range page {
+			for i, e := range page {
 				if err := enc.Encode(e); err != nil {
 					return err
 				}
-				seq = e.Seq
+				seq, last = e.Seq, &page[i]
 			}
 			if len(page) < 10000 {
-				return nil
+				break
 			}
 		}
+		// With a signing key, a last line is the signed checkpoint of the
+		// last entry exported: kept with the export, it proves later that
+		// the ledger still holds every entry up to there.
+		switch {
+		case key == nil || last == nil:
+		case key.priv == nil:
+			fmt.Fprintf(stderr, "note: no checkpoint written: %s is a public key, which cannot sign\n", key.file)
+		default:
+			cp := ledger.SignAuditCheckpoint(key.priv, "", last.Seq, last.Hash, time.Now())
+			return enc.Encode(exportCheckpoint{&cp})
+		}
+		return nil
 	}
 	entries, err := store.AuditTail(ctx, *n)
 	if err != nil {

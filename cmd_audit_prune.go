@@ -45,14 +45,22 @@ const (
 )
 
 // auditVerify checks the archives (in order) and then the ledger's kept
-// log, and says what was proven from where.
-func auditVerify(ctx context.Context, store ledger.Store, archives []string, stdout io.Writer) error {
+// log, then that the chain holds what the checkpoints in the files
+// checkpointFiles cover (signed by key), and says what was proven from
+// where.
+func auditVerify(ctx context.Context, store ledger.Store, archives, checkpointFiles []string, key *checkpointKey, stdout io.Writer) error {
+	var cps checkpointCheck
+	for _, name := range checkpointFiles {
+		if err := cps.read(name, key); err != nil {
+			return fmt.Errorf("checkpoint file %s: %w", name, err)
+		}
+	}
 	var chain *ledger.AuditChain
 	if len(archives) > 0 {
 		chain = &ledger.AuditChain{}
 		for _, name := range archives {
 			first := chain.Last + 1
-			n, err := readArchive(name, chain)
+			n, err := readArchive(name, chain, cps.see)
 			if err != nil {
 				return fmt.Errorf("archive %s: %w", name, err)
 			}
@@ -72,6 +80,10 @@ func auditVerify(ctx context.Context, store ledger.Store, archives []string, std
 	if err != nil {
 		return fmt.Errorf("audit chain broken after %d good entries: %w", res.Entries, err)
 	}
+	if err := cps.check(ctx, store); err != nil {
+		return fmt.Errorf("audit chain does not hold what a checkpoint covers: %w", err)
+	}
+	defer cps.report(stdout)
 	switch {
 	case res.Anchor == nil && chain != nil:
 		fmt.Fprintf(stdout, "audit chain intact: %d entries; the archives are copies of entries %d-%d\n", res.Entries, chain.First, chain.Last)
@@ -88,8 +100,10 @@ func auditVerify(ctx context.Context, store ledger.Store, archives []string, std
 }
 
 // readArchive adds the entries of an archive file (JSON lines, the format
-// of audit export) to chain and returns how many it read.
-func readArchive(name string, chain *ledger.AuditChain) (int, error) {
+// of audit export) to chain, each also to see, and returns how many it
+// read. The checkpoint line of an export is skipped (pass the file to
+// --checkpoint to check it).
+func readArchive(name string, chain *ledger.AuditChain, see func(ledger.AuditEntry) error) (int, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return 0, err
@@ -97,16 +111,26 @@ func readArchive(name string, chain *ledger.AuditChain) (int, error) {
 	defer f.Close()
 	dec := json.NewDecoder(bufio.NewReaderSize(f, 1<<20))
 	n := 0
-	for {
-		var e ledger.AuditEntry
-		err := dec.Decode(&e)
+	for line := 1; ; line++ {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
 		if errors.Is(err, io.EOF) {
 			return n, nil
 		}
+		var e ledger.AuditEntry
+		if err == nil {
+			if bytes.HasPrefix(raw, []byte(`{"audit_checkpoint":`)) {
+				continue
+			}
+			err = json.Unmarshal(raw, &e)
+		}
 		if err != nil {
-			return n, fmt.Errorf("line %d: not an audit entry: %w", n+1, err)
+			return n, fmt.Errorf("line %d: not an audit entry: %w", line, err)
 		}
 		if err := chain.Add(e); err != nil {
+			return n, err
+		}
+		if err := see(e); err != nil {
 			return n, err
 		}
 		n++

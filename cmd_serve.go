@@ -54,6 +54,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	sessionIdle := fs.Duration("session-idle-timeout", server.DefaultSessionIdleTimeout, "with --http: a session unused this long ends (its id then gets 404)")
 	maxSessions := fs.Int("max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
 	bodyTimeout := fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
+	checkpointEvery := fs.Duration("audit-checkpoint-every", time.Minute, "with --audit-checkpoint-key: how often a signed checkpoint of the audit chain's head is logged (to stderr) when the chain grew; one more is logged at shutdown")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,6 +92,9 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if *bodyTimeout < 100*time.Millisecond || *bodyTimeout > 10*time.Minute {
 		return usageError{fmt.Errorf("--http-body-timeout must be between 100ms and 10m, got %s", *bodyTimeout)}
+	}
+	if *checkpointEvery < 100*time.Millisecond || *checkpointEvery > 24*time.Hour {
+		return usageError{fmt.Errorf("--audit-checkpoint-every must be between 100ms and 24h, got %s", *checkpointEvery)}
 	}
 	var origins *server.Origins
 	if *httpAddr != "" {
@@ -147,6 +151,16 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	// running operation, so a call that has just started still gets its
 	// result (or its recorded unknown outcome) back.
 	grace := shutdownGrace(lf.file.OrdersAPI.Timeout.Duration, *wait)
+	if name := lf.file.Audit.CheckpointKey; name != "" {
+		key, err := loadCheckpointKey(name)
+		if err != nil {
+			return usageError{err}
+		}
+		if key.priv == nil {
+			return usageError{fmt.Errorf("audit checkpoint key %s is a public key: serve signs checkpoints with the private key", name)}
+		}
+		bg.Go(func(ctx context.Context) { checkpointLoop(ctx, store, key.priv, *checkpointEvery, stderr, logger) })
+	}
 	bg.Go(svc.Deliverer().Run)
 	// One replica (process) at a time runs each sweep; the others skip.
 	holder := uuid.NewString()

@@ -66,8 +66,12 @@ type fileConfig struct {
 	} `toml:"console"`
 	// Audit.Retention is the age past which `idemgate audit prune`
 	// archives and removes audit entries (unset: keep them all).
+	// Audit.CheckpointKey is the Ed25519 key file (PEM) that signs the
+	// audit chain's checkpoints (serve, audit export) and checks them
+	// (audit verify --checkpoint); see checkpointKey.
 	Audit struct {
-		Retention approvals.Duration `toml:"retention"`
+		Retention     approvals.Duration `toml:"retention"`
+		CheckpointKey string             `toml:"checkpoint_key"`
 	} `toml:"audit"`
 }
 
@@ -91,6 +95,7 @@ type settings struct {
 	outboxFormat       string
 	approvalWebhook    string
 	publicURL          string
+	checkpointKey      string
 
 	fs      *flag.FlagSet
 	file    fileConfig              // after load: the file with the set flags applied
@@ -134,6 +139,7 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.outboxFormat, "outbox-format", env("IDEMGATE_OUTBOX_FORMAT", ""), "how notifications are written to the outbox directory: files (one <message_id>.json each, the default) or segments (JSON lines appended to segments/<seq>.jsonl, one write and sync per delivery pass); every process on one ledger must use the same (config [notifications] outbox_format; env IDEMGATE_OUTBOX_FORMAT)")
 	fs.StringVar(&l.approvalWebhook, "approval-notify-webhook", env("IDEMGATE_APPROVAL_NOTIFY_WEBHOOK", ""), "POST a notice to this URL when an approval is requested, through the outbox (config [approvals] notify_webhook; needs --public-url; env IDEMGATE_APPROVAL_NOTIFY_WEBHOOK; the signing secret: notify_secret or env IDEMGATE_APPROVAL_NOTIFY_SECRET)")
 	fs.StringVar(&l.publicURL, "public-url", env("IDEMGATE_PUBLIC_URL", ""), "the console's URL as people open it, e.g. https://gate.example.com: the base of the links in approvers' notices; an https one makes the console's cookie Secure, and serve --http allows its origin and host (config [console] public_url; env IDEMGATE_PUBLIC_URL)")
+	fs.StringVar(&l.checkpointKey, "audit-checkpoint-key", env("IDEMGATE_AUDIT_CHECKPOINT_KEY", ""), "Ed25519 key file (PEM) kept outside the ledger: its private key signs the audit chain's checkpoints (serve's log, audit export), its public key is enough for audit verify --checkpoint; make one with: openssl genpkey -algorithm ed25519 -out FILE (config [audit] checkpoint_key; env IDEMGATE_AUDIT_CHECKPOINT_KEY)")
 	l.fs = fs
 }
 
@@ -192,6 +198,9 @@ func (l *settings) load() error {
 	}
 	if l.publicURL != "" {
 		c.Console.PublicURL = l.publicURL
+	}
+	if l.checkpointKey != "" {
+		c.Audit.CheckpointKey = l.checkpointKey
 	}
 	var errs []error
 	switch f := c.Notifications.OutboxFormat; {

@@ -220,11 +220,24 @@ func recordAuditSeqs(tx BTx, tenant, key string) ([]uint64, error) {
 	if v == nil {
 		return nil, nil
 	}
+	seqs, err := decodeAuditSeqs(v)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+	}
+	return seqs, nil
+}
+
+// decodeAuditSeqs returns Record.AuditSeqs of a stored record, v: both
+// formats keep them as the JSON member audit_seqs (recordenc.go).
+func decodeAuditSeqs(v []byte) ([]uint64, error) {
+	if !bytes.Contains(v, []byte(`"audit_seqs"`)) {
+		return nil, nil // it numbers none (omitted when empty): no decode
+	}
 	var r struct {
 		AuditSeqs []uint64 `json:"audit_seqs"`
 	}
 	if err := json.Unmarshal(v, &r); err != nil {
-		return nil, fmt.Errorf("ledger: record %s/%s: %w", tenant, key, err)
+		return nil, err
 	}
 	return r.AuditSeqs, nil
 }

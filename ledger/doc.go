@@ -47,7 +47,11 @@
 // SHA-256 hash chain that [Store.VerifyAudit] checks. [Store.PruneAudit]
 // removes the oldest entries (after archiving them) and leaves an anchor
 // the kept part starts from; [Store.VerifyAuditChain] checks the chain from
-// that anchor, or from the archives. An entry's Event and Decision are
+// that anchor, or from the archives, and holds the log to the entry
+// numbers kept outside it (records, the per-key index), so a cut tail is
+// found. A signed AuditCheckpoint of the head, kept outside the ledger,
+// proves the head against whoever can rewrite the whole file
+// ([Store.CheckAuditCheckpoint]). An entry's Event and Decision are
 // typed (AuditEvent, AuditDecision), as are the error codes of outcomes
 // (Code): classify entries by them, never by other text.
 //

@@ -313,8 +313,12 @@ var errPrunedMeanwhile = errors.New("ledger: the audit log was pruned while it w
 // a copy of its first entries. It checks the entries present when it
 // started (those appended meanwhile are left to the next check), reading
 // them in transactions of at most verifyChunk entries; a prune that runs
-// meanwhile makes it start again (three times at most). It returns what
-// it proved, or an error naming the first entry that does not verify, or
+// meanwhile makes it start again (three times at most). Then it checks
+// that every entry the records, the per-key index and its watermark
+// number is in the log or pruned (checkAuditNumbers), so a cut tail is
+// found. It returns what it proved — on an error, Entries counts the
+// entries that verified before the one named — or an error naming the
+// first entry that does not verify, or what numbers a missing one, or
 // ctx's error when ctx ends first (then nothing was proved).
 func (s *Ledger) VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
 	for attempt := 1; ; attempt++ {
@@ -342,21 +346,29 @@ type chainCheck struct {
 func (s *Ledger) verifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error) {
 	var st chainCheck
 	for first := true; !st.done; first = false {
+		var reached AuditVerification // what the failed chunk had proved
 		err := s.view(func(tx *ltx) error {
 			// A backend may run fn again: it works on a copy, kept only
 			// when the transaction's reads all succeeded.
 			next := st
-			if err := next.chunk(ctx, tx, from, first); err != nil {
+			err := next.chunk(ctx, tx, from, first)
+			reached = next.res
+			if err != nil {
 				return err
 			}
 			st = next
 			return nil
 		})
 		if err != nil {
-			return st.res, err
+			// The entries before the one that failed are good: say how
+			// many ("broken after 5 good entries", not after 0).
+			return reached, err
 		}
 	}
-	return st.res, st.finish(from)
+	if err := st.finish(from); err != nil {
+		return st.res, err
+	}
+	return st.res, s.checkAuditNumbers(ctx)
 }
 
 // chunk checks up to verifyChunk entries in tx: from the log's first entry
@@ -412,6 +424,13 @@ func (st *chainCheck) chunk(ctx context.Context, tx *ltx, from *AuditChain, firs
 		}
 		if e.Seq != binary.BigEndian.Uint64(k) {
 			return fmt.Errorf("audit entry %d: stored under sequence %d", e.Seq, binary.BigEndian.Uint64(k))
+		}
+		if res.Entries > 0 && e.Seq != res.Last+1 {
+			missing := fmt.Sprintf("entry %d is", res.Last+1)
+			if e.Seq-res.Last > 2 {
+				missing = fmt.Sprintf("entries %d-%d are", res.Last+1, e.Seq-1)
+			}
+			return fmt.Errorf("audit entry %d: it follows entry %d, %s missing", e.Seq, res.Last, missing)
 		}
 		if res.Entries == 0 && e.Seq != st.want {
 			if anchor == nil {

@@ -432,9 +432,14 @@ type Store interface {
 	// VerifyAuditChain checks the hash chain of the entries the store
 	// keeps: from entry 1, or from the anchor of a pruned log; from, when
 	// not nil, is the chain of archives checked before, which the kept
-	// part must continue exactly. It returns what it proved, or an error
-	// naming the first entry that does not verify ([Ledger.VerifyAuditChain]).
+	// part must continue exactly; an entry a record or the per-key index
+	// numbers must be in the log or pruned. It returns what it proved, or
+	// an error naming the first entry that does not verify
+	// ([Ledger.VerifyAuditChain]).
 	VerifyAuditChain(ctx context.Context, from *AuditChain) (AuditVerification, error)
+	// CheckAuditCheckpoint checks that the log still holds the head a
+	// signed checkpoint covers ([Ledger.CheckAuditCheckpoint]).
+	CheckAuditCheckpoint(ctx context.Context, c AuditCheckpoint) error
 	// PruneAudit removes the oldest audit entries written before before,
 	// handing each batch to archive first (nil: they are discarded), in
 	// small transactions that each move the anchor and append an

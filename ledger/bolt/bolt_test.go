@@ -225,19 +225,22 @@ func TestBoltReplayAuditFlushedByTimer(t *testing.T) {
 }
 
 // TestBoltAuditTamper edits the closed file with bbolt directly; VerifyAudit
-// must name the first entry that no longer verifies.
+// must name the first entry that no longer verifies, and count the good
+// entries before it; a tail cut is found by the numbers the records and
+// the index's watermark hold.
 func TestBoltAuditTamper(t *testing.T) {
 	cases := []struct {
 		name   string
 		tamper func(b *bbolt.Bucket) error
 		want   string
+		good   int // the entries that verify before the one named
 	}{
 		{"edit_field", func(b *bbolt.Bucket) error {
 			return editEntry(b, 2, func(m map[string]any) { m["decision"] = "executed_by_nobody" })
-		}, "audit entry 2:"},
+		}, "audit entry 2:", 1},
 		{"edit_state", func(b *bbolt.Bucket) error {
 			return editEntry(b, 3, func(m map[string]any) { m["state_after"] = "failed" })
-		}, "audit entry 3:"},
+		}, "audit entry 3:", 2},
 		{"edit_and_rehash", func(b *bbolt.Bucket) error {
 			var e ledger.AuditEntry
 			if err := json.Unmarshal(b.Get(be64(2)), &e); err != nil {
@@ -249,13 +252,14 @@ func TestBoltAuditTamper(t *testing.T) {
 			}
 			v, _ := json.Marshal(e)
 			return b.Put(be64(2), v) // … breaks the link from entry 3
-		}, "audit entry 3:"},
-		{"delete_middle", func(b *bbolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3:"},
+		}, "audit entry 3:", 2},
+		{"delete_middle", func(b *bbolt.Bucket) error { return b.Delete(be64(2)) }, "audit entry 3: it follows entry 1, entry 2 is missing", 1},
+		{"cut_tail", func(b *bbolt.Bucket) error { return b.Delete(be64(6)) }, "numbers audit entry 6, but the log ends at entry 5", 5},
 		{"move_entry", func(b *bbolt.Bucket) error {
 			v := b.Get(be64(2))
 			return b.Put(be64(3), append([]byte(nil), v...))
-		}, "stored under sequence 3"},
-		{"not_json", func(b *bbolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002"},
+		}, "stored under sequence 3", 2},
+		{"not_json", func(b *bbolt.Bucket) error { return b.Put(be64(2), []byte("{garbage")) }, "0000000000000002", 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,6 +289,9 @@ func TestBoltAuditTamper(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("VerifyAudit error %q does not name %q", err, tc.want)
+			}
+			if n != tc.good {
+				t.Errorf("VerifyAudit counted %d good entries; want %d", n, tc.good)
 			}
 		})
 	}

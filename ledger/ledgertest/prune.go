@@ -3,6 +3,7 @@ package ledgertest
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -52,6 +53,8 @@ func RunAuditPrune(t *testing.T, open func(t *testing.T) ledger.Backend) {
 		{"LongLogVerifiedInChunks", pruneLongLog},
 		{"RefusesBrokenChainAndFuture", pruneRefuses},
 		{"ArchiveFailurePrunesNothing", pruneArchiveFails},
+		{"CutTailFound", pruneCutTail},
+		{"CheckpointHeld", pruneCheckpoint},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -469,5 +472,113 @@ func pruneArchiveFails(t *testing.T, p *pruneEnv) {
 	}
 	if a, err := p.l.AuditAnchorOf(p.ctx); err != nil || a != nil {
 		t.Errorf("anchor after a failed prune = %v, %v; want none", a, err)
+	}
+}
+
+// pruneCutTail: removing the newest entries is found by the numbers the
+// ledger keeps outside the chain — the index's watermark, then, when that
+// is set back too, a record that numbers a removed transition — before a
+// prune and after it, and the good entries before are counted.
+func pruneCutTail(t *testing.T, p *pruneEnv) {
+	p.ops("t1", 3)
+	cutoff := p.clock.Now()
+	p.ops("t1", 2)
+	check := func(when string, last uint64, want string) {
+		t.Helper()
+		res, err := p.l.VerifyAuditChain(p.ctx, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: verify = %v; want %q", when, err, want)
+		}
+		if res.Last != last {
+			t.Errorf("%s: verify checked through entry %d; want %d", when, res.Last, last)
+		}
+	}
+	for _, pruned := range []bool{false, true} {
+		if pruned {
+			if _, err := p.l.PruneAudit(p.ctx, cutoff, pruner, nil); err != nil {
+				t.Fatal(err)
+			}
+			p.ops("t1", 2)
+		}
+		log := p.log()
+		if _, err := p.l.VerifyAuditChain(p.ctx, nil); err != nil {
+			t.Fatalf("pruned %v: verify before the cut: %v", pruned, err)
+		}
+		// Each op's transition (numbered by its record) is followed by
+		// the replay entry ops buffers: the newest entry is a replay.
+		tail, transition := log[len(log)-1], log[len(log)-2]
+		p.raw(ledger.AuditCollection, seqKey(tail.Seq), func([]byte) []byte { return nil })
+		check(fmt.Sprintf("pruned %v, newest entry cut", pruned), transition.Seq,
+			fmt.Sprintf("numbers audit entry %d, but the log ends at entry %d", tail.Seq, transition.Seq))
+		p.raw(ledger.AuditCollection, seqKey(transition.Seq), func([]byte) []byte { return nil })
+		p.raw(ledger.MetaCollection, []byte("audit_indexed"), func([]byte) []byte { return seqKey(transition.Seq - 1) })
+		check(fmt.Sprintf("pruned %v, transition cut and the watermark set back", pruned), transition.Seq-1,
+			fmt.Sprintf("record t1/%s numbers audit entry %d, but the log ends at entry %d", transition.Key, transition.Seq, transition.Seq-1))
+		// Put them back for the next round.
+		for _, e := range []ledger.AuditEntry{transition, tail} {
+			v, err := json.Marshal(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.raw(ledger.AuditCollection, seqKey(e.Seq), func([]byte) []byte { return v })
+		}
+		p.raw(ledger.MetaCollection, []byte("audit_indexed"), func([]byte) []byte { return seqKey(tail.Seq) })
+	}
+}
+
+// pruneCheckpoint: a signed checkpoint of the head is held by the chain
+// until the chain is cut below it or written again; after a prune, one
+// of the anchor is still held, one of a pruned entry is left to its
+// archive (ErrCheckpointPruned).
+func pruneCheckpoint(t *testing.T, p *pruneEnv) {
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ops("t1", 3)
+	early := p.log()[1]
+	cutoff := p.clock.Now()
+	p.ops("t1", 2)
+	log := p.log()
+	head := log[len(log)-1]
+	cp := ledger.SignAuditCheckpoint(key, "", head.Seq, head.Hash, p.clock.Now())
+	if err := cp.VerifySignature(pub); err != nil {
+		t.Fatalf("the signature of a checkpoint just signed: %v", err)
+	}
+	forged := cp
+	forged.Entries--
+	if err := forged.VerifySignature(pub); err == nil {
+		t.Error("a checkpoint changed after signing verified")
+	}
+	if err := p.l.CheckAuditCheckpoint(p.ctx, cp); err != nil {
+		t.Fatalf("the checkpoint of the head: %v", err)
+	}
+	pr, err := p.l.PruneAudit(p.ctx, cutoff, pruner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchor := ledger.SignAuditCheckpoint(key, "", pr.Anchor.Seq, pr.Anchor.Hash, p.clock.Now())
+	if err := p.l.CheckAuditCheckpoint(p.ctx, anchor); err != nil {
+		t.Errorf("the checkpoint of the anchor, after the prune: %v", err)
+	}
+	old := ledger.SignAuditCheckpoint(key, "", early.Seq, early.Hash, p.clock.Now())
+	if err := p.l.CheckAuditCheckpoint(p.ctx, old); !errors.Is(err, ledger.ErrCheckpointPruned) {
+		t.Errorf("the checkpoint of a pruned entry = %v; want ErrCheckpointPruned", err)
+	}
+	if err := p.l.CheckAuditCheckpoint(p.ctx, cp); err != nil {
+		t.Errorf("the checkpoint of the head, after the prune: %v", err)
+	}
+	p.raw(ledger.AuditCollection, seqKey(head.Seq), func(v []byte) []byte {
+		return bytes.Replace(v, []byte(`"hash":"`), []byte(`"hash":"0`), 1)
+	})
+	if err := p.l.CheckAuditCheckpoint(p.ctx, cp); err == nil || !strings.Contains(err.Error(), "written again") {
+		t.Errorf("the checkpoint of an entry whose hash changed = %v; want it refused", err)
+	}
+	for seq := head.Seq; seq <= head.Seq+1; seq++ { // the head and the prune record after it
+		p.raw(ledger.AuditCollection, seqKey(seq), func([]byte) []byte { return nil })
+	}
+	want := fmt.Sprintf("entries %d-%d were removed", head.Seq, head.Seq)
+	if err := p.l.CheckAuditCheckpoint(p.ctx, cp); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("the checkpoint of a cut head = %v; want %q", err, want)
 	}
 }
