@@ -179,9 +179,7 @@ type tokenHashKey struct{}
 // read, and its connection is closed.
 func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		token, ok := strings.CutPrefix(auth, "Bearer ")
-		token = strings.TrimSpace(token)
+		token, ok := bearerToken(r.Header.Get("Authorization"))
 		if !ok || token == "" || len(token) > 512 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate"`)
 			refuse(w, r, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <token>; see idemgate tokens add)")
@@ -201,6 +199,18 @@ func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.H
 		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// bearerToken is the token of an Authorization header of the Bearer
+// scheme; ok is false for an absent header or another scheme. The
+// scheme's name is case-insensitive (RFC 7235 §2.1): "bearer" and
+// "BEARER" are Bearer.
+func bearerToken(header string) (token string, ok bool) {
+	scheme, rest, _ := strings.Cut(header, " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(rest), true
 }
 
 // sessionGate reads a POST body (bounded in size and time), refuses
