@@ -15,6 +15,10 @@
 //     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
 //     removed from the tokens file;
+//   - a failed login (a wrong token, a used or expired login link) is told
+//     to Config.Guard, and a source it has paused gets 429 with
+//     Retry-After before its login is checked (a login link is then not
+//     spent);
 //   - only the approver role sees anything: other roles get 403;
 //   - every read and decision is bound to the session's tenant;
 //   - every state-changing request (POST) from another origin is refused

@@ -71,7 +71,8 @@ type HTTPHandler struct {
 }
 
 // NewHTTPHandler returns the HTTP handler: /mcp (Streamable HTTP, bearer
-// token required: 401 with WWW-Authenticate otherwise), /healthz and
+// token required: 401 with WWW-Authenticate otherwise, 429 with
+// Retry-After while cfg.Guard pauses the request's source), /healthz and
 // /metrics. Every request is refused with 403 when its Origin is present
 // and not allowed (cfg.Origins), or, on a loopback connection, when its
 // Host is not a loopback name.
