@@ -22,14 +22,14 @@ import (
 )
 
 // newConsole is the web console over store and svc; tokens (may be nil)
-// log people in; publicURL ("" for none) is where people open it (an
+// log people in, and guard watches their failed logins; publicURL ("" for none) is where people open it (an
 // https one makes the session cookie Secure). standalone: the console
 // checks Host itself (under serve --http the transport does) and delivers
 // what a decision queued. The console's one background task, verifying
 // the audit chain once at its start, runs in bg, which the caller joins
 // before closing store (closeAfter).
-func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
-	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL}
+func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
+	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL, Guard: guard.For(server.AuthConsoleLogin)}
 	if tokens != nil {
 		cfg.Lookup = func(token string) (console.Identity, bool) {
 			id, ok, err := tokens.Lookup(token)
@@ -64,6 +64,7 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "notification sink directory (default: 'outbox' beside --db)")
 	ttl := fs.Duration("session-ttl", console.DefaultSessionTTL, "how long a console session lasts")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	authLimit := authFailureLimitFlag(fs)
 	var tf tokenFlags
 	tf.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -71,6 +72,9 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("console takes no arguments, got %q", fs.Args())}
+	}
+	if *authLimit < 0 {
+		return usageError{fmt.Errorf("--auth-failure-limit must be 0 (never pause) or more, got %d", *authLimit)}
 	}
 	if *ttl < time.Second || *ttl > 30*24*time.Hour {
 		return usageError{fmt.Errorf("--session-ttl must be between 1s and 720h, got %s", *ttl)}
@@ -129,7 +133,7 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 		}
 	}()
 	publicURL := lf.file.Console.PublicURL
-	c := newConsole(bg, publicURL, store, svc, tokens, logger, true, ttl)
+	c := newConsole(bg, publicURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl)
 	mux := http.NewServeMux()
 	mux.Handle("/ui", c)
 	mux.Handle("/ui/", c)
@@ -202,4 +206,11 @@ func displayAddr(addr string) string {
 		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// authFailureLimitFlag registers --auth-failure-limit (serve --http and
+// console): server.AuthGuard's limit.
+func authFailureLimitFlag(fs *flag.FlagSet) *int {
+	return fs.Int("auth-failure-limit", server.DefaultAuthFailureLimit,
+		"failed authentications (wrong bearer tokens, wrong console logins) one source address may make within a minute before its requests are refused (429) for a minute; 0: never refuse (failures are still logged and counted). Behind a reverse proxy every client is the proxy's address")
 }

@@ -55,6 +55,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	maxSessions := fs.Int("max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
 	bodyTimeout := fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
 	checkpointEvery := fs.Duration("audit-checkpoint-every", time.Minute, "with --audit-checkpoint-key: how often a signed checkpoint of the audit chain's head is logged (to stderr) when the chain grew; one more is logged at shutdown")
+	authLimit := authFailureLimitFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -89,6 +90,9 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if *maxSessions < 1 || *maxSessions > 10000 {
 		return usageError{fmt.Errorf("--max-sessions-per-token must be 1-10000, got %d", *maxSessions)}
+	}
+	if *authLimit < 0 {
+		return usageError{fmt.Errorf("--auth-failure-limit must be 0 (never pause) or more, got %d", *authLimit)}
 	}
 	if *bodyTimeout < 100*time.Millisecond || *bodyTimeout > 10*time.Minute {
 		return usageError{fmt.Errorf("--http-body-timeout must be between 100ms and 10m, got %s", *bodyTimeout)}
@@ -176,10 +180,12 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		bg.Go(sessions.Run)
 		// Over HTTP every request acts for its token's identity; the
 		// --principal/--tenant/--role of stdio do not apply.
+		// One guard for /mcp and the console: guesses at either count together.
+		guard := server.NewAuthGuard(*authLimit, logger, metrics)
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
-			Sessions: sessions, BodyTimeout: *bodyTimeout,
-			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, logger, false, nil),
+			Sessions: sessions, BodyTimeout: *bodyTimeout, Guard: guard,
+			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, guard, logger, false, nil),
 			Health: func(ctx context.Context) (bool, any) {
 				h := store.Health(ctx)
 				status := "ok"

@@ -15,6 +15,10 @@
 //     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
 //     removed from the tokens file;
+//   - a failed login (a wrong token, a used or expired login link) is told
+//     to Config.Guard, and a source it has paused gets 429 with
+//     Retry-After before its login is checked (a login link is then not
+//     spent);
 //   - only the approver role sees anything: other roles get 403;
 //   - every read and decision is bound to the session's tenant;
 //   - every state-changing request (POST) from another origin is refused
@@ -31,12 +35,14 @@ import (
 	"embed"
 	"encoding/base64"
 	"encoding/hex"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -95,12 +101,27 @@ type Config struct {
 	// standalone console; under serve --http the transport checks it
 	// already).
 	CheckHost bool
+	// Guard, when set, is told of every failed login (a wrong token, a
+	// used or expired login link) and pauses their source: its logins are
+	// refused (429) before they are checked. nil: nothing is watched.
+	Guard LoginGuard
 	// AfterDecide, when set, runs after each decision (the standalone
 	// console delivers the messages an approved operation queued).
 	AfterDecide func(ctx context.Context)
 	Logger      *slog.Logger
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
+}
+
+// LoginGuard logs, counts and slows failed logins by source
+// (server.AuthGuard.For(server.AuthConsoleLogin)).
+type LoginGuard interface {
+	// Paused is how long r's source must wait before its logins are
+	// checked again; 0 when they are checked now.
+	Paused(r *http.Request) time.Duration
+	// Failed records a failed login from r's source; reason says what was
+	// wrong.
+	Failed(r *http.Request, reason string)
 }
 
 // Console is the console's handler and its sessions. Safe for concurrent
@@ -348,8 +369,35 @@ func (c *Console) approver(next func(http.ResponseWriter, *http.Request, Identit
 	})
 }
 
+// paused answers 429 with the login page when r's source is paused
+// (Config.Guard), and reports whether it did.
+func (c *Console) paused(w http.ResponseWriter, r *http.Request) bool {
+	if c.cfg.Guard == nil {
+		return false
+	}
+	wait := c.cfg.Guard.Paused(r)
+	if wait <= 0 {
+		return false
+	}
+	secs := int((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	c.render(w, r, http.StatusTooManyRequests, "login", page{Title: "Log in",
+		Error: fmt.Sprintf("Too many failed logins from your address: try again in %d s. Nothing was checked.", secs)})
+	return true
+}
+
+// loginFailed tells Config.Guard of a failed login.
+func (c *Console) loginFailed(r *http.Request, reason string) {
+	if c.cfg.Guard != nil {
+		c.cfg.Guard.Failed(r, reason)
+	}
+}
+
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	if code := r.URL.Query().Get("once"); code != "" {
+		if c.paused(w, r) {
+			return // the link is not spent
+		}
 		k := hash(code)
 		c.mu.Lock()
 		link, ok := c.once[k]
@@ -360,6 +408,7 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
 			return
 		}
+		c.loginFailed(r, "login link used, expired or unknown")
 		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Log in", Error: "This login link was already used or has expired: log in with a token."})
 		return
 	}
@@ -371,6 +420,9 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if c.paused(w, r) {
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	var id Identity
@@ -379,6 +431,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		id, found = c.cfg.Lookup(token)
 	}
 	if !found {
+		c.loginFailed(r, "unknown token")
 		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Log in", Error: "That token is not valid. Use a token made with: idemgate tokens add --role approver."})
 		return
 	}

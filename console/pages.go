@@ -54,17 +54,6 @@ type earlierOp struct {
 	Missing                  bool
 }
 
-// outcome is the answer to a decision.
-type outcome struct {
-	Decision string
-	Status   string
-	Replayed bool
-	Code     string
-	Message  string
-	Result   string
-	Key      string
-}
-
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
 		"ts":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
@@ -234,10 +223,13 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
 	}
 	out.Result = pretty(resp.Result)
 	p := page{Title: "Outcome", Who: &id, Nav: "approvals", Outcome: out}
+	tool := ""
 	if a, err := c.cfg.Service.ShowApproval(r.Context(), actor(id), approvalID); err == nil {
 		it := c.item(r, id, *a)
 		p.Approval = &it
+		tool = a.Tool
 	}
+	out.Heading, out.Took = headingOf(decision, resp, tool)
 	status := http.StatusOK
 	if resp.IsError && !(decision == tools.Reject && resp.Status == ledger.StateRejected) {
 		status = http.StatusConflict

@@ -670,8 +670,11 @@ func TestConsoleTwoBrowsersApproveAtOnce(t *testing.T) {
 		if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
 			t.Errorf("browser %d: outcome %q, want succeeded\n%s", i+1, got, bodyText(t, ctx))
 		}
-		if !strings.Contains(bodyText(t, ctx), "already decided") {
+		switch h := textOf(t, ctx, "#outcome h1"); {
+		case h == "Approved: the order was cancelled":
 			executed++
+		case !regexp.MustCompile(`^Already decided by boss2? at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: succeeded$`).MatchString(h):
+			t.Errorf("browser %d: heading %q, want the executed approval's or the loser's (already decided by whom, when)", i+1, h)
 		}
 	}
 	if executed != 1 {
@@ -682,6 +685,66 @@ func TestConsoleTwoBrowsersApproveAtOnce(t *testing.T) {
 	}
 	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
 		t.Errorf("agent retry not replayed: %s", replay)
+	}
+}
+
+// TestConsoleOutcomeHeadings: the page after a decision is headed by what
+// became of this approver's action, not by the operation's state alone.
+// An approver who requested an operation and presses Approve reads that
+// it was not approved and why (before: "Approved: awaiting_approval"
+// above the refusal); an approver whose Approve runs the operation reads
+// what it did; one who presses Approve on a page opened before another
+// approver decided reads who decided, when, and the outcome.
+func TestConsoleOutcomeHeadings(t *testing.T) {
+	b1, b2 := newBrowser(t), newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, toks["alice"])
+	bossAgent := httpSession(t, base, toks["boss"]) // an approver who also asks
+	o1, o2 := placeOrder(t, agent, "cust-heading-1"), placeOrder(t, bossAgent, "cust-heading-2")
+	byAlice := agent.mustHold(t, "cancel_order", cancelArgs(newKey(), o1.OrderID, 1)).Approval.ApprovalID
+	byBoss := bossAgent.mustHold(t, "cancel_order", cancelArgs(newKey(), o2.OrderID, 1)).Approval.ApprovalID
+
+	loginWithToken(t, b1, base, toks["boss"])
+	loginWithToken(t, b2, base, toks["boss2"])
+	// boss2 opens alice's request before boss decides it.
+	do(t, b2, "boss2 opens alice's request", chromedp.Navigate(base+"/ui/approvals/"+byAlice), chromedp.WaitVisible(chromedp.CSS("#apr-"+byAlice+" button.approve")))
+
+	approve := func(ctx context.Context, who, id string) (heading, status string) {
+		t.Helper()
+		do(t, ctx, who+" approves "+id,
+			chromedp.Navigate(base+"/ui/approvals/"+id),
+			chromedp.WaitVisible(chromedp.CSS("#apr-"+id+" button.approve")),
+			chromedp.Click(chromedp.CSS("#apr-"+id+" button.approve")),
+			chromedp.WaitVisible(chromedp.CSS("#outcome h1")),
+		)
+		return textOf(t, ctx, "#outcome h1"), textOf(t, ctx, "#outcome-status")
+	}
+	if h, st := approve(b1, "boss", byBoss); h != "Not approved: you requested this operation; another approver must decide" || st != "awaiting_approval" {
+		t.Errorf("boss approving his own request: heading %q, status %q; want %q and awaiting_approval\n%s", h, st, "Not approved: you requested this operation; another approver must decide", bodyText(t, b1))
+	}
+	screenshot(t, b1, "outcome-own-request")
+	if h, st := approve(b1, "boss", byAlice); h != "Approved: the order was cancelled" || st != "succeeded" {
+		t.Errorf("boss approving alice's request: heading %q, status %q; want \"Approved: the order was cancelled\" and succeeded\n%s", h, st, bodyText(t, b1))
+	}
+	// boss2 presses Approve on the page opened before boss decided.
+	do(t, b2, "boss2 approves late",
+		chromedp.Click(chromedp.CSS("#apr-"+byAlice+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome h1")),
+	)
+	late := regexp.MustCompile(`^Already decided by boss at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: succeeded$`)
+	if h := textOf(t, b2, "#outcome h1"); !late.MatchString(h) {
+		t.Errorf("boss2 approving after boss: heading %q, want it to match %s\n%s", h, late, bodyText(t, b2))
+	}
+	screenshot(t, b2, "outcome-already-decided")
+	if h, _ := approve(b2, "boss2", byBoss); h != "Approved: the order was cancelled" {
+		t.Errorf("boss2 approving boss's request: heading %q, want \"Approved: the order was cancelled\"", h)
+	}
+	for _, o := range []string{o1.OrderID, o2.OrderID} {
+		if got := getOrder(t, agent, o); got.Status != "cancelled" || got.Version != 2 {
+			t.Errorf("order %s = %+v, want cancelled once (version 2)", o, got)
+		}
 	}
 }
 

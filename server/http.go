@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,8 +23,13 @@ import (
 
 // HTTPConfig configures the Streamable HTTP transport.
 type HTTPConfig struct {
-	Addr    string   // listen address, e.g. 127.0.0.1:8080
-	Tokens  *Tokens  // bearer tokens → identities
+	Addr   string  // listen address, e.g. 127.0.0.1:8080
+	Tokens *Tokens // bearer tokens → identities
+	// Guard logs, counts and slows failed bearer tokens by source; nil:
+	// NewAuthGuard(DefaultAuthFailureLimit, Logger, Metrics). Give the
+	// console the same one (Guard.For(AuthConsoleLogin)), so that
+	// guesses at both count together.
+	Guard   *AuthGuard
 	Metrics *Metrics // served at /metrics; nil: no /metrics
 	Logger  *slog.Logger
 	// Ready reports whether the server can serve (the ledger opens); it
@@ -65,7 +71,8 @@ type HTTPHandler struct {
 }
 
 // NewHTTPHandler returns the HTTP handler: /mcp (Streamable HTTP, bearer
-// token required: 401 with WWW-Authenticate otherwise), /healthz and
+// token required: 401 with WWW-Authenticate otherwise, 429 with
+// Retry-After while cfg.Guard pauses the request's source), /healthz and
 // /metrics. Every request is refused with 403 when its Origin is present
 // and not allowed (cfg.Origins), or, on a loopback connection, when its
 // Host is not a loopback name.
@@ -119,7 +126,10 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	cfg.Metrics.watchSessionMemory(sessions.Local)
 	var mcpH http.Handler = mcpHandler
 	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, next: mcpH}
-	h.mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Logger, mcpH))
+	if cfg.Guard == nil {
+		cfg.Guard = NewAuthGuard(DefaultAuthFailureLimit, cfg.Logger, cfg.Metrics)
+	}
+	h.mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Guard, cfg.Logger, mcpH))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
@@ -176,13 +186,23 @@ type tokenHashKey struct{}
 // requireToken lets through only requests with a valid bearer token,
 // carrying its identity; others get 401 with WWW-Authenticate (RFC 6750),
 // decided on the headers alone: the body of a refused request is never
-// read, and its connection is closed.
-func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.Handler {
+// read, and its connection is closed. A wrong credential is a failure
+// for guard (a request without one is not: clients ask without a token
+// to learn how to authenticate), and a source guard has paused gets 429
+// with Retry-After before its token is checked.
+func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		token, ok := strings.CutPrefix(auth, "Bearer ")
-		token = strings.TrimSpace(token)
+		if wait := guard.Paused(r, AuthBearer); wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
+			refuse(w, r, http.StatusTooManyRequests, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
+			return
+		}
+		header := r.Header.Get("Authorization")
+		token, ok := bearerToken(header)
 		if !ok || token == "" || len(token) > 512 {
+			if header != "" {
+				guard.Failed(r, AuthBearer, "not a usable bearer token (another scheme, empty or over 512 bytes)")
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate"`)
 			refuse(w, r, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <token>; see idemgate tokens add)")
 			return
@@ -192,6 +212,7 @@ func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.H
 			logger.Warn("tokens file", "err", err)
 		}
 		if !found {
+			guard.Failed(r, AuthBearer, "unknown token")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate", error="invalid_token"`)
 			refuse(w, r, http.StatusUnauthorized, "the bearer token is not valid")
 			return
@@ -201,6 +222,18 @@ func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.H
 		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// bearerToken is the token of an Authorization header of the Bearer
+// scheme; ok is false for an absent header or another scheme. The
+// scheme's name is case-insensitive (RFC 7235 §2.1): "bearer" and
+// "BEARER" are Bearer.
+func bearerToken(header string) (token string, ok bool) {
+	scheme, rest, _ := strings.Cut(header, " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(rest), true
 }
 
 // sessionGate reads a POST body (bounded in size and time), refuses

@@ -31,6 +31,8 @@ type Metrics struct {
 
 	sessions    prometheus.Gauge
 	sessionsEnd *prometheus.CounterVec
+
+	authFailures, authPausedReqs *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics (and the Go runtime's) in a registry
@@ -65,8 +67,31 @@ func NewMetrics() *Metrics {
 		Help: "Live Streamable HTTP sessions in the ledger (all processes sharing it), as this process last counted them."})
 	m.sessionsEnd = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "http_sessions_ended_total",
 		Help: "Streamable HTTP sessions this process ended, by why: deleted (DELETE), expired (idle), evicted (over the per-token cap)."}, []string{"reason"})
-	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd)
+	m.authFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "auth_failures_total",
+		Help: "Failed authentications, by kind: bearer (a wrong token on /mcp), console_login (a wrong token or login link at the console)."}, []string{"kind"})
+	m.authPausedReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "auth_paused_total",
+		Help: "Requests refused with 429 before their credential was checked, because their source failed to authenticate too often, by kind."}, []string{"kind"})
+	for _, kind := range []string{AuthBearer, AuthConsoleLogin} {
+		m.authFailures.WithLabelValues(kind)
+		m.authPausedReqs.WithLabelValues(kind)
+	}
+	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd, m.authFailures, m.authPausedReqs)
 	return m
+}
+
+// authFailed counts one failed authentication of kind.
+func (m *Metrics) authFailed(kind string) {
+	if m != nil {
+		m.authFailures.WithLabelValues(kind).Inc()
+	}
+}
+
+// authPaused counts one request of kind refused because its source is
+// paused.
+func (m *Metrics) authPaused(kind string) {
+	if m != nil {
+		m.authPausedReqs.WithLabelValues(kind).Inc()
+	}
 }
 
 // sessionsNow sets the live session count.
