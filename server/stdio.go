@@ -165,9 +165,13 @@ type stdioLoop struct {
 	lines  sync.Pool // *[]byte buffers to encode answers in (write)
 }
 
-// serve handles one message and writes its answer, if any. A panic
-// escaping mcp-go becomes an internal error answer under the message's id.
+// serve handles one message and writes its answer, if any: not the
+// answer of a tool call the client cancelled (notifications/cancelled)
+// while it ran. The call's notifications are written as it sends them,
+// ahead of its answer. A panic escaping mcp-go becomes an internal error
+// answer under the message's id.
 func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
+	st := &requestStream{transport: ctx, send: func(n mcp.JSONRPCNotification) { l.write(n) }}
 	resp := func() (resp mcp.JSONRPCMessage) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -184,8 +188,12 @@ func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
 					Error: mcp.NewJSONRPCErrorDetails(mcp.INTERNAL_ERROR, fmt.Sprintf("internal panic: %v", r), nil)}
 			}
 		}()
-		return l.s.HandleMessage(ctx, msg)
+		return l.s.HandleMessage(withRequestStream(ctx, st), msg)
 	}()
+	if st.answerWithheld() {
+		l.logger.Debug("stdio: the client cancelled a call; its answer is not sent")
+		return
+	}
 	if resp != nil {
 		l.write(resp)
 	}
@@ -216,8 +224,8 @@ func (l *stdioLoop) write(msg any) {
 // maxPooledLine bounds the buffers stdioLoop keeps for its answers.
 const maxPooledLine = 64 << 10
 
-// notifications writes the session's notifications (progress) until ctx
-// is done.
+// notifications writes the session's notifications until ctx is done
+// (a tool call's own are written by its requestStream).
 func (l *stdioLoop) notifications(ctx context.Context, ch <-chan mcp.JSONRPCNotification) {
 	for {
 		select {
