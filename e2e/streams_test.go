@@ -358,10 +358,11 @@ func TestCancelledCallUnansweredStdio(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
 	t.Cleanup(func() {
 		stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("idemgate serve: %v\n%s", err, stderr)
+		if err := <-exited; err != nil {
+			t.Errorf("idemgate serve: %v", err)
 		}
 		if t.Failed() {
 			t.Logf("server stderr:\n%s", stderr)
@@ -369,6 +370,7 @@ func TestCancelledCallUnansweredStdio(t *testing.T) {
 	})
 	lines := make(chan rpcMessage, 100)
 	go func() {
+		defer func() { exited <- cmd.Wait() }()
 		defer close(lines)
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -429,6 +431,20 @@ func TestCancelledCallUnansweredStdio(t *testing.T) {
 	}
 	// Past the cancelled call's --wait: its answer would have come by now.
 	next(wait, func(rpcMessage) bool { return false })
+	// The end of input ends the server at once: nothing is in flight, the
+	// cancelled call included (its shutdown grace is --wait + 15 s).
+	stdin.Close()
+	ended := time.Now()
+	select {
+	case err := <-exited:
+		exited <- err
+		if took := time.Since(ended); took > 3*time.Second {
+			t.Errorf("the server took %v to exit after its input ended, want promptly", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("the server was still running 10 s after its input ended: it waited for the cancelled call's answer")
+		cmd.Process.Kill()
+	}
 	for i, m := range seen {
 		if m.answers(2) {
 			t.Errorf("the cancelled call was answered: %s", m)

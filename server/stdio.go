@@ -84,7 +84,7 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	defer s.UnregisterSession(ctx, sess.SessionID())
 	ctx, cancel := context.WithCancel(s.WithContext(ctx, sess))
 	defer cancel()
-	l := &stdioLoop{s: s, out: drain.Writer(), logger: logger}
+	l := &stdioLoop{s: s, out: drain.Writer(), drain: drain, logger: logger}
 	go l.notifications(ctx, sess.notifications)
 
 	calls := make(chan []byte, 1000)
@@ -161,6 +161,7 @@ func serveOf(msg []byte) serveKind {
 type stdioLoop struct {
 	s      *mcpserver.MCPServer
 	out    io.Writer // atomic per Write (the drain's writer)
+	drain  *StdioDrain
 	logger *slog.Logger
 	lines  sync.Pool // *[]byte buffers to encode answers in (write)
 }
@@ -192,6 +193,15 @@ func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
 	}()
 	if st.answerWithheld() {
 		l.logger.Debug("stdio: the client cancelled a call; its answer is not sent")
+		// Settled all the same: a shutdown must not wait for it.
+		var m struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if json.Unmarshal(msg, &m) == nil {
+			if id, ok := normalizeID(m.ID); ok {
+				l.drain.answered(id)
+			}
+		}
 		return
 	}
 	if resp != nil {
