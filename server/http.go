@@ -325,6 +325,23 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.next.ServeHTTP(w, r)
 		return
 	}
+	if r.Method == http.MethodPost {
+		switch env.Method {
+		case string(mcp.MethodNotificationCancelled):
+			if modern {
+				// 2026-07-28 over HTTP cancels a request by closing its
+				// stream and expects no notifications/cancelled; without
+				// sessions mcp-go would apply one to the request of that
+				// id of any client in flight.
+				w.WriteHeader(http.StatusAccepted)
+				return
+			}
+		case string(mcp.MethodToolsCall):
+			ps, rs := newPostStream(w, r)
+			defer ps.finish()
+			w, r = ps, rs
+		}
+	}
 	if modern {
 		// 2026-07-28 has no sessions; mcp-go ignores Mcp-Session-Id.
 		if r.Method == http.MethodPost && env.Method == string(mcp.MethodSubscriptionsListen) {

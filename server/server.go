@@ -174,13 +174,17 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 			OnBehalfOf: id.OnBehalfOf, Model: id.Model, SessionID: sessionID(ctx)}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
 		requestOf(&actor, req.Params.Meta)
+		st := requestStreamOf(ctx)
 		var progress tools.Progress
 		if meta := req.Params.Meta; meta != nil {
 			if token := meta.ProgressToken; token != nil {
 				progress = func(done, total float64, msg string) {
-					_ = s.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
-						"progressToken": token, "progress": done, "total": total, "message": msg,
-					})
+					n := progressNotification(token, done, total, msg)
+					if st == nil {
+						_ = s.SendNotificationToClient(ctx, n.Method, n.Params.AdditionalFields)
+						return
+					}
+					st.notify(ctx, n)
 				}
 			}
 		}
@@ -192,6 +196,9 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 			args = raw
 		}
 		resp := svc.Call(ctx, actor, name, args, progress)
+		if st != nil {
+			st.settle(ctx)
+		}
 		metrics.observeCall(name, resp, time.Since(started))
 		return toResult(resp), nil
 	}

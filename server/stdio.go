@@ -84,7 +84,7 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	defer s.UnregisterSession(ctx, sess.SessionID())
 	ctx, cancel := context.WithCancel(s.WithContext(ctx, sess))
 	defer cancel()
-	l := &stdioLoop{s: s, out: drain.Writer(), logger: logger}
+	l := &stdioLoop{s: s, out: drain.Writer(), drain: drain, logger: logger}
 	go l.notifications(ctx, sess.notifications)
 
 	calls := make(chan []byte, 1000)
@@ -161,13 +161,18 @@ func serveOf(msg []byte) serveKind {
 type stdioLoop struct {
 	s      *mcpserver.MCPServer
 	out    io.Writer // atomic per Write (the drain's writer)
+	drain  *StdioDrain
 	logger *slog.Logger
 	lines  sync.Pool // *[]byte buffers to encode answers in (write)
 }
 
-// serve handles one message and writes its answer, if any. A panic
-// escaping mcp-go becomes an internal error answer under the message's id.
+// serve handles one message and writes its answer, if any: not the
+// answer of a tool call the client cancelled (notifications/cancelled)
+// while it ran. The call's notifications are written as it sends them,
+// ahead of its answer. A panic escaping mcp-go becomes an internal error
+// answer under the message's id.
 func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
+	st := &requestStream{transport: ctx, send: func(n mcp.JSONRPCNotification) { l.write(n) }}
 	resp := func() (resp mcp.JSONRPCMessage) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -184,8 +189,21 @@ func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
 					Error: mcp.NewJSONRPCErrorDetails(mcp.INTERNAL_ERROR, fmt.Sprintf("internal panic: %v", r), nil)}
 			}
 		}()
-		return l.s.HandleMessage(ctx, msg)
+		return l.s.HandleMessage(withRequestStream(ctx, st), msg)
 	}()
+	if st.answerWithheld() {
+		l.logger.Debug("stdio: the client cancelled a call; its answer is not sent")
+		// Settled all the same: a shutdown must not wait for it.
+		var m struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if json.Unmarshal(msg, &m) == nil {
+			if id, ok := normalizeID(m.ID); ok {
+				l.drain.answered(id)
+			}
+		}
+		return
+	}
 	if resp != nil {
 		l.write(resp)
 	}
@@ -216,8 +234,8 @@ func (l *stdioLoop) write(msg any) {
 // maxPooledLine bounds the buffers stdioLoop keeps for its answers.
 const maxPooledLine = 64 << 10
 
-// notifications writes the session's notifications (progress) until ctx
-// is done.
+// notifications writes the session's notifications until ctx is done
+// (a tool call's own are written by its requestStream).
 func (l *stdioLoop) notifications(ctx context.Context, ch <-chan mcp.JSONRPCNotification) {
 	for {
 		select {
