@@ -40,6 +40,12 @@ const (
 	maxNumberLen = 64
 	// maxEcho bounds any piece of the message repeated in a refusal.
 	maxEcho = 64
+	// maxMessageValues bounds the JSON values of a message outside a
+	// tool call's arguments (which the tool's schema bounds: see
+	// screenArguments). mcp-go decodes a message into trees of any,
+	// about a hundred bytes per value; no MCP request idemgate serves
+	// needs more than a few dozen values.
+	maxMessageValues = 10_000
 )
 
 // JSON-RPC error codes used for refused messages.
@@ -95,7 +101,8 @@ func (e *envelopeError) response() []byte {
 //     message, tool arguments included;
 //   - a number longer than 64 characters or beyond float64 range;
 //   - a method longer than 64 characters, an id longer than 128, and for
-//     tools/call a params.name that is not a string of 1 to 64 characters.
+//     tools/call a params.name that is not a string of 1 to 64 characters;
+//   - more than 10 000 JSON values outside a tools/call's arguments.
 //
 // Refusals are -32600 (invalid request), or -32602 (invalid params) for
 // what lies under params; their messages name the member and repeat at
@@ -132,6 +139,11 @@ type envelope struct {
 	// it succeeds, for a message the walk read whole (see gateOf).
 	gate   gateEnvelope
 	gateOK bool
+	// tool is a tools/call's params.name, and args the byte range of
+	// its params.arguments in the message (args[1] is 0 when absent or
+	// not known: see screenArguments).
+	tool string
+	args [2]int
 }
 
 // serveKind is how the stdio transport serves a message it lets through.
@@ -191,6 +203,9 @@ func examineWalk(src tokenSource) envelope {
 		e.requestID = w.id
 	}
 	e.gate, e.gateOK = w.gateOf()
+	if w.method == "tools/call" {
+		e.tool, e.args = w.name, [2]int{w.argsStart, w.argsEnd}
+	}
 	switch {
 	case w.methodKind == "a string" && w.method == "tools/call":
 		e.serve = serveToolCall
@@ -234,6 +249,10 @@ func (w *walker) verdict() *envelopeError {
 	if w.longMethod {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method is longer than " + strconv.Itoa(maxMethodLen) + " characters; no method has that name"}
 	}
+	if w.values > maxMessageValues || (w.method != "tools/call" && w.values+w.argValues > maxMessageValues) {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the message holds more than " + strconv.Itoa(maxMessageValues) +
+			" JSON values outside a tool call's arguments (the limit; no MCP request needs that many)"}
+	}
 	if w.method == "tools/call" {
 		switch {
 		case w.nameKind == "":
@@ -273,6 +292,16 @@ type walker struct {
 	method   string
 	nameKind string // JSON type of params.name; "" when absent
 	nameLen  int    // its length in characters when a string
+	name     string // params.name when a string of at most 64 characters
+
+	// argsStart and argsEnd are the byte range of params.arguments, when
+	// the walk reads from a lexer (argsEnd 0 otherwise); inArgs is true
+	// while the walk is inside it.
+	argsStart, argsEnd int
+	inArgs             bool
+	// values and argValues count the message's JSON values outside
+	// params.arguments and inside it.
+	values, argValues int
 
 	longID, longMethod bool   // the id or method is over its bound
 	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
@@ -484,6 +513,12 @@ func (f *frame) add(name string) {
 
 // valueDone moves the innermost container past the value just read.
 func (w *walker) valueDone() {
+	if w.inArgs && len(w.stack) == 2 { // params.arguments closed
+		w.inArgs = false
+		if l, ok := w.dec.(*lexer); ok {
+			_, w.argsEnd = l.span()
+		}
+	}
 	if n := len(w.stack); n > 0 {
 		f := &w.stack[n-1]
 		if f.object {
@@ -498,6 +533,11 @@ func (w *walker) valueDone() {
 // read; v is the scalar value (nil for containers and null), kind its
 // JSON type.
 func (w *walker) note(v any, kind string) {
+	if w.inArgs {
+		w.argValues++
+		return // nothing under params.arguments is noted
+	}
+	w.values++
 	str, _ := v.(string)
 	switch {
 	case len(w.stack) == 0:
@@ -542,6 +582,17 @@ func (w *walker) note(v any, kind string) {
 			w.nameKind = kind
 			if s, ok := v.(string); ok {
 				w.nameLen = utf8.RuneCountInString(s)
+				if w.nameLen <= maxToolNameLen {
+					w.name = s
+				}
+			}
+		case strings.EqualFold(key, "arguments"):
+			if l, ok := w.dec.(*lexer); ok {
+				w.argsStart, w.argsEnd = l.span()
+			}
+			if kind == "an object" || kind == "an array" {
+				w.argsEnd = 0 // known when it closes
+				w.inArgs = true
 			}
 		case strings.EqualFold(key, "_meta"):
 			w.metaKind = kind

@@ -21,10 +21,11 @@ type tokenSource interface {
 // exactly the texts json.Valid accepts and returns an error for any
 // other: the walk needs no json.Valid pass before it.
 type lexer struct {
-	b    []byte
-	i    int
-	open []byte  // '{' or '[' for each container open
-	want lexWant // what may come next
+	b     []byte
+	i     int
+	start int     // where the last token returned begins in b
+	open  []byte  // '{' or '[' for each container open
+	want  lexWant // what may come next
 }
 
 // lexWant is what the lexer accepts next.
@@ -50,6 +51,7 @@ func (l *lexer) Token() (json.Token, error) {
 			l.i++
 			continue
 		}
+		l.start = l.i
 		switch l.want {
 		case wantEnd:
 			return nil, errSyntax
@@ -213,4 +215,35 @@ func (l *lexer) number() (json.Token, error) {
 	n := json.Number(b[l.i:j])
 	l.i = j
 	return n, nil
+}
+
+// span is the byte range of b that the last token returned covers: a
+// container's bracket, or a whole string, number or literal.
+func (l *lexer) span() (start, end int) { return l.start, l.i }
+
+// SkipContainer reads past the end of the innermost open array or object
+// without returning its tokens, for text already known to be valid JSON
+// (a value the envelope walk has read whole): a screen that has refused
+// a value skips the rest of it without a token's cost per element.
+func (l *lexer) SkipContainer() error {
+	depth := 1
+	for l.i < len(l.b) {
+		switch l.b[l.i] {
+		case '"':
+			for l.i++; l.i < len(l.b) && l.b[l.i] != '"'; l.i++ {
+				if l.b[l.i] == '\\' {
+					l.i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				_, err := l.close(l.b[l.i])
+				return err
+			}
+		}
+		l.i++
+	}
+	return errSyntax
 }

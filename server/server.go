@@ -191,6 +191,10 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 		if raw := req.Params.RawArguments; len(raw) > 0 {
 			args = raw
 		}
+		if sc := screenedOf(ctx); sc != nil {
+			// Refused before decoding; mcp-go read {} in their place.
+			args = sc
+		}
 		resp := svc.Call(ctx, actor, name, args, progress)
 		metrics.observeCall(name, resp, time.Since(started))
 		return toResult(resp), nil
