@@ -164,7 +164,17 @@ func (s *screen) array(sch *jsonschema.Schema) {
 			break
 		}
 		if sch.MaxItems != nil && n >= *sch.MaxItems {
-			s.skip(tok) // counted, not read: the array is refused whole
+			// The array is refused whole: its other items are counted,
+			// not read.
+			s.skip(tok)
+			if sk, ok := s.src.(ContainerSkipper); ok {
+				commas, err := sk.SkipContainer()
+				if err != nil && s.err == nil {
+					s.err = err
+				}
+				n += 1 + commas
+				break
+			}
 		} else {
 			s.loc = append(s.loc, pathElem{index: n, isIndex: true})
 			s.value(sch.Items2020, tok)
@@ -213,10 +223,11 @@ func (s *screen) object(sch *jsonschema.Schema) {
 }
 
 // ContainerSkipper is a TokenSource that can read past the end of the
-// innermost open array or object without yielding its tokens; Screen
-// uses it to skip what it refused.
+// innermost open array or object without yielding its tokens, and say
+// how many commas separate that container's own elements in the part it
+// skipped; Screen uses it to skip what it refused.
 type ContainerSkipper interface {
-	SkipContainer() error
+	SkipContainer() (commas int, err error)
 }
 
 // skip reads the rest of the value that begins with tok.
@@ -225,7 +236,7 @@ func (s *screen) skip(tok json.Token) {
 		return
 	}
 	if sk, ok := s.src.(ContainerSkipper); ok {
-		if err := sk.SkipContainer(); err != nil && s.err == nil {
+		if _, err := sk.SkipContainer(); err != nil && s.err == nil {
 			s.err = err
 		}
 		return

@@ -46,6 +46,11 @@ const (
 	// about a hundred bytes per value; no MCP request idemgate serves
 	// needs more than a few dozen values.
 	maxMessageValues = 10_000
+	// maxObjectMembers bounds the members of one object anywhere in a
+	// message: the walk keeps every member name of the objects it is in,
+	// to refuse duplicates, and no MCP message or tool argument has more
+	// than a few dozen.
+	maxObjectMembers = 1000
 )
 
 // JSON-RPC error codes used for refused messages.
@@ -102,7 +107,8 @@ func (e *envelopeError) response() []byte {
 //   - a number longer than 64 characters or beyond float64 range;
 //   - a method longer than 64 characters, an id longer than 128, and for
 //     tools/call a params.name that is not a string of 1 to 64 characters;
-//   - more than 10 000 JSON values outside a tools/call's arguments.
+//   - more than 10 000 JSON values outside a tools/call's arguments, or
+//     an object of more than 1000 members anywhere.
 //
 // Refusals are -32600 (invalid request), or -32602 (invalid params) for
 // what lies under params; their messages name the member and repeat at
@@ -220,6 +226,9 @@ func examineWalk(src tokenSource) envelope {
 // validRest reports whether the rest of src, after a refusal stopped the
 // walk, reads to the end of one JSON value.
 func validRest(src tokenSource) bool {
+	if l, ok := src.(*lexer); ok {
+		l.quiet, l.quietNames = true, true // only the syntax matters now
+	}
 	for {
 		if _, err := src.Token(); err != nil {
 			return err == io.EOF
@@ -276,6 +285,7 @@ type frame struct {
 	// indexes them by foldName once there are more than a few.
 	names   []string
 	byFold  map[string]string
+	members int    // an object's members so far
 	wantKey bool   // an object's next token is a member name
 	key     string // the member being read
 	index   int    // an array's current element
@@ -469,6 +479,9 @@ func (w *walker) member(name string) error {
 		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
 			" in " + where + " differ only in case (member names must be unique, ignoring case)")
 	}
+	if f.members++; f.members > maxObjectMembers {
+		return w.refuse("object has more than " + strconv.Itoa(maxObjectMembers) + " members (the limit; no MCP message or tool argument needs that many)")
+	}
 	f.add(name)
 	f.key = name
 	f.wantKey = false
@@ -517,6 +530,7 @@ func (w *walker) valueDone() {
 		w.inArgs = false
 		if l, ok := w.dec.(*lexer); ok {
 			_, w.argsEnd = l.span()
+			l.quiet = false
 		}
 	}
 	if n := len(w.stack); n > 0 {
@@ -593,6 +607,9 @@ func (w *walker) note(v any, kind string) {
 			if kind == "an object" || kind == "an array" {
 				w.argsEnd = 0 // known when it closes
 				w.inArgs = true
+				if l, ok := w.dec.(*lexer); ok {
+					l.quiet = true // nothing under arguments is noted
+				}
 			}
 		case strings.EqualFold(key, "_meta"):
 			w.metaKind = kind
