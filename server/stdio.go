@@ -14,6 +14,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"idemgate/schemas"
 )
 
 // StdioConfig is how ServeStdio serves one process's client.
@@ -102,7 +104,7 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	for range max(cfg.Workers, 1) {
 		running.Go(func() {
 			for m := range calls {
-				l.serve(m.ctx, m.msg)
+				l.serve(withScreened(ctx, m.screened), m.msg)
 				budget.give(len(m.msg))
 			}
 		})
@@ -135,7 +137,7 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 			l.write(parseError)
 		case serveToolCall:
 			select {
-			case calls <- stdioMessage{mctx, msg}:
+			case calls <- stdioMessage{msg, screened}:
 			default:
 				logger.Warn("stdio: tool call queue full, serving the call in the reading loop")
 				l.serve(mctx, msg)
@@ -155,10 +157,10 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 }
 
 // stdioMessage is a message queued for the tool workers, with the
-// context to serve it under.
+// refusal of its arguments when the screen refused them.
 type stdioMessage struct {
-	ctx context.Context
-	msg []byte
+	msg      []byte
+	screened *schemas.Screened
 }
 
 // parseError answers a line that is not one JSON value, as mcp-go's stdio
