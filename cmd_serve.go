@@ -184,7 +184,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		guard := server.NewAuthGuard(*authLimit, logger, metrics)
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
-			Sessions: sessions, BodyTimeout: *bodyTimeout, Guard: guard,
+			Sessions: sessions, BodyTimeout: *bodyTimeout, Guard: guard, Screen: svc.Screen,
 			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, guard, logger, false, nil),
 			Health: func(ctx context.Context) (bool, any) {
 				h := store.Health(ctx)
@@ -202,7 +202,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	} else {
 		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), server.StdioConfig{
-			In: stdin, Out: stdout, Workers: *workers, Grace: grace, Logger: logger,
+			In: stdin, Out: stdout, Workers: *workers, Grace: grace, Logger: logger, Screen: svc.Screen,
 		})
 	}
 	bg.Stop() // the deliverer's last pass ends before the answer is returned

@@ -24,6 +24,7 @@ import (
 type rawStdio struct {
 	t       *testing.T
 	cmd     *exec.Cmd
+	stderr  *syncBuffer
 	stdin   io.WriteCloser
 	answers chan map[string]any
 	nextID  int
@@ -31,8 +32,16 @@ type rawStdio struct {
 
 func startRawStdio(t *testing.T, extra ...string) *rawStdio {
 	t.Helper()
+	return startRawStdioEnv(t, nil, extra...)
+}
+
+// startRawStdioEnv is startRawStdio with env added to the server's
+// environment.
+func startRawStdioEnv(t *testing.T, env []string, extra ...string) *rawStdio {
+	t.Helper()
 	args := append([]string{"serve", "--db", filepath.Join(t.TempDir(), "ledger.db"), "--log-level", "error"}, extra...)
 	cmd := exec.Command(idemgate, args...)
+	cmd.Env = append(os.Environ(), env...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
@@ -46,7 +55,7 @@ func startRawStdio(t *testing.T, extra ...string) *rawStdio {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &rawStdio{t: t, cmd: cmd, stdin: stdin, answers: make(chan map[string]any, 16), nextID: 100}
+	r := &rawStdio{t: t, cmd: cmd, stderr: stderr, stdin: stdin, answers: make(chan map[string]any, 16), nextID: 100}
 	t.Cleanup(func() {
 		stdin.Close()
 		cmd.Wait()

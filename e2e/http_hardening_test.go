@@ -40,6 +40,12 @@ type httpProc struct {
 // flags; with nofile > 0 the process may open at most that many files.
 func startHTTP(t *testing.T, db, tokens string, nofile int, extra ...string) *httpProc {
 	t.Helper()
+	return startHTTPEnv(t, nil, db, tokens, nofile, extra...)
+}
+
+// startHTTPEnv is startHTTP with env added to the server's environment.
+func startHTTPEnv(t *testing.T, env []string, db, tokens string, nofile int, extra ...string) *httpProc {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +59,7 @@ func startHTTP(t *testing.T, db, tokens string, nofile int, extra ...string) *ht
 	} else {
 		cmd = exec.Command(idemgate, args...)
 	}
+	cmd.Env = append(os.Environ(), env...)
 	p := &httpProc{base: "http://" + addr, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {

@@ -174,8 +174,9 @@ func (r *Request) Decode(dst any) error {
 // Prepare validates a tool call's arguments and returns them ready for the
 // ledger: defaults applied, operation key checked and lowercased,
 // fingerprint computed. args is what an MCP library decoded (a
-// map[string]any, or nil or JSON null for no arguments) or raw JSON as
-// json.RawMessage or []byte.
+// map[string]any, or nil or JSON null for no arguments), raw JSON as
+// json.RawMessage or []byte, or a *Screened: arguments Screen refused
+// before they were decoded, whose problems Prepare returns.
 //
 // Errors: ErrUnknownTool (wrapped) when the tool has no schema; otherwise
 // a *ValidationError listing every problem with the arguments, schema and
@@ -185,6 +186,9 @@ func (v *Validator) Prepare(tool string, args any) (*Request, error) {
 	sch, ok := v.tools[tool]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownTool, truncate(tool))
+	}
+	if s, ok := args.(*Screened); ok {
+		return nil, s.Err
 	}
 	doc, problems := v.validate(sch, args)
 	m, _ := doc.(map[string]any)

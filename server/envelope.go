@@ -40,6 +40,17 @@ const (
 	maxNumberLen = 64
 	// maxEcho bounds any piece of the message repeated in a refusal.
 	maxEcho = 64
+	// maxMessageValues bounds the JSON values of a message outside a
+	// tool call's arguments (which the tool's schema bounds: see
+	// screenArguments). mcp-go decodes a message into trees of any,
+	// about a hundred bytes per value; no MCP request idemgate serves
+	// needs more than a few dozen values.
+	maxMessageValues = 10_000
+	// maxObjectMembers bounds the members of one object anywhere in a
+	// message: the walk keeps every member name of the objects it is in,
+	// to refuse duplicates, and no MCP message or tool argument has more
+	// than a few dozen.
+	maxObjectMembers = 1000
 )
 
 // JSON-RPC error codes used for refused messages.
@@ -95,7 +106,9 @@ func (e *envelopeError) response() []byte {
 //     message, tool arguments included;
 //   - a number longer than 64 characters or beyond float64 range;
 //   - a method longer than 64 characters, an id longer than 128, and for
-//     tools/call a params.name that is not a string of 1 to 64 characters.
+//     tools/call a params.name that is not a string of 1 to 64 characters;
+//   - more than 10 000 JSON values outside a tools/call's arguments, or
+//     an object of more than 1000 members anywhere.
 //
 // Refusals are -32600 (invalid request), or -32602 (invalid params) for
 // what lies under params; their messages name the member and repeat at
@@ -132,6 +145,11 @@ type envelope struct {
 	// it succeeds, for a message the walk read whole (see gateOf).
 	gate   gateEnvelope
 	gateOK bool
+	// tool is a tools/call's params.name, and args the byte range of
+	// its params.arguments in the message (args[1] is 0 when absent or
+	// not known: see screenArguments).
+	tool string
+	args [2]int
 }
 
 // serveKind is how the stdio transport serves a message it lets through.
@@ -191,6 +209,9 @@ func examineWalk(src tokenSource) envelope {
 		e.requestID = w.id
 	}
 	e.gate, e.gateOK = w.gateOf()
+	if w.method == "tools/call" {
+		e.tool, e.args = w.name, [2]int{w.argsStart, w.argsEnd}
+	}
 	switch {
 	case w.methodKind == "a string" && w.method == "tools/call":
 		e.serve = serveToolCall
@@ -205,6 +226,9 @@ func examineWalk(src tokenSource) envelope {
 // validRest reports whether the rest of src, after a refusal stopped the
 // walk, reads to the end of one JSON value.
 func validRest(src tokenSource) bool {
+	if l, ok := src.(*lexer); ok {
+		l.quiet, l.quietNames = true, true // only the syntax matters now
+	}
 	for {
 		if _, err := src.Token(); err != nil {
 			return err == io.EOF
@@ -234,6 +258,10 @@ func (w *walker) verdict() *envelopeError {
 	if w.longMethod {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method is longer than " + strconv.Itoa(maxMethodLen) + " characters; no method has that name"}
 	}
+	if w.values > maxMessageValues || (w.method != "tools/call" && w.values+w.argValues > maxMessageValues) {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the message holds more than " + strconv.Itoa(maxMessageValues) +
+			" JSON values outside a tool call's arguments (the limit; no MCP request needs that many)"}
+	}
 	if w.method == "tools/call" {
 		switch {
 		case w.nameKind == "":
@@ -257,6 +285,7 @@ type frame struct {
 	// indexes them by foldName once there are more than a few.
 	names   []string
 	byFold  map[string]string
+	members int    // an object's members so far
 	wantKey bool   // an object's next token is a member name
 	key     string // the member being read
 	index   int    // an array's current element
@@ -273,6 +302,16 @@ type walker struct {
 	method   string
 	nameKind string // JSON type of params.name; "" when absent
 	nameLen  int    // its length in characters when a string
+	name     string // params.name when a string of at most 64 characters
+
+	// argsStart and argsEnd are the byte range of params.arguments, when
+	// the walk reads from a lexer (argsEnd 0 otherwise); inArgs is true
+	// while the walk is inside it.
+	argsStart, argsEnd int
+	inArgs             bool
+	// values and argValues count the message's JSON values outside
+	// params.arguments and inside it.
+	values, argValues int
 
 	longID, longMethod bool   // the id or method is over its bound
 	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
@@ -440,6 +479,9 @@ func (w *walker) member(name string) error {
 		return errors.New("invalid request: members " + strconv.Quote(clipEcho(prev)) + " and " + strconv.Quote(clipEcho(name)) +
 			" in " + where + " differ only in case (member names must be unique, ignoring case)")
 	}
+	if f.members++; f.members > maxObjectMembers {
+		return w.refuse("object has more than " + strconv.Itoa(maxObjectMembers) + " members (the limit; no MCP message or tool argument needs that many)")
+	}
 	f.add(name)
 	f.key = name
 	f.wantKey = false
@@ -484,6 +526,13 @@ func (f *frame) add(name string) {
 
 // valueDone moves the innermost container past the value just read.
 func (w *walker) valueDone() {
+	if w.inArgs && len(w.stack) == 2 { // params.arguments closed
+		w.inArgs = false
+		if l, ok := w.dec.(*lexer); ok {
+			_, w.argsEnd = l.span()
+			l.quiet = false
+		}
+	}
 	if n := len(w.stack); n > 0 {
 		f := &w.stack[n-1]
 		if f.object {
@@ -498,6 +547,11 @@ func (w *walker) valueDone() {
 // read; v is the scalar value (nil for containers and null), kind its
 // JSON type.
 func (w *walker) note(v any, kind string) {
+	if w.inArgs {
+		w.argValues++
+		return // nothing under params.arguments is noted
+	}
+	w.values++
 	str, _ := v.(string)
 	switch {
 	case len(w.stack) == 0:
@@ -542,6 +596,20 @@ func (w *walker) note(v any, kind string) {
 			w.nameKind = kind
 			if s, ok := v.(string); ok {
 				w.nameLen = utf8.RuneCountInString(s)
+				if w.nameLen <= maxToolNameLen {
+					w.name = s
+				}
+			}
+		case strings.EqualFold(key, "arguments"):
+			if l, ok := w.dec.(*lexer); ok {
+				w.argsStart, w.argsEnd = l.span()
+			}
+			if kind == "an object" || kind == "an array" {
+				w.argsEnd = 0 // known when it closes
+				w.inArgs = true
+				if l, ok := w.dec.(*lexer); ok {
+					l.quiet = true // nothing under arguments is noted
+				}
 			}
 		case strings.EqualFold(key, "_meta"):
 			w.metaKind = kind

@@ -57,6 +57,14 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 			-32602, "7", "invalid params: params.arguments.quantity: number is longer than 64 characters (got 111"},
 		{"number beyond float64", call + `{"items":[{"quantity":1e400}]}}}`,
 			-32602, "7", "params.arguments.items[0].quantity: number is beyond the range of a 64-bit float (got 1e400)"},
+		{"wide object in arguments", call + `{"note":{` + members(1001) + `}}}}`,
+			-32602, "7", "invalid params: params.arguments.note: object has more than 1000 members"},
+		{"wide object in the envelope", `{"jsonrpc":"2.0","id":1,"method":"ping","params":{` + members(1001) + `}}`,
+			-32602, "1", "invalid params: params: object has more than 1000 members"},
+		{"many values outside the arguments", `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":[` + strings.Repeat("1,", 10000) + `1]}}`,
+			-32600, "1", "more than 10000 JSON values outside a tool call's arguments"},
+		{"many values in _meta of a call", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","arguments":{},"_meta":{"a":[` + strings.Repeat("1,", 10000) + `1]}}}`,
+			-32600, "1", "more than 10000 JSON values outside a tool call's arguments"},
 		{"number in the envelope", `{"jsonrpc":"2.0","id":1e999,"method":"ping"}`,
 			-32600, "null", "invalid request: id: number is beyond the range"},
 		{"non-string tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":42,"arguments":{}}}`,
@@ -112,6 +120,18 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 	}
 }
 
+// members is n members of an object, "k0":0,"k1":0,…
+func members(n int) string {
+	var sb strings.Builder
+	for i := range n {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(`"k` + strconv.Itoa(i) + `":0`)
+	}
+	return sb.String()
+}
+
 func TestCheckEnvelopeAccepts(t *testing.T) {
 	for _, msg := range []string{
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`,
@@ -123,7 +143,10 @@ func TestCheckEnvelopeAccepts(t *testing.T) {
 		`{"jsonrpc":"2.0","id":-42,"method":"ping"}`,
 		`{"jsonrpc":"2.0","id":0.1,"method":"ping"}`, // answered as 0.1
 		`{"jsonrpc":"2.0","id":1.5e3,"method":"ping"}`,
-		call + strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}}`, // 64 levels
+		call + strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}}`,                                 // 64 levels
+		call + `{"note":{` + members(1000) + `}}}}`,                                                     // the widest object
+		call + `{"note":[` + strings.Repeat("1,", 20000) + `1]}}}`,                                      // arguments are the schema's to bound
+		`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":[` + strings.Repeat("1,", 9993) + `1]}}`, // 10 000 values
 		// Not JSON, or not one value: left to mcp-go's parse error.
 		``, `not json`, `{"a":`, `{} {}`, `{"a":1}}`,
 	} {
@@ -350,20 +373,23 @@ func FuzzLexerValidates(f *testing.F) {
 		`{}`, `[]`, `{"a":1}`, `{"a":1,}`, `{"a" 1}`, `{"a":1 "b":2}`, `[1,]`, `[,1]`, `[1 2]`, `{"a":1},`, `{,}`, `{"a":}`,
 		`1 2`, `01`, `-`, `1.`, `1e`, `truex`, `true1`, `nul`, `"a`, `{"a":[1,{"b":null}]}`, ` [ -0 , 0.5e-3 ] `, ``, ` `,
 		`{"a":1]`, `[1}`, `}`, `]`, `:`, `,`, `"\u00"`, "\"\x01\"", `{1:2}`, `{"a"::1}`, `[[[]]`, call + `{"a":1}}}`, `{"":"","":`, `{"a":1,"a":2`, `{"id":` + strings.Repeat("9", 70) + `,`,
+		`["\u00e9x", "a\"b", 1e400, -0.5E+3, "\ud800"]`, `["\x"]`, `["\u12"]`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		l := &lexer{b: msg}
-		var err error
-		for n := 0; err == nil; n++ {
-			if n > len(msg)+1 {
-				t.Fatalf("%q: the lexer does not end", msg)
+		for _, quiet := range []bool{false, true} {
+			l := &lexer{b: msg, quiet: quiet, quietNames: quiet}
+			var err error
+			for n := 0; err == nil; n++ {
+				if n > len(msg)+1 {
+					t.Fatalf("%q: the lexer does not end", msg)
+				}
+				_, err = l.Token()
 			}
-			_, err = l.Token()
-		}
-		if valid := json.Valid(msg); (err == io.EOF) != valid {
-			t.Fatalf("%q: lexer ends with %v, json.Valid %v", msg, err, valid)
+			if valid := json.Valid(msg); (err == io.EOF) != valid {
+				t.Fatalf("%q: lexer (quiet %v) ends with %v, json.Valid %v", msg, quiet, err, valid)
+			}
 		}
 		if !json.Valid(msg) && schemas.NestingDepth(msg, MaxMessageDepth) <= MaxMessageDepth {
 			if e := examine(msg); e.refused != nil || e.requestID != nil || e.serve != serveParseError {

@@ -50,6 +50,9 @@ type HTTPConfig struct {
 	// UI, when set, is the web console, served at /ui and below (behind
 	// the same Origin and Host checks; it authenticates by itself).
 	UI http.Handler
+	// Screen, when set, refuses a tool call's wide arguments before they
+	// are decoded (screenArguments): set it to the tool service's Screen.
+	Screen Screener
 }
 
 // DefaultBodyTimeout is how long a client may take to send one request
@@ -125,7 +128,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	}
 	cfg.Metrics.watchSessionMemory(sessions.Local)
 	var mcpH http.Handler = mcpHandler
-	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, next: mcpH}
+	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, screen: cfg.Screen, next: mcpH}
 	if cfg.Guard == nil {
 		cfg.Guard = NewAuthGuard(DefaultAuthFailureLimit, cfg.Logger, cfg.Metrics)
 	}
@@ -236,8 +239,10 @@ func bearerToken(header string) (token string, ok bool) {
 	return strings.TrimSpace(rest), true
 }
 
-// sessionGate reads a POST body (bounded in size and time), refuses
-// JSON-RPC batches, and enforces sessions for the protocol eras that have
+// sessionGate reads a POST body (bounded in size and time, and a large
+// one by the message budget), refuses JSON-RPC batches and what the
+// envelope walk refuses, screens a tool call's wide arguments, and
+// enforces sessions for the protocol eras that have
 // them (before 2026-07-28): initialize creates one in the ledger; any
 // other request needs Mcp-Session-Id (400 without) naming a live session
 // of the same token (404 otherwise). Requests of the stateless era pass
@@ -247,6 +252,8 @@ type sessionGate struct {
 	bodyTimeout time.Duration
 	streams     *streamSet
 	logger      *slog.Logger
+	screen      Screener
+	budget      messageBudget // of the bodies of POSTs being served
 	next        http.Handler
 }
 
@@ -288,10 +295,11 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var env gateEnvelope
 	switch r.Method {
 	case http.MethodPost:
-		body, ok := g.readBody(w, r)
+		body, taken, ok := g.readBody(w, r)
 		if !ok {
 			return
 		}
+		defer func() { g.budget.give(taken) }()
 		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '[' {
 			writeJSONRPCError(w, http.StatusBadRequest, mcp.INVALID_REQUEST,
 				"JSON-RPC batches (a top-level array) are not supported: MCP removed them in protocol version 2025-06-18; send each request in its own POST")
@@ -305,6 +313,15 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if e.refused != nil {
 			writeEnvelopeError(w, http.StatusBadRequest, e.refused)
 			return
+		}
+		if msg, sc := screenArguments(body, e, g.screen); sc != nil {
+			// mcp-go reads the call without its arguments: the large
+			// body is no longer held.
+			body = msg
+			setBody(r, body)
+			r = r.WithContext(withScreened(r.Context(), sc))
+			g.budget.give(taken)
+			taken = 0
 		}
 		env = e.gate
 		if !e.gateOK {
@@ -387,21 +404,49 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // readBody reads a POST body, at most maxBody bytes within the body
-// timeout, and puts it back on r for the handlers behind. On failure it
-// answers (413, 408 or 400) and reports false.
-func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// timeout, and puts it back on r for the handlers behind. A body over
+// largeMessage bytes first takes its size from the message budget (one
+// of unknown length, the largest size, once it has passed largeMessage);
+// taken is what to give back once the request is served. On failure it
+// answers (413, 503 with Retry-After when the budget is spent, 408 or
+// 400), gives back what it took, and reports false.
+func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, taken int, ok bool) {
+	if r.ContentLength > maxBody {
+		refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody))
+		return nil, 0, false
+	}
+	busy := func() {
+		w.Header().Set("Retry-After", "1")
+		refuse(w, r, http.StatusServiceUnavailable, busyMessage)
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	src := http.MaxBytesReader(w, r.Body, maxBody)
+	var err error
+	if n := int(r.ContentLength); n > largeMessage {
+		if !g.budget.take(n) {
+			busy()
+			return nil, 0, false
+		}
+		taken = n
+		body, err = readAll(make([]byte, 0, n+1), src) // +1: room to read the end
+	} else if body, err = readAll(nil, io.LimitReader(src, largeMessage+1)); err == nil && len(body) > largeMessage {
+		if !g.budget.take(maxBody) {
+			busy()
+			return nil, 0, false
+		}
+		taken = maxBody
+		body, err = readAll(body, src)
+	}
 	// A read deadline left in place would end the request's context when
 	// it passes (net/http watches the connection once the body is read),
 	// cutting off a long tool call or event stream.
 	_ = rc.SetReadDeadline(time.Time{})
 	if err == nil {
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		return body, true
+		setBody(r, body)
+		return body, taken, true
 	}
+	g.budget.give(taken)
 	var tooBig *http.MaxBytesError
 	var ne net.Error
 	switch {
@@ -412,7 +457,31 @@ func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) ([]byte, 
 	default:
 		refuse(w, r, http.StatusBadRequest, "the request body could not be read")
 	}
-	return nil, false
+	return nil, 0, false
+}
+
+// readAll is io.ReadAll appending to b: a body whose length is known is
+// read into a buffer of that size, not one grown to twice it.
+func readAll(b []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// setBody puts body on r as the body the handlers behind read.
+func setBody(r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
 }
 
 // writeJSONRPCError answers with a JSON-RPC error without an id.

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -21,10 +23,19 @@ type tokenSource interface {
 // exactly the texts json.Valid accepts and returns an error for any
 // other: the walk needs no json.Valid pass before it.
 type lexer struct {
-	b    []byte
-	i    int
-	open []byte  // '{' or '[' for each container open
-	want lexWant // what may come next
+	b     []byte
+	i     int
+	start int    // where the last token returned begins in b
+	open  []byte // '{' or '[' for each container open
+	// quiet has string and number values (not member names) checked but
+	// returned as "" and 0, without the allocation a token's value
+	// costs, when the walk needs no more than their type: a tool call's
+	// arguments, which may hold millions of them. A number longer than
+	// maxNumberLen or beyond float64 range is returned whole all the
+	// same, for the walk to refuse it. quietNames has member names
+	// returned as "" too, when only the syntax matters any more.
+	quiet, quietNames bool
+	want              lexWant // what may come next
 }
 
 // lexWant is what the lexer accepts next.
@@ -50,6 +61,7 @@ func (l *lexer) Token() (json.Token, error) {
 			l.i++
 			continue
 		}
+		l.start = l.i
 		switch l.want {
 		case wantEnd:
 			return nil, errSyntax
@@ -82,6 +94,9 @@ func (l *lexer) Token() (json.Token, error) {
 				return nil, errSyntax
 			}
 			l.want = wantColon
+			if l.quietNames {
+				return l.quietStr()
+			}
 			return l.str()
 		case wantValueOrClose:
 			if c == ']' {
@@ -111,6 +126,9 @@ func (l *lexer) value(c byte) (json.Token, error) {
 	l.valueDone()
 	switch c {
 	case '"':
+		if l.quiet {
+			return l.quietStr()
+		}
 		return l.str()
 	case 't':
 		return l.literal("true", true)
@@ -176,6 +194,29 @@ func (l *lexer) str() (json.Token, error) {
 	return nil, errSyntax
 }
 
+// quietStr reads a string as str does, and returns "" for it: a
+// constant, which costs no allocation as a json.Token.
+func (l *lexer) quietStr() (json.Token, error) {
+	start := l.i
+	plain := true
+	for j := start + 1; j < len(l.b); j++ {
+		switch c := l.b[j]; {
+		case c == '"':
+			l.i = j + 1
+			if !plain && !json.Valid(l.b[start:l.i]) {
+				return nil, errSyntax
+			}
+			return "", nil
+		case c == '\\':
+			plain = false
+			j++
+		case c < 0x20:
+			return nil, errSyntax
+		}
+	}
+	return nil, errSyntax
+}
+
 // number reads a number by JSON's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
 func (l *lexer) number() (json.Token, error) {
 	b, j := l.b, l.i
@@ -210,7 +251,55 @@ func (l *lexer) number() (json.Token, error) {
 			return nil, errSyntax
 		}
 	}
-	n := json.Number(b[l.i:j])
+	text := b[l.i:j]
 	l.i = j
-	return n, nil
+	if l.quiet && len(text) <= maxNumberLen && (!bytes.ContainsAny(text, "eE") || inFloatRange(text)) {
+		return json.Number("0"), nil // a constant: no allocation
+	}
+	return json.Number(text), nil
+}
+
+// inFloatRange reports whether the number text is within float64's range
+// (without an exponent, a number of at most maxNumberLen characters
+// always is).
+func inFloatRange(text []byte) bool {
+	_, err := strconv.ParseFloat(string(text), 64)
+	return err == nil
+}
+
+// span is the byte range of b that the last token returned covers: a
+// container's bracket, or a whole string, number or literal.
+func (l *lexer) span() (start, end int) { return l.start, l.i }
+
+// SkipContainer reads past the end of the innermost open array or object
+// without returning its tokens, for text already known to be valid JSON
+// (a value the envelope walk has read whole): a screen that has refused
+// a value skips the rest of it without a token's cost per element. It
+// returns how many commas separate the container's own elements in the
+// part skipped.
+func (l *lexer) SkipContainer() (commas int, err error) {
+	depth := 1
+	for l.i < len(l.b) {
+		switch l.b[l.i] {
+		case '"':
+			for l.i++; l.i < len(l.b) && l.b[l.i] != '"'; l.i++ {
+				if l.b[l.i] == '\\' {
+					l.i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case ',':
+			if depth == 1 {
+				commas++
+			}
+		case '}', ']':
+			if depth--; depth == 0 {
+				_, err := l.close(l.b[l.i])
+				return commas, err
+			}
+		}
+		l.i++
+	}
+	return commas, errSyntax
 }

@@ -48,10 +48,21 @@ func (b *boundedLines) Read(p []byte) (int, error) {
 // readLine returns the next line with its newline, or the replacement for
 // an overlong one; at EOF without a newline it returns what is left.
 func (b *boundedLines) readLine() ([]byte, error) {
-	var line []byte
+	// A long line is kept as copies of the buffer's chunks, joined once
+	// at the end: appending would reallocate it at every quarter of its
+	// growth, leaving four times its size to the garbage collector.
+	var chunks [][]byte
+	n := 0
+	line := func() []byte {
+		out := make([]byte, 0, n)
+		for _, c := range chunks {
+			out = append(out, c...)
+		}
+		return out
+	}
 	for {
 		chunk, err := b.r.ReadSlice('\n')
-		if len(line)+len(chunk) > b.max {
+		if n+len(chunk) > b.max {
 			// Drop the rest of this line without keeping it.
 			for errors.Is(err, bufio.ErrBufferFull) {
 				_, err = b.r.ReadSlice('\n')
@@ -61,14 +72,18 @@ func (b *boundedLines) readLine() ([]byte, error) {
 			}
 			return bytes.Clone(oversized), nil
 		}
-		line = append(line, chunk...)
+		if chunks == nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return bytes.Clone(chunk), err // the line fits the buffer: most do
+		}
+		chunks = append(chunks, bytes.Clone(chunk))
+		n += len(chunk)
 		switch {
 		case err == nil:
-			return line, nil
+			return line(), nil
 		case errors.Is(err, bufio.ErrBufferFull):
 			continue
 		default:
-			return line, err
+			return line(), err
 		}
 	}
 }

@@ -195,6 +195,10 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 		if raw := req.Params.RawArguments; len(raw) > 0 {
 			args = raw
 		}
+		if sc := screenedOf(ctx); sc != nil {
+			// Refused before decoding; mcp-go read {} in their place.
+			args = sc
+		}
 		resp := svc.Call(ctx, actor, name, args, progress)
 		if st != nil {
 			st.settle(ctx)

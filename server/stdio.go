@@ -14,6 +14,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
+
+	"idemgate/schemas"
 )
 
 // StdioConfig is how ServeStdio serves one process's client.
@@ -27,6 +29,9 @@ type StdioConfig struct {
 	// answered; it must exceed the longest call (see cmd serve).
 	Grace  time.Duration
 	Logger *slog.Logger
+	// Screen, when set, refuses a tool call's wide arguments before they
+	// are decoded (screenArguments): set it to the tool service's Screen.
+	Screen Screener
 }
 
 // ServeStdio serves s on cfg.In and cfg.Out until the input ends or ctx
@@ -41,7 +46,7 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, cfg StdioConfig) er
 	listen, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- listenStdio(listen, s, drain, cfg.Workers, logger) }()
+	go func() { errc <- listenStdio(listen, s, drain, cfg, logger) }()
 	select {
 	case err := <-errc:
 		return err
@@ -76,7 +81,13 @@ func ServeStdio(ctx context.Context, s *mcpserver.MCPServer, cfg StdioConfig) er
 // reading loop, answers written one line per Write; a panic becomes an
 // internal error answer. When the input ends, the calls' context is
 // cancelled and listenStdio returns once every worker has.
-func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain, workers int, logger *slog.Logger) error {
+//
+// A tool call's wide arguments are screened first (screenArguments), and
+// a message over largeMessage bytes is served only within the message
+// budget, from when it is read until it is answered: over it, a request
+// is answered at once with a retryable error (busyMessage) and a
+// notification is dropped.
+func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain, cfg StdioConfig, logger *slog.Logger) error {
 	sess := newStdioSession()
 	if err := s.RegisterSession(ctx, sess); err != nil {
 		return fmt.Errorf("register the stdio session: %w", err)
@@ -87,12 +98,14 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	l := &stdioLoop{s: s, out: drain.Writer(), drain: drain, logger: logger}
 	go l.notifications(ctx, sess.notifications)
 
-	calls := make(chan []byte, 1000)
+	var budget messageBudget
+	calls := make(chan stdioMessage, 1000)
 	var running sync.WaitGroup
-	for range max(workers, 1) {
+	for range max(cfg.Workers, 1) {
 		running.Go(func() {
-			for msg := range calls {
-				l.serve(ctx, msg)
+			for m := range calls {
+				l.serve(withScreened(ctx, m.screened), m.msg)
+				budget.give(len(m.msg))
 			}
 		})
 	}
@@ -109,26 +122,45 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 		if env.serve == serveUnknown {
 			env.serve = serveOf(msg)
 		}
+		msg, screened := screenArguments(msg, env, cfg.Screen)
+		mctx := withScreened(ctx, screened)
+		if env.serve != serveParseError && !budget.take(len(msg)) {
+			if env.requestID != nil {
+				busy := envelopeError{ID: env.requestID, Code: codeServerBusy, Message: busyMessage}
+				_, _ = l.out.Write(append(busy.response(), '\n'))
+			}
+			logger.Warn("stdio: message budget spent, a large message was refused", "bytes", len(msg))
+			continue
+		}
 		switch env.serve {
 		case serveParseError:
 			l.write(parseError)
 		case serveToolCall:
 			select {
-			case calls <- msg:
+			case calls <- stdioMessage{msg, screened}:
 			default:
 				logger.Warn("stdio: tool call queue full, serving the call in the reading loop")
-				l.serve(ctx, msg)
+				l.serve(mctx, msg)
+				budget.give(len(msg))
 			}
 		case serveRequest:
-			running.Go(func() { l.serve(ctx, msg) })
+			running.Go(func() { l.serve(mctx, msg); budget.give(len(msg)) })
 		default:
-			l.serve(ctx, msg)
+			l.serve(mctx, msg)
+			budget.give(len(msg))
 		}
 	}
 	cancel()
 	close(calls)
 	running.Wait()
 	return err
+}
+
+// stdioMessage is a message queued for the tool workers, with the
+// refusal of its arguments when the screen refused them.
+type stdioMessage struct {
+	msg      []byte
+	screened *schemas.Screened
 }
 
 // parseError answers a line that is not one JSON value, as mcp-go's stdio

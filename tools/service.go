@@ -230,6 +230,14 @@ func (s *Service) human(tool string) string {
 	return tool
 }
 
+// Screen reads a call's arguments token by token, before anything decodes
+// them, and returns the refusal the tool's schema gives them when it can
+// tell one without decoding (schemas.Validator.Screen); Call, given it as
+// the arguments, answers with that refusal. nil: Call decides.
+func (s *Service) Screen(tool string, args schemas.TokenSource) *schemas.Screened {
+	return s.schemas.Screen(tool, args)
+}
+
 // Specs lists the tools, sorted by name.
 func (s *Service) Specs() []Spec {
 	out := make([]Spec, 0, len(s.tools))
@@ -304,6 +312,8 @@ func operationKeyOf(args any) string {
 	switch a := args.(type) {
 	case map[string]any:
 		key, _ = a["operation_key"].(string)
+	case *schemas.Screened:
+		key = a.OperationKey
 	case json.RawMessage:
 		var m map[string]any // the exact name, as in a decoded map
 		if json.Unmarshal(a, &m) == nil {
