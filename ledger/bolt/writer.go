@@ -383,21 +383,38 @@ func (s *shared) View(ctx context.Context, fn func(ledger.BTx) error) error {
 // ReadOnly implements ledger.Backend.
 func (s *shared) ReadOnly() bool { return false }
 
-// Health implements ledger.HealthReporter: the file's health where this
-// process is the writer, else whether the writer answers.
+// Health implements ledger.HealthReporter: the file's health as the
+// writer sees it, which is where every process's commits are made. A
+// forwarder asks its writer (so it reports the writer's failed commits
+// and free space, not its own); when the writer runs an older build that
+// cannot tell, it reports whether the writer answers a read.
 func (s *shared) Health(ctx context.Context) ledger.Health {
-	local, _, err := s.current()
-	if err == nil && local != nil {
-		return local.Health(ctx)
+	for {
+		local, client, err := s.current()
+		if err == nil && local != nil {
+			return local.Health(ctx)
+		}
+		var h ledger.Health
+		if err == nil {
+			h, err = client.Health(ctx)
+		}
+		switch {
+		case err == nil:
+			return h
+		case errors.Is(err, forward.ErrNoHealth):
+			err = s.View(ctx, func(ledger.BTx) error { return nil })
+			if err == nil {
+				return ledger.Health{OK: true}
+			}
+		case errors.Is(err, ledger.ErrClosed) && s.replaced(client):
+			continue // asked nothing: ask what replaced the client
+		case errors.Is(err, forward.ErrWriterLost):
+			if err = s.failover(client); err == nil {
+				continue
+			}
+		}
+		return ledger.Health{Problem: "the ledger cannot be read: " + strings.ReplaceAll(err.Error(), s.path, "the ledger file")}
 	}
-	h := ledger.Health{OK: true}
-	if err == nil {
-		err = s.View(ctx, func(ledger.BTx) error { return nil })
-	}
-	if err != nil {
-		h.OK, h.Problem = false, "the ledger cannot be read: "+err.Error()
-	}
-	return h
 }
 
 // Close implements ledger.Backend. A writer stops serving (forwarders
