@@ -186,16 +186,17 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: *bodyTimeout, Guard: guard, Screen: svc.Screen,
 			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, guard, logger, false, nil),
-			Health: func(ctx context.Context) (bool, any) {
+			Health: func(ctx context.Context) (bool, any, any) {
 				h := store.Health(ctx)
 				status := "ok"
 				if !h.OK {
 					status = "unavailable"
 				}
-				return h.OK, struct {
+				type body struct {
 					Status string        `json:"status"`
 					Ledger ledger.Health `json:"ledger"`
-				}{status, h}
+				}
+				return h.OK, body{status, h}, body{status, h.Public()}
 			},
 		})
 		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -141,4 +142,117 @@ func TestHealthzOnFailingWrites(t *testing.T) {
 	if r := runCLI(t, 30*time.Second, "check", "--db", db); r.Code != 0 {
 		t.Errorf("check after the failed writes: %s %s", r.Stdout, r.Stderr)
 	}
+}
+
+// freeAddr returns a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// healthRecovers polls /healthz until it answers 200, for at most 5 s (a
+// probe runs at most once a second), and returns the last answer.
+func healthRecovers(t *testing.T, base string) (int, healthBody, string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, h, raw := getHealth(t, base)
+		if code == 200 || time.Now().After(deadline) {
+			return code, h, raw
+		}
+	}
+}
+
+// TestHealthzWhenTheFileCannotGrow (issue 18, defect 4): when the ledger
+// file may not grow, small commits still fit in its free pages while a
+// create_order's do not. /healthz must then answer 503 — a small probe
+// commit that succeeds does not make it healthy — and 200 again once a
+// commit as large can be made.
+func TestHealthzWhenTheFileCannotGrow(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens := filepath.Join(dir, "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	base, pid := httpServerProcess(t, freeAddr(t), db, tokens)
+	a := httpSession(t, base, alice)
+	a.mustSucceed(t, "create_order", orderArgs(newKey(), "before", coffee, nil))
+
+	fi, err := os.Stat(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setFileSizeLimit(t, pid, uint64(fi.Size()))
+	var failed envelope
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		e, err := a.call(ctx, "create_order", orderArgs(newKey(), fmt.Sprintf("during-%d", i), coffee, nil))
+		cancel()
+		if err != nil {
+			t.Fatalf("create_order %d: %v", i, err)
+		}
+		if e.Status != "succeeded" {
+			failed = e
+			break
+		}
+		if i == 2000 {
+			t.Fatalf("2000 create_order calls succeeded in a file of %d bytes that may not grow", fi.Size())
+		}
+	}
+	t.Logf("the create_order that needed the file to grow: %s", failed)
+	// Two checks over more than a probe interval: the second one probes.
+	for i := 0; i < 2; i++ {
+		code, h, raw := getHealth(t, base)
+		t.Logf("/healthz while the file cannot grow: %d %s", code, raw)
+		if code != 503 || h.Ledger.OK || !strings.Contains(h.Ledger.LastCommitError, "file too large") || !strings.Contains(h.Ledger.Problem, "cannot commit") {
+			t.Fatalf("/healthz while every create_order fails: %d %s; want 503 with the commit's error", code, raw)
+		}
+		time.Sleep(1100 * time.Millisecond)
+	}
+
+	setFileSizeLimit(t, pid, ^uint64(0))
+	if code, _, raw := healthRecovers(t, base); code != 200 {
+		t.Fatalf("/healthz once the file may grow again: %d %s; want 200", code, raw)
+	}
+	a.mustSucceed(t, "create_order", orderArgs(newKey(), "after", coffee, nil))
+}
+
+// TestHealthzOfAForwarder (issue 18, defect 4): a process that forwards to
+// the process holding the ledger file reports that process's health: its
+// free space, and its failed commits, which are the forwarder's too.
+func TestHealthzOfAForwarder(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "ledger.db")
+	tokens := filepath.Join(dir, "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	_, writerPid := httpServerProcess(t, freeAddr(t), db, tokens)
+	base, _ := httpServerProcess(t, freeAddr(t), db, tokens) // forwards to the first
+	a := httpSession(t, base, alice)
+	a.mustSucceed(t, "create_order", orderArgs(newKey(), "before", coffee, nil))
+	code, h, raw := getHealth(t, base)
+	if code != 200 || !h.Ledger.OK || h.Ledger.FreeBytes == 0 || h.Ledger.MinFreeBytes == 0 {
+		t.Fatalf("the forwarder's /healthz on a healthy ledger: %d %s; want 200 with the file's free space", code, raw)
+	}
+
+	setFileSizeLimit(t, writerPid, 8192)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	e, err := a.call(ctx, "create_order", orderArgs(newKey(), "during", coffee, nil))
+	cancel()
+	if err == nil && e.Status == "succeeded" {
+		t.Fatalf("create_order succeeded with every write of the writer failing: %s", e)
+	}
+	code, h, raw = getHealth(t, base)
+	t.Logf("the forwarder's /healthz with every write failing: %d %s", code, raw)
+	if code != 503 || h.Ledger.OK || !strings.Contains(h.Ledger.LastCommitError, "file too large") {
+		t.Fatalf("the forwarder's /healthz with every write failing: %d %s; want 503 with the writer's commit error", code, raw)
+	}
+
+	setFileSizeLimit(t, writerPid, ^uint64(0))
+	if code, _, raw := healthRecovers(t, base); code != 200 {
+		t.Fatalf("the forwarder's /healthz once writes work again: %d %s; want 200", code, raw)
+	}
+	a.mustSucceed(t, "create_order", orderArgs(newKey(), "after", coffee, nil))
 }

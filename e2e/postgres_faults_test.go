@@ -17,9 +17,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -574,4 +577,68 @@ func TestPostgresCommitCutNeverExecutesTwice(t *testing.T) {
 		failed := checkIntents(t, lb.URL(), alice, intents, 30*time.Second)
 		t.Logf("%d COMMITs cut under a load of %d calls, %d not answered succeeded", p.Cuts(), len(intents), failed)
 	})
+}
+
+// TestPostgresHealthzWithholdsTheDatabase (issue 18, item 9): /healthz
+// needs no token, so while PostgreSQL is down it says that the ledger
+// cannot be read but not the database's user, name or address; an
+// approver's token (an operator) sees the driver's error with them. An
+// agent's token is not an operator's.
+func TestPostgresHealthzWithholdsTheDatabase(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewCluster(t) // stopped below: not the other tests' cluster
+	db, err := c.CreateDatabase(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	tokens := filepath.Join(t.TempDir(), "tokens.json")
+	agent := addToken(t, tokens, "alice", "acme", "agent")
+	operator := addToken(t, tokens, "olga", "acme", "approver")
+	p := startHTTP(t, db, tokens, 0)
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest("GET", p.base+"/healthz", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+	if err := c.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Resume() }) // the server's SIGINT closes its pool cleanly
+	secrets := []string{name, u.Port(), "user=", u.User.Username() + "@"}
+	for _, who := range []struct{ name, token string }{{"no token", ""}, {"an agent's token", agent}, {"a token not issued", "not-a-token"}} {
+		code, body := get(who.token)
+		t.Logf("/healthz with %s, the database down: %d %s", who.name, code, body)
+		if code != 503 || !strings.Contains(body, "cannot be read") {
+			t.Errorf("/healthz with %s, the database down: %d %s; want 503 saying the ledger cannot be read", who.name, code, body)
+		}
+		for _, s := range secrets {
+			if strings.Contains(body, s) {
+				t.Errorf("/healthz with %s shows %q of the database: %s", who.name, s, body)
+			}
+		}
+	}
+	code, body := get(operator)
+	t.Logf("/healthz with an approver's token, the database down: %d %s", code, body)
+	if code != 503 || !strings.Contains(body, name) {
+		t.Errorf("/healthz with an approver's token: %d %s; want 503 with the driver's error naming database %s", code, body, name)
+	}
+	if err := c.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(20*time.Second, func() bool { code, _ := get(""); return code == 200 }) {
+		t.Errorf("/healthz once the database is back: %d %s; want 200", code, body)
+	}
 }

@@ -11,8 +11,12 @@ type Health struct {
 	// newest commit failed and a probe commit failed too, or the free
 	// space is below MinFreeBytes.
 	OK bool `json:"ok"`
-	// Problem says why OK is false.
+	// Problem says why OK is false, in words that name nothing of the
+	// deployment (it is served without authentication).
 	Problem string `json:"problem,omitempty"`
+	// Detail is what Problem leaves out because it names the deployment: a
+	// database's error with its user, name and address. Public withholds it.
+	Detail string `json:"detail,omitempty"`
 	// LastCommitAt and LastCommitError describe the newest commit of this
 	// process (zero before the first).
 	LastCommitAt    *time.Time `json:"last_commit_at,omitempty"`
@@ -27,6 +31,17 @@ type Health struct {
 	// without a filesystem).
 	FreeBytes    uint64 `json:"free_bytes"`
 	MinFreeBytes uint64 `json:"min_free_bytes"`
+}
+
+// DetailWithheld is Detail as Public shows it.
+const DetailWithheld = "withheld: /healthz shows it to an approver's bearer token (Authorization: Bearer <token>)"
+
+// Public is h as it may be shown to anyone: Detail is withheld.
+func (h Health) Public() Health {
+	if h.Detail != "" {
+		h.Detail = DetailWithheld
+	}
+	return h
 }
 
 // HealthReporter is a Backend that knows its own health (a file's free

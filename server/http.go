@@ -45,8 +45,11 @@ type HTTPConfig struct {
 	// (DefaultBodyTimeout when zero).
 	BodyTimeout time.Duration
 	// Health, when set, backs /healthz instead of Ready: ok false answers
-	// 503; details is the JSON body.
-	Health func(ctx context.Context) (ok bool, details any)
+	// 503. /healthz needs no token, so its JSON body is public, which
+	// names nothing of the deployment, unless the request carries an
+	// operator's token (see isOperator): then it is details, which the log
+	// gets too.
+	Health func(ctx context.Context) (ok bool, details, public any)
 	// UI, when set, is the web console, served at /ui and below (behind
 	// the same Origin and Host checks; it authenticates by itself).
 	UI http.Handler
@@ -138,12 +141,18 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		defer cancel()
 		w.Header().Set("Content-Type", "application/json")
 		if cfg.Health != nil {
-			ok, details := cfg.Health(ctx)
+			ok, details, public := cfg.Health(ctx)
+			body := public
+			if isOperator(cfg.Tokens, r) {
+				body = details
+			}
+			// The body is this moment's and depends on the token.
+			w.Header().Set("Cache-Control", "no-store")
 			if !ok {
 				cfg.Logger.Warn("health check", "details", details)
 				w.WriteHeader(http.StatusServiceUnavailable)
 			}
-			json.NewEncoder(w).Encode(details)
+			json.NewEncoder(w).Encode(body)
 			return
 		}
 		if cfg.Ready != nil {
@@ -164,6 +173,19 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		h.mux.Handle("/ui/", cfg.UI)
 	}
 	return h
+}
+
+// isOperator reports whether r carries the valid bearer token of an
+// approver, the role of the people who run the server (an agent's token
+// is a model's). An absent or invalid token is no error here: it is
+// simply not an operator's.
+func isOperator(tokens *Tokens, r *http.Request) bool {
+	token, ok := bearerToken(r.Header.Get("Authorization"))
+	if tokens == nil || !ok || token == "" || len(token) > 512 {
+		return false
+	}
+	id, found, _ := tokens.Lookup(token)
+	return found && id.Role == "approver"
 }
 
 // ServeHTTP implements http.Handler.

@@ -47,6 +47,7 @@ type backend struct {
 	healthMu   sync.Mutex
 	lastCommit commitResult // the newest commit's outcome (see Health)
 	lastOK     time.Time    // when a commit last succeeded
+	failed     commitResult // the newest failed commit that no commit as large has followed (zero: none)
 	probeAt    time.Time    // when Health last probed, and its outcome
 	probeErr   error
 
@@ -540,11 +541,11 @@ func (s *backend) commit(batch []*gcJob) {
 		for _, b := range batch {
 			b.err = err
 		}
-		s.noteCommit(err)
+		s.noteCommit(err, 0)
 		return
 	}
 	defer s.h.release()
-	err = s.guardedUpdate(db, len(batch), func(tx *bbolt.Tx) error {
+	alloc, err := s.guardedUpdate(db, len(batch), func(tx *bbolt.Tx) error {
 		for _, b := range batch {
 			if b.err = b.run(tx, s.path); b.err != nil {
 				return errBatchRetry
@@ -553,7 +554,7 @@ func (s *backend) commit(batch []*gcJob) {
 		return nil
 	})
 	if !errors.Is(err, errBatchRetry) {
-		s.noteCommit(err)
+		s.noteCommit(err, alloc)
 	}
 	switch {
 	case err == nil:
@@ -573,13 +574,13 @@ func (s *backend) commit(batch []*gcJob) {
 	}
 	for _, b := range batch {
 		fnFailed := false
-		b.err = s.guardedUpdate(db, 1, func(tx *bbolt.Tx) error {
+		alloc, b.err = s.guardedUpdate(db, 1, func(tx *bbolt.Tx) error {
 			err := b.run(tx, s.path)
 			fnFailed = err != nil && !errors.Is(err, ErrDamaged)
 			return err
 		})
 		if !fnFailed { // fn's own error (a refusal) is not a failed commit
-			s.noteCommit(b.err)
+			s.noteCommit(b.err, alloc)
 		}
 	}
 }
@@ -587,10 +588,13 @@ func (s *backend) commit(batch []*gcJob) {
 // guardedUpdate runs db.Update under guard: a fault or a bbolt panic on a
 // damaged page becomes ErrDamaged and the file is checked again at its
 // next open. funcs is the number of transaction functions fn runs (see
-// CommitStats).
-func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) error) error {
+// CommitStats). It returns the bytes of the pages the transaction
+// allocated, also when its commit failed (Health compares them).
+func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) error) (int64, error) {
+	var last *bbolt.Tx
 	err := guard(s.path, func() error {
 		return db.Update(func(tx *bbolt.Tx) error {
+			last = tx
 			tx.OnCommit(func() {
 				st := tx.Stats()
 				s.statsMu.Lock()
@@ -606,7 +610,14 @@ func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) erro
 	if errors.Is(err, ErrDamaged) {
 		s.h.damaged()
 	}
-	return err
+	var alloc int64
+	if last != nil {
+		// A failed commit's stats are kept too: they count the pages it
+		// could not write.
+		st := last.Stats()
+		alloc = st.GetPageAlloc()
+	}
+	return alloc, err
 }
 
 // Update implements ledger.Backend: fn runs in a read-write transaction

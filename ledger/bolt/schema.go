@@ -17,7 +17,7 @@ var (
 	keySchemaVersion = []byte("schema_version")
 	keyMagic         = []byte("magic")        // ledgerMagic: written when the file is created, or when a schema-1 ledger of the build before it is first opened writable
 	keyCreatedAt     = []byte("created_at")   // RFC 3339, when the file was created
-	keyHealthProbe   = []byte("health_probe") // RFC 3339, the newest health probe commit
+	keyHealthProbe   = []byte("health_probe") // RFC 3339, the newest health probe commit (and, for a moment, its padding)
 )
 
 // ledgerMagic marks a bbolt file as an idemgate ledger (meta/magic). A

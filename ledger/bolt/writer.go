@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,7 +206,32 @@ func listenPrivate(path string) (string, net.Listener, error) {
 	return sock, ln, nil
 }
 
-// dial connects to the writer named in the writer lock file.
+// ErrOtherUser is returned when the ledger is served by a process of
+// another user: a writer serves only processes of its own user, so this
+// one can neither forward to it nor take the file while it runs.
+var ErrOtherUser = errors.New("the ledger is served by another user's process")
+
+// otherUserError names who serves the ledger and what to do; pid is 0
+// when it is not known.
+func otherUserError(path string, uid int, pid int32) error {
+	owner := fmt.Sprintf("uid %d", uid)
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		owner = u.Username
+	}
+	who, stop := "a process of user "+owner, "that process"
+	if pid > 0 {
+		who, stop = fmt.Sprintf("process %d of user %s", pid, owner), fmt.Sprintf("process %d", pid)
+	}
+	me := fmt.Sprintf("uid %d", os.Getuid())
+	if u, err := user.Current(); err == nil {
+		me = u.Username
+	}
+	return fmt.Errorf("ledger: %s: %w: %s holds it and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop %s first", path, ErrOtherUser, who, me, owner, stop)
+}
+
+// dial connects to the writer named in the writer lock file. A writer of
+// another user is ErrOtherUser: known from the peer's credentials, or,
+// when the socket's mode refuses this process, from the socket's owner.
 func (s *shared) dial() (net.Conn, error) {
 	b, err := os.ReadFile(s.rolePath)
 	if err != nil {
@@ -216,11 +243,16 @@ func (s *shared) dial() (net.Conn, error) {
 	}
 	c, err := net.DialTimeout("unix", sock, time.Second)
 	if err != nil {
+		if fi, serr := os.Stat(sock); serr == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
+				return nil, otherUserError(s.path, int(st.Uid), 0)
+			}
+		}
 		return nil, err
 	}
-	if !forward.SameUser(c) {
+	if uid, pid, ok := forward.Peer(c); ok && uid != os.Getuid() {
 		c.Close()
-		return nil, fmt.Errorf("the process serving %s runs as another user", sock)
+		return nil, otherUserError(s.path, uid, pid)
 	}
 	return c, nil
 }
@@ -277,11 +309,15 @@ func (s *shared) failover(lost *forward.Client) error {
 			s.client = nil
 			return nil
 		}
-		if c, err := s.dial(); err == nil {
+		c, err := s.dial()
+		if err == nil {
 			c.Close()
 			lost.Close() // its idle connections lead to the lost writer
 			s.client = forward.NewClient(s.dial)
 			return nil
+		}
+		if errors.Is(err, ErrOtherUser) {
+			return err // waiting will not make it serve this process
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("ledger: %s: the writer lock is held but no process serves the ledger: %w", s.path, forward.ErrWriterLost)
@@ -383,21 +419,38 @@ func (s *shared) View(ctx context.Context, fn func(ledger.BTx) error) error {
 // ReadOnly implements ledger.Backend.
 func (s *shared) ReadOnly() bool { return false }
 
-// Health implements ledger.HealthReporter: the file's health where this
-// process is the writer, else whether the writer answers.
+// Health implements ledger.HealthReporter: the file's health as the
+// writer sees it, which is where every process's commits are made. A
+// forwarder asks its writer (so it reports the writer's failed commits
+// and free space, not its own); when the writer runs an older build that
+// cannot tell, it reports whether the writer answers a read.
 func (s *shared) Health(ctx context.Context) ledger.Health {
-	local, _, err := s.current()
-	if err == nil && local != nil {
-		return local.Health(ctx)
+	for {
+		local, client, err := s.current()
+		if err == nil && local != nil {
+			return local.Health(ctx)
+		}
+		var h ledger.Health
+		if err == nil {
+			h, err = client.Health(ctx)
+		}
+		switch {
+		case err == nil:
+			return h
+		case errors.Is(err, forward.ErrNoHealth):
+			err = s.View(ctx, func(ledger.BTx) error { return nil })
+			if err == nil {
+				return ledger.Health{OK: true}
+			}
+		case errors.Is(err, ledger.ErrClosed) && s.replaced(client):
+			continue // asked nothing: ask what replaced the client
+		case errors.Is(err, forward.ErrWriterLost):
+			if err = s.failover(client); err == nil {
+				continue
+			}
+		}
+		return ledger.Health{Problem: "the ledger cannot be read: " + strings.ReplaceAll(err.Error(), s.path, "the ledger file")}
 	}
-	h := ledger.Health{OK: true}
-	if err == nil {
-		err = s.View(ctx, func(ledger.BTx) error { return nil })
-	}
-	if err != nil {
-		h.OK, h.Problem = false, "the ledger cannot be read: "+err.Error()
-	}
-	return h
 }
 
 // Close implements ledger.Backend. A writer stops serving (forwarders

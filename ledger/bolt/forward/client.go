@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"idemgate/ledger"
 )
@@ -212,6 +214,47 @@ func (c *Client) ReadBack(ctx context.Context, marker []byte) (bool, error) {
 	}
 	cc.c.Close()
 	return false, fmt.Errorf("%w: %v", ErrWriterLost, err)
+}
+
+// ErrNoHealth is returned by Health when the writer runs a build that
+// cannot report its health (protocol version 2 or older).
+var ErrNoHealth = errors.New("forward: the writer runs an older idemgate that does not report its health")
+
+// Health asks the writer for its ledger's health: the file's, as the
+// process that holds it sees it. It returns ErrWriterLost when the writer
+// cannot be reached, ErrNoHealth when it cannot tell.
+func (c *Client) Health(ctx context.Context) (ledger.Health, error) {
+	cc, err := c.get()
+	if err != nil {
+		return ledger.Health{}, err
+	}
+	if cc.proto < 3 {
+		c.put(cc)
+		return ledger.Health{}, ErrNoHealth
+	}
+	if d, ok := ctx.Deadline(); ok {
+		cc.c.SetDeadline(d)
+	}
+	cc.w.byte(msgHealth)
+	var h ledger.Health
+	err = cc.w.flush()
+	if err == nil {
+		err = cc.r.expect(msgValue)
+	}
+	var b []byte
+	if err == nil {
+		b, err = cc.r.bytes()
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &h)
+	}
+	if err != nil {
+		cc.c.Close()
+		return ledger.Health{}, fmt.Errorf("%w: %v", ErrWriterLost, err)
+	}
+	cc.c.SetDeadline(time.Time{})
+	c.put(cc)
+	return h, nil
 }
 
 // readFail reads the rest of a msgFail and returns its error (errAborted

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"net"
 	"sync"
@@ -174,6 +175,14 @@ func (s *Server) serve(c net.Conn) {
 				sc.w.byte(msgBool)
 				sc.w.uint(boolUint(found))
 			}
+		case msgHealth:
+			h := ledger.Health{OK: true}
+			if hr, ok := s.b.(ledger.HealthReporter); ok {
+				h = hr.Health(ctx)
+			}
+			b, _ := json.Marshal(h)
+			sc.w.byte(msgValue)
+			sc.w.bytes(b)
 		default:
 			return
 		}

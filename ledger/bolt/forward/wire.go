@@ -38,6 +38,7 @@ import (
 //	msgUpdatePre marker prefetches   begin an Update whose msgStart answers prefetches (version 2)
 //	msgViewPre prefetches            the same for a View (version 2)
 //	msgReadBack marker did the Update that wrote marker commit? (answered by msgBool)
+//	msgHealth          the writer's ledger.Health (version 3; answered by msgValue: its JSON)
 //	msgBucket name                        (answered by msgBool: exists)
 //	msgData name create                   (answered by msgBool or msgFail)
 //	msgGet kind name key                  (answered by msgValue)
@@ -79,6 +80,7 @@ const (
 	msgViewPre     = 'Q'
 	msgCursorAhead = 'A'
 	msgSkip        = 'K'
+	msgHealth      = 'h'
 
 	msgStart = 'S'
 	msgDone  = 'O'
@@ -105,8 +107,8 @@ const (
 )
 
 // protoVersion is the version this package speaks: 2 adds msgHello and
-// prefetches.
-const protoVersion = 2
+// prefetches, 3 msgHealth.
+const protoVersion = 3
 
 // Prefetch operations: a Get, or preCursor plus the cursor operation of a
 // new cursor's first move (curFirst, curLast or curSeek).
