@@ -229,10 +229,11 @@ func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.H
 	})
 }
 
-// sessionGate reads a POST body (bounded in size and time), refuses
-// what is not one JSON-RPC request, notification or response mcp-go can
-// read (examine: 400 with a JSON-RPC error), and enforces sessions for the protocol eras that have
-// them (before 2026-07-28): initialize creates one in the ledger; any
+// sessionGate reads a POST body (bounded in size and time), refuses what
+// is not one JSON-RPC request, notification or response mcp-go can read
+// (examine: 400 with a JSON-RPC error, whatever the session), and
+// enforces sessions for the protocol eras that have them (before
+// 2026-07-28): initialize creates one in the ledger; any
 // other request needs Mcp-Session-Id (400 without) naming a live session
 // of the same token (404 otherwise). Requests of the stateless era pass
 // without sessions.
