@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/big"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode"
@@ -141,10 +142,9 @@ type envelope struct {
 	// decided as mcp-go's own stdio server decides it from the decoded
 	// method and id.
 	serve serveKind
-	// gate is what json.Unmarshal(msg, &gate) reads, and gateOK whether
-	// it succeeds, for a message the walk read whole (see gateOf).
-	gate   gateEnvelope
-	gateOK bool
+	// gate is what the HTTP gate reads of a message the walk let
+	// through (see gateOf).
+	gate gateEnvelope
 	// tool is a tools/call's params.name, and args the byte range of
 	// its params.arguments in the message (args[1] is 0 when absent or
 	// not known: see screenArguments).
@@ -182,19 +182,19 @@ func examine(msg []byte) envelope {
 			Message: "invalid request: the message nests arrays and objects more than " + strconv.Itoa(MaxMessageDepth) +
 				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}}
 	}
-	return examineWalk(&lexer{b: msg}) // it reads only valid JSON to its end
+	return examineWalk(&lexer{b: msg}, msg) // it reads only valid JSON to its end
 }
 
-// examineTokens is examineEnvelope's walk of a valid JSON message, read
-// from src.
-func examineTokens(src tokenSource) (refused *envelopeError, requestID json.RawMessage) {
-	e := examineWalk(src)
+// examineTokens is examineEnvelope's walk of a valid JSON message msg,
+// read from src.
+func examineTokens(src tokenSource, msg []byte) (refused *envelopeError, requestID json.RawMessage) {
+	e := examineWalk(src, msg)
 	return e.refused, e.requestID
 }
 
-// examineWalk is examine's walk of a message read from src; for text
-// that is not one JSON value, no refusal and serveParseError.
-func examineWalk(src tokenSource) envelope {
+// examineWalk is examine's walk of the message msg read from src; for
+// text that is not one JSON value, no refusal and serveParseError.
+func examineWalk(src tokenSource, msg []byte) envelope {
 	w := &walker{dec: src}
 	if err := w.run(); err != nil {
 		if errors.Is(err, errSyntax) || !validRest(src) {
@@ -205,10 +205,13 @@ func examineWalk(src tokenSource) envelope {
 		return envelope{refused: &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}}
 	}
 	e := envelope{refused: w.verdict()}
+	if e.refused == nil && w.idKind != "" && (w.method != string(mcp.MethodToolsCall) || w.callExtras) {
+		e.refused = checkParams(w.method, w.id, msg)
+	}
 	if e.refused == nil && w.methodKind == "a string" {
 		e.requestID = w.id
 	}
-	e.gate, e.gateOK = w.gateOf()
+	e.gate = w.gateOf()
 	if w.method == "tools/call" {
 		e.tool, e.args = w.name, [2]int{w.argsStart, w.argsEnd}
 	}
@@ -237,19 +240,53 @@ func validRest(src tokenSource) bool {
 }
 
 // verdict is the refusal of a message walked whole without one, from
-// what the walk noted of its id, method and tool name; nil to let it
-// through.
+// what the walk noted of it; nil to let it through. What is not a
+// JSON-RPC 2.0 request, notification or response is -32600 (invalid
+// request) — answered with id null when the id itself is at fault (null
+// on a request, not a string or an integer); params that are not an
+// object, or an object mcp-go cannot read, for a method idemgate serves
+// are -32602 (invalid params). A request for a method idemgate does not
+// serve is let through: mcp-go answers it -32601 (method not found).
 func (w *walker) verdict() *envelopeError {
+	switch w.topKind {
+	case "an object":
+	case "an array":
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: JSON-RPC batches (a top-level array) are not supported: MCP removed them in protocol version 2025-06-18; send each request on its own"}
+	default:
+		return &envelopeError{Code: codeInvalidRequest, Message: `invalid request: a message must be a JSON object, a JSON-RPC request such as {"jsonrpc":"2.0","id":1,"method":"ping"}; got ` + w.topKind}
+	}
 	switch w.idKind {
 	case "", "a string", "a number", "null":
 	default:
-		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id must be a string, a number or null (JSON-RPC 2.0), got " + w.idKind}
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id must be a string or an integer (JSON-RPC 2.0, MCP), got " + w.idKind}
+	}
+	if w.versionKind != "a string" || w.version != "2.0" {
+		got := "it is missing"
+		if w.versionKind != "" {
+			got = "got " + w.versionKind
+			if w.versionKind == "a string" {
+				got += " " + strconv.Quote(clipEcho(w.version))
+			}
+		}
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: `invalid request: the member "jsonrpc" must be "2.0" (JSON-RPC 2.0); ` + got}
 	}
 	if w.methodKind != "" && w.methodKind != "a string" {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the method must be a string naming an MCP method, got " + w.methodKind}
 	}
+	if w.methodKind == "" && !w.answer {
+		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the message has no method (a request or notification names one) and no result or error (a response carries one)"}
+	}
+	if w.idKind == "null" && w.methodKind != "" {
+		// JSON-RPC 2.0 lets a request's id be null but discourages it;
+		// MCP forbids it. Answered rather than served as a notification,
+		// so that the caller is not left waiting for an answer.
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id must not be null: a request's id is a string or an integer (MCP); leave the id out to send a notification"}
+	}
 	if w.longID {
 		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id is longer than " + strconv.Itoa(maxIDLen) + " characters"}
+	}
+	if w.fractionalID {
+		return &envelopeError{Code: codeInvalidRequest, Message: "invalid request: the id must be a string or an integer (MCP), got the number " + clipEcho(string(w.id))}
 	}
 	if w.inexactID {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the numeric id " + clipEcho(string(w.id)) +
@@ -262,6 +299,25 @@ func (w *walker) verdict() *envelopeError {
 		return &envelopeError{ID: w.id, Code: codeInvalidRequest, Message: "invalid request: the message holds more than " + strconv.Itoa(maxMessageValues) +
 			" JSON values outside a tool call's arguments (the limit; no MCP request needs that many)"}
 	}
+	if w.methodKind == "" {
+		return nil // a response: idemgate sends no requests, mcp-go drops it
+	}
+	_, served := paramsOf[w.method]
+	notification := w.idKind == ""
+	switch w.paramsKind {
+	case "", "null", "an object":
+		// null is read as no params, as mcp-go reads it: some clients
+		// send it.
+	default:
+		if served || notification {
+			return &envelopeError{ID: w.id, Code: codeInvalidParams, Message: "invalid params: params must be an object (MCP), got " + w.paramsKind}
+		}
+	}
+	switch w.metaKind {
+	case "", "null", "an object":
+	default:
+		return &envelopeError{ID: w.id, Code: codeInvalidParams, Message: "invalid params: params._meta must be an object (MCP), got " + w.metaKind}
+	}
 	if w.method == "tools/call" {
 		switch {
 		case w.nameKind == "":
@@ -273,6 +329,104 @@ func (w *walker) verdict() *envelopeError {
 		}
 	}
 	return nil
+}
+
+// paramsOf maps each method idemgate serves to the type mcp-go decodes
+// its request into: checkParams reads the request as mcp-go will, so
+// that params it cannot read are -32602 (mcp-go answers them -32600).
+// Methods of capabilities idemgate does not declare (resources, prompts,
+// logging, completions, tasks) are answered -32601 by mcp-go before it
+// reads their params, and are left out.
+var paramsOf = map[string]func() any{
+	string(mcp.MethodInitialize):          func() any { return new(mcp.InitializeRequest) },
+	string(mcp.MethodPing):                func() any { return new(mcp.PingRequest) },
+	string(mcp.MethodToolsList):           func() any { return new(mcp.ListToolsRequest) },
+	string(mcp.MethodToolsCall):           func() any { return new(callExtras) },
+	string(mcp.MethodServerDiscover):      func() any { return new(mcp.DiscoverRequest) },
+	string(mcp.MethodSubscriptionsListen): func() any { return new(mcp.SubscriptionsListenRequest) },
+}
+
+// callExtras is what mcp-go decodes of a tools/call's params besides the
+// name, which the walk checks, and the arguments, which the tool
+// validates. tools/call is the hot path: it is decoded here only when
+// the walk saw one of these members, which a plain call does not carry.
+type callExtras struct {
+	Params struct {
+		Task           *mcp.TaskParams    `json:"task"`
+		InputResponses mcp.InputResponses `json:"inputResponses"`
+		RequestState   string             `json:"requestState"`
+	} `json:"params"`
+}
+
+// checkParams is the refusal of a request for a method of paramsOf whose
+// message mcp-go cannot decode into its request type, naming the member
+// at fault; nil when it can.
+func checkParams(method string, id json.RawMessage, msg []byte) *envelopeError {
+	newRequest := paramsOf[method]
+	if newRequest == nil {
+		return nil
+	}
+	err := json.Unmarshal(msg, newRequest())
+	if err == nil {
+		return nil
+	}
+	e := &envelopeError{ID: id, Code: codeInvalidParams}
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		e.Message = "invalid params: " + paramsPath(typeErr.Field) + " must be " + jsonKindOf(typeErr.Type) + ", got " + clipEcho(typeErr.Value)
+	} else {
+		e.Message = "invalid params: " + clipEcho(err.Error())
+	}
+	return e
+}
+
+// paramsPath is a decoding error's field path from params on: the path
+// encoding/json reports also names the embedded Go structs on the way.
+func paramsPath(field string) string {
+	parts := strings.Split(field, ".")
+	for i, p := range parts {
+		if p == "params" {
+			return clipEcho(strings.Join(parts[i:], "."))
+		}
+	}
+	return "params"
+}
+
+// jsonKindOf names the JSON values encoding/json decodes into t.
+func jsonKindOf(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Pointer:
+		return jsonKindOf(t.Elem())
+	default:
+		return "an object"
+	}
+}
+
+// integerLiteral reports whether the JSON number lit is an integer, as
+// JSON Schema counts them: 7, 7.0 and 7e2, not 7.5.
+func integerLiteral(lit string) bool {
+	if !strings.ContainsAny(lit, ".eE") {
+		return true
+	}
+	if i := strings.IndexAny(lit, "eE"); i >= 0 {
+		// Keep big.Rat cheap: no id needs an exponent beyond a float's.
+		if e, err := strconv.Atoi(strings.TrimPrefix(lit[i+1:], "+")); err != nil || e < -400 || e > 400 {
+			return false
+		}
+	}
+	r, ok := new(big.Rat).SetString(lit)
+	return ok && r.IsInt()
 }
 
 // errSyntax marks text that is not one JSON value.
@@ -316,6 +470,11 @@ type walker struct {
 	longID, longMethod bool   // the id or method is over its bound
 	idKind, methodKind string // JSON types of the top-level id and method; "" when absent
 	inexactID          bool   // a numeric id mcp-go would answer under another value
+	fractionalID       bool   // a numeric id that is not an integer
+	versionKind        string // JSON type of the top-level jsonrpc; "" when absent
+	version            string // its value when a string
+	answer             bool   // the message has a top-level result or error
+	callExtras         bool   // params has a task, inputResponses or requestState
 
 	// The JSON types of what gateEnvelope decodes ("" when absent): the
 	// message, its params, params._meta, params.clientInfo and its name
@@ -326,34 +485,25 @@ type walker struct {
 	protocolVersion                         string // params._meta's, when a string
 }
 
-// gateOf is what json.Unmarshal(msg, &g) gives for the message walked,
-// from what the walk noted, and whether it succeeds: it fails when a
-// value gateEnvelope decodes has a JSON type other than its own or null
-// (encoding/json matches its member names ignoring case; _meta's members
-// are a map's, matched exactly).
-func (w *walker) gateOf() (g gateEnvelope, ok bool) {
-	is := func(kind string, want ...string) bool {
-		if kind == "" || kind == "null" {
-			return true
-		}
-		for _, k := range want {
-			if kind == k {
-				return true
-			}
-		}
-		return false
-	}
-	if !is(w.topKind, "an object") || !is(w.methodKind, "a string") || !is(w.paramsKind, "an object") ||
-		!is(w.metaKind, "an object") || !is(w.infoKind, "an object") ||
-		!is(w.infoNameKind, "a string") || !is(w.infoVersionKind, "a string") {
-		return gateEnvelope{}, false
-	}
+// gateOf is what the HTTP gate reads of the message walked, from what
+// the walk noted: what json.Unmarshal(msg, &g) gives when it succeeds
+// (encoding/json matches member names ignoring case; _meta's members are
+// a map's, matched exactly). A member of a JSON type other than
+// gateEnvelope's is read as absent; verdict and checkParams have refused
+// every such message the gate acts on (an initialize with a clientInfo
+// that is not an object of strings, a _meta that is not an object), and
+// the others are answered by mcp-go.
+func (w *walker) gateOf() (g gateEnvelope) {
 	g.Method = w.method
+	if w.paramsKind != "an object" {
+		return g
+	}
 	g.Params.Meta = metaVersion(w.protocolVersion)
-	if w.infoKind == "an object" {
+	if w.infoKind == "an object" && (w.infoNameKind == "" || w.infoNameKind == "null" || w.infoNameKind == "a string") &&
+		(w.infoVersionKind == "" || w.infoVersionKind == "null" || w.infoVersionKind == "a string") {
 		g.Params.ClientInfo = &gateClientInfo{Name: w.infoName, Version: w.infoVersion}
 	}
-	return g, true
+	return g
 }
 
 // echoedExactly reports whether mcp-go answers a request whose id is the
@@ -579,10 +729,15 @@ func (w *walker) note(v any, kind string) {
 				}
 			case json.Number:
 				w.id = json.RawMessage(v)
+				w.fractionalID = !integerLiteral(string(v))
 				w.inexactID = !echoedExactly(string(v))
 			}
 		case strings.EqualFold(key, "params"):
 			w.paramsKind = kind
+		case strings.EqualFold(key, "jsonrpc"):
+			w.versionKind, w.version = kind, str
+		case strings.EqualFold(key, "result"), strings.EqualFold(key, "error"):
+			w.answer = true
 		case strings.EqualFold(key, "method"):
 			w.methodKind = kind
 			if s, ok := v.(string); ok {
@@ -615,6 +770,8 @@ func (w *walker) note(v any, kind string) {
 			w.metaKind = kind
 		case strings.EqualFold(key, "clientInfo"):
 			w.infoKind = kind
+		case strings.EqualFold(key, "task"), strings.EqualFold(key, "inputResponses"), strings.EqualFold(key, "requestState"):
+			w.callExtras = true
 		}
 	}
 }

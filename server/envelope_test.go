@@ -44,7 +44,7 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 		{"method not a string", `{"jsonrpc":"2.0","id":1,"method":5}`,
 			-32600, "1", "the method must be a string naming an MCP method, got a number"},
 		{"id an object", `{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`,
-			-32600, "null", "the id must be a string, a number or null (JSON-RPC 2.0), got an object"},
+			-32600, "null", "the id must be a string or an integer (JSON-RPC 2.0, MCP), got an object"},
 		{"id a boolean", `{"jsonrpc":"2.0","id":true,"method":"ping"}`,
 			-32600, "null", "got a boolean"},
 		{"duplicate id", `{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list"}`,
@@ -85,10 +85,43 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 			-32600, "9007199254740993", "cannot be answered with exactly that id"},
 		{"id beyond int64", `{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`,
 			-32600, "12345678901234567890", "cannot be answered with exactly that id"},
+		// MCP: an id is a string or an integer.
+		{"fractional id", `{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}`,
+			-32600, "null", "the id must be a string or an integer (MCP), got the number 1.5"},
 		{"id with more digits than a float", `{"jsonrpc":"2.0","id":1.00000000000000001,"method":"ping"}`,
-			-32600, "1.00000000000000001", "cannot be answered with exactly that id"},
+			-32600, "null", "got the number 1.00000000000000001"},
 		{"id with a tiny exponent", `{"jsonrpc":"2.0","id":1e-99999999,"method":"ping"}`,
-			-32600, "1e-99999999", "cannot be answered with exactly that id"},
+			-32600, "null", "got the number 1e-99999999"},
+		{"null id on a request", `{"jsonrpc":"2.0","id":null,"method":"tools/list"}`,
+			-32600, "null", "the id must not be null"},
+		// JSON that is not a JSON-RPC message: -32600, not a parse error.
+		{"top-level string", `"hello"`, -32600, "null", "a message must be a JSON object"},
+		{"top-level number", `42`, -32600, "null", "got a number"},
+		{"top-level null", `null`, -32600, "null", "got null"},
+		{"batch", `[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, -32600, "null", "batches (a top-level array) are not supported"},
+		{"no jsonrpc", `{"id":3,"method":"ping"}`, -32600, "3", `"jsonrpc" must be "2.0" (JSON-RPC 2.0); it is missing`},
+		{"jsonrpc a number", `{"jsonrpc":2,"id":3,"method":"ping"}`, -32600, "3", `"jsonrpc" must be "2.0" (JSON-RPC 2.0); got a number`},
+		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":3,"method":"ping"}`, -32600, "3", `got a string "1.0"`},
+		{"no method, no result", `{"jsonrpc":"2.0","id":3}`, -32600, "3", "no method"},
+		// Params a served method cannot read: -32602.
+		{"params a string", `{"jsonrpc":"2.0","id":4,"method":"tools/list","params":"x"}`,
+			-32602, "4", "params must be an object (MCP), got a string"},
+		{"params an array", `{"jsonrpc":"2.0","id":4,"method":"ping","params":[1]}`,
+			-32602, "4", "params must be an object (MCP), got an array"},
+		{"tools/call params a string", `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":"x"}`,
+			-32602, "4", "params must be an object (MCP), got a string"},
+		{"notification params a string", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":"x"}`,
+			-32602, "null", "params must be an object (MCP), got a string"},
+		{"_meta a string", `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_order","_meta":"x"}}`,
+			-32602, "4", "params._meta must be an object (MCP), got a string"},
+		{"cursor a number", `{"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"cursor":5}}`,
+			-32602, "4", "invalid params: params.cursor must be a string, got number"},
+		{"tools/call task a string", `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_order","arguments":{},"task":"x"}}`,
+			-32602, "4", "invalid params: params.task must be an object, got string"},
+		{"tools/call requestState a number", `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_order","requestState":5}}`,
+			-32602, "4", "invalid params: params.requestState must be a string, got number"},
+		{"clientInfo.name a number", `{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":1,"version":"1"}}}`,
+			-32602, "4", "invalid params: params.clientInfo.name must be a string, got number"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,8 +174,12 @@ func TestCheckEnvelopeAccepts(t *testing.T) {
 		`{"jsonrpc":"2.0","id":"x","result":{}}`,
 		`{"jsonrpc":"2.0","id":9007199254740992,"method":"ping"}`, // 2^53: exact
 		`{"jsonrpc":"2.0","id":-42,"method":"ping"}`,
-		`{"jsonrpc":"2.0","id":0.1,"method":"ping"}`, // answered as 0.1
+		`{"jsonrpc":"2.0","id":7.0,"method":"ping"}`, // an integer, answered as 7
 		`{"jsonrpc":"2.0","id":1.5e3,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"ping","params":null}`,        // read as no params
+		`{"jsonrpc":"2.0","id":1,"method":"nope","params":[1]}`,         // mcp-go: -32601
+		`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":1}`, // mcp-go: -32601
+		`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}`,
 		call + strings.Repeat("[", 62) + strings.Repeat("]", 62) + `}}`,                                 // 64 levels
 		call + `{"note":{` + members(1000) + `}}}}`,                                                     // the widest object
 		call + `{"note":[` + strings.Repeat("1,", 20000) + `1]}}}`,                                      // arguments are the schema's to bound
@@ -359,7 +396,7 @@ func FuzzLexerMatchesDecoder(f *testing.F) {
 			return // walked by a decoder either way
 		}
 		gotE, gotID := examineEnvelope(msg)
-		wantE, wantID := examineTokens(decoderTokens(msg))
+		wantE, wantID := examineTokens(decoderTokens(msg), msg)
 		if !reflect.DeepEqual(gotE, wantE) || !bytes.Equal(gotID, wantID) {
 			t.Fatalf("%q: lexer walk %+v, id %s; decoder walk %+v, id %s", msg, gotE, gotID, wantE, wantID)
 		}
@@ -401,7 +438,10 @@ func FuzzLexerValidates(f *testing.F) {
 
 // FuzzGateAsUnmarshal: for any message the envelope check lets through,
 // the walk reads what the HTTP gate needs exactly as
-// json.Unmarshal(msg, &gateEnvelope) does, and fails where it fails.
+// json.Unmarshal(msg, &gateEnvelope) does when it succeeds; when it
+// fails, the gate reads the method alone, and the message is none the
+// gate acts on by its params (an initialize, or one naming a protocol
+// version).
 func FuzzGateAsUnmarshal(f *testing.F) {
 	for _, s := range []string{
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`,
@@ -411,6 +451,8 @@ func FuzzGateAsUnmarshal(f *testing.F) {
 		`null`, `1`, `"x"`, `{"method":1}`, `{"method":null}`, `{"params":[]}`, `{"params":{"_meta":"x"}}`, `{"params":{"_meta":null}}`,
 		`{"params":{"clientInfo":1}}`, `{"params":{"clientInfo":{"name":1}}}`, `{"params":{"clientInfo":{"version":[]}}}`, `{"params":{"clientInfo":null}}`,
 		`{"method":"a\u0062","params":{"clientInfo":{"name":"\ud83d\ude00 \xff"}}}`, `{"k":1,"params":{"name":"\u212A"}}`, `not json`, `{"a":`,
+		`{"jsonrpc":"2.0","id":1,"method":"nope","params":[1]}`, `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"clientInfo":{"name":1}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":1,"version":"1"}}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -420,9 +462,16 @@ func FuzzGateAsUnmarshal(f *testing.F) {
 			return
 		}
 		var want gateEnvelope
-		wantOK := json.Unmarshal(msg, &want) == nil
-		if e.gateOK != wantOK || (wantOK && !reflect.DeepEqual(e.gate, want)) {
-			t.Fatalf("%q: walk %+v (%v), json.Unmarshal %+v (%v)", msg, e.gate, e.gateOK, want, wantOK)
+		if json.Unmarshal(msg, &want) == nil {
+			if !reflect.DeepEqual(e.gate, want) {
+				t.Fatalf("%q: walk %+v, json.Unmarshal %+v", msg, e.gate, want)
+			}
+			return
+		}
+		var method struct{ Method string }
+		json.Unmarshal(msg, &method)
+		if e.gate.Method != method.Method || e.gate.Params.ClientInfo != nil || e.gate.Params.Meta != "" || e.gate.Method == "initialize" {
+			t.Fatalf("%q: json.Unmarshal fails, the walk read %+v", msg, e.gate)
 		}
 	})
 }

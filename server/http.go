@@ -135,7 +135,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	if cfg.Guard == nil {
 		cfg.Guard = NewAuthGuard(DefaultAuthFailureLimit, cfg.Logger, cfg.Metrics)
 	}
-	h.mux.Handle("/mcp", requireToken(cfg.Tokens, cfg.Guard, cfg.Logger, mcpH))
+	h.mux.Handle("/mcp", allowMCPMethods(requireToken(cfg.Tokens, cfg.Guard, cfg.Logger, mcpH)))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
@@ -206,6 +206,32 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // grace.
 func (h *HTTPHandler) closeStreams() { h.streams.closeAll() }
 
+// allowMCPMethods answers a method /mcp does not serve 405 with an Allow
+// header listing the ones it does (RFC 9110, 15.5.6): GET, POST and
+// DELETE (Streamable HTTP: an event stream, a message, the end of a
+// session), or POST alone for a request of protocol 2026-07-28, which
+// has no sessions and no GET stream (mcp-go answers those two 405 with
+// Allow: POST itself). It runs before the token is checked: which
+// methods an endpoint serves is no secret, and a client that sends
+// OPTIONS or PUT learns what to send instead of a 404, which an MCP
+// client takes for an ended session. HEAD is refused too: GET on /mcp
+// opens an event stream, which has no headers to describe ahead of it.
+func allowMCPMethods(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodPost, http.MethodDelete:
+			next.ServeHTTP(w, r)
+			return
+		}
+		allow := "GET, POST, DELETE"
+		if mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion)) {
+			allow = "POST"
+		}
+		w.Header().Set("Allow", allow)
+		refuse(w, r, http.StatusMethodNotAllowed, "method "+clipHeader(r.Method)+" is not served on /mcp; it serves "+allow+" (MCP Streamable HTTP)")
+	})
+}
+
 type tokenHashKey struct{}
 
 // requireToken lets through only requests with a valid bearer token,
@@ -262,10 +288,11 @@ func bearerToken(header string) (token string, ok bool) {
 }
 
 // sessionGate reads a POST body (bounded in size and time, and a large
-// one by the message budget), refuses JSON-RPC batches and what the
-// envelope walk refuses, screens a tool call's wide arguments, and
-// enforces sessions for the protocol eras that have
-// them (before 2026-07-28): initialize creates one in the ledger; any
+// one by the message budget), refuses what is not one JSON-RPC request,
+// notification or response mcp-go can read (examine: 400 with a JSON-RPC
+// error, whatever the session), screens a tool call's wide arguments,
+// and enforces sessions for the protocol eras that have them (before
+// 2026-07-28): initialize creates one in the ledger; any
 // other request needs Mcp-Session-Id (400 without) naming a live session
 // of the same token (404 otherwise). Requests of the stateless era pass
 // without sessions.
@@ -322,18 +349,21 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer func() { g.budget.give(taken) }()
-		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '[' {
-			writeJSONRPCError(w, http.StatusBadRequest, mcp.INVALID_REQUEST,
-				"JSON-RPC batches (a top-level array) are not supported: MCP removed them in protocol version 2025-06-18; send each request in its own POST")
-			return
-		}
 		// Strictly, before anything decodes it: a duplicate or case-variant
-		// member must not mean one thing here and another to mcp-go.
-		// The walk also reads what the gate needs: the message is not
-		// decoded again here.
+		// member must not mean one thing here and another to mcp-go, and
+		// a message that is not a request mcp-go can read is answered
+		// here, as on stdio, whatever its session. The walk also reads
+		// what the gate needs: the message is not decoded again here.
 		e := examine(body)
 		if e.refused != nil {
 			writeEnvelopeError(w, http.StatusBadRequest, e.refused)
+			return
+		}
+		if e.serve == serveParseError {
+			// Answered in the words of stdio, not of mcp-go's handler.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(parseError)
 			return
 		}
 		if msg, sc := screenArguments(body, e, g.screen); sc != nil {
@@ -346,23 +376,7 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			taken = 0
 		}
 		env = e.gate
-		if !e.gateOK {
-			// Not JSON-RPC as the gate reads it (a malformed initialize,
-			// say): mcp-go answers with its error. No session was
-			// recorded, so none may be handed out: mcp-go's id is
-			// withheld and its memory of it released.
-			sw := &sessionlessWriter{ResponseWriter: w}
-			g.next.ServeHTTP(sw, r)
-			if sw.withheld != "" {
-				g.sessions.free(sw.withheld)
-			}
-			return
-		}
 		modern = modern || mcp.IsModernProtocol(string(env.Params.Meta))
-	case http.MethodGet, http.MethodDelete:
-	default:
-		g.next.ServeHTTP(w, r)
-		return
 	}
 	if r.Method == http.MethodPost {
 		switch env.Method {
@@ -504,13 +518,6 @@ func readAll(b []byte, r io.Reader) ([]byte, error) {
 func setBody(r *http.Request, body []byte) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-}
-
-// writeJSONRPCError answers with a JSON-RPC error without an id.
-func writeJSONRPCError(w http.ResponseWriter, status, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": msg}})
 }
 
 // streamSet tracks the open GET event streams, to end them at shutdown or
@@ -730,36 +737,3 @@ func (h *heldResponse) succeeded() bool {
 	}
 	return json.Unmarshal(body, &msg) == nil && len(msg.Result) > 0 && len(msg.Error) == 0
 }
-
-// sessionlessWriter passes an answer on without the Mcp-Session-Id mcp-go
-// put on it (remembered in withheld).
-type sessionlessWriter struct {
-	http.ResponseWriter
-	withheld string
-	wrote    bool
-}
-
-func (w *sessionlessWriter) strip() {
-	if !w.wrote {
-		w.wrote = true
-		if sid := w.Header().Get(mcpserver.HeaderKeySessionID); sid != "" {
-			w.withheld = sid
-			w.Header().Del(mcpserver.HeaderKeySessionID)
-		}
-	}
-}
-
-func (w *sessionlessWriter) WriteHeader(status int) { w.strip(); w.ResponseWriter.WriteHeader(status) }
-func (w *sessionlessWriter) Write(b []byte) (int, error) {
-	w.strip()
-	return w.ResponseWriter.Write(b)
-}
-func (w *sessionlessWriter) Flush() {
-	w.strip()
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (w *sessionlessWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -200,8 +200,8 @@ func TestHTTPRefusedInitializeLeavesNoSession(t *testing.T) {
 		}
 		good = append(good, resp.Header.Get("Mcp-Session-Id"))
 	}
-	// The first the gate cannot read either; the second only mcp-go
-	// refuses (capabilities must be an object).
+	// Both refused before mcp-go reads them (-32602): the first's params
+	// are of the wrong types throughout, the second's capabilities only.
 	bads := []string{
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":5,"capabilities":[],"clientInfo":"x"}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":"none","clientInfo":{"name":"t","version":"1"}}}`,
