@@ -196,7 +196,6 @@ func requireToken(tokens *Tokens, logger *slog.Logger, next http.Handler) http.H
 			refuse(w, r, http.StatusUnauthorized, "the bearer token is not valid")
 			return
 		}
-		markAuthenticated(r.Context())
 		sum := sha256.Sum256([]byte(token))
 		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -442,11 +441,6 @@ type ServeConfig struct {
 	// Grace is how long a shutdown waits for requests in flight to be
 	// answered; it must exceed the longest call (see cmd serve).
 	Grace time.Duration
-	// MaxUnauthenticatedConns and UnauthenticatedConnTimeout bound
-	// connections that have not carried a valid token (defaults
-	// DefaultMaxUnauthenticatedConns, DefaultUnauthenticatedConnTimeout).
-	MaxUnauthenticatedConns    int
-	UnauthenticatedConnTimeout time.Duration
 }
 
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
@@ -463,19 +457,21 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	gl := newGuardListener(ln, cfg.MaxUnauthenticatedConns, cfg.UnauthenticatedConnTimeout)
+	capacity, max := connLimits(fileLimit())
+	gl := newGuardListener(ln, capacity, max, logger)
 	srv := &http.Server{
-		Handler:           h,
+		Handler: h,
+		// Also the bound on a connection that sends nothing.
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		IdleTimeout:       2 * time.Minute,
-		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+	gl.guard(srv)
 	if hh, ok := h.(*HTTPHandler); ok {
 		srv.RegisterOnShutdown(hh.closeStreams)
 	}
-	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace)
+	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace, "max_connections", capacity)
 	grace := cfg.Grace
 	if grace <= 0 {
 		grace = 10 * time.Second
