@@ -13,13 +13,13 @@ import (
 
 // The HTTP transport's real capacity is the process's limit on open files
 // (RLIMIT_NOFILE; Go raises the soft limit to the hard one at start): every
-// connection holds one from accept to close. The transport keeps
-// reservedFiles of them for the process's own use (the ledger, the outbox,
-// connections to the order API or PostgreSQL) and shares the rest:
+// connection holds one from accept to close, and a request that calls the
+// order API one more while it does. The transport leaves reservedFiles to
+// the rest of the process (the ledger, the outbox, PostgreSQL, background
+// deliveries) and shares the others:
 //
-//   - up to the capacity (seven eighths of the rest), connections are
-//     served;
-//   - the next eighth are accepted only to be answered: each request on
+//   - up to the capacity, connections are served;
+//   - an eighth more are accepted only to be answered: each request on
 //     them gets 503 with Retry-After (GET /healthz excepted: a liveness
 //     probe must not fail because clients are many);
 //   - beyond that nothing is accepted: new connections wait in the
@@ -50,22 +50,23 @@ const (
 const retryAfterSeconds = "1"
 
 // connLimits returns how many connections are served (capacity) and how
-// many may be open at all (max), for a process that may open files files.
-func connLimits(files int) (capacity, max int) {
-	max = files - reservedFiles
-	if max < 2 {
-		max = 2
-	}
-	return max - max/8, max
+// many may be open at all (maxOpen) by a process that may open files
+// files and needs perConn of them for each connection served (one for a
+// 503 answer).
+func connLimits(files, perConn int) (capacity, maxOpen int) {
+	usable := files - reservedFiles
+	capacity = max(usable*8/(8*perConn+1), 1) // an eighth of it answers 503
+	return capacity, capacity + max(usable-capacity*perConn, 1)
 }
 
 // guardListener accepts connections within the limits above; see there.
-// Accept blocks while max connections are open and none of them is idle.
+// Accept blocks while maxOpen connections are open and none of them is
+// idle.
 type guardListener struct {
 	net.Listener
-	capacity, max int
-	logger        *slog.Logger
-	now           func() time.Time
+	capacity, maxOpen int
+	logger            *slog.Logger
+	now               func() time.Time
 
 	freed     chan struct{} // a connection closed (buffered 1)
 	done      chan struct{} // the listener closed
@@ -78,12 +79,12 @@ type guardListener struct {
 }
 
 // newGuardListener serves at most capacity connections of ln and answers
-// 503 on up to max-capacity more.
-func newGuardListener(ln net.Listener, capacity, max int, logger *slog.Logger) *guardListener {
+// 503 on up to maxOpen-capacity more.
+func newGuardListener(ln net.Listener, capacity, maxOpen int, logger *slog.Logger) *guardListener {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &guardListener{Listener: ln, capacity: capacity, max: max, logger: logger, now: time.Now,
+	return &guardListener{Listener: ln, capacity: capacity, maxOpen: maxOpen, logger: logger, now: time.Now,
 		freed: make(chan struct{}, 1), done: make(chan struct{}), silent: list.New()}
 }
 
@@ -137,13 +138,13 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	return gc, nil
 }
 
-// waitForRoom returns once fewer than max connections are open, closing
+// waitForRoom returns once fewer than maxOpen connections are open, closing
 // the oldest idle one while there is no room; net.ErrClosed once the
 // listener is closed.
 func (l *guardListener) waitForRoom() error {
 	for {
 		l.mu.Lock()
-		room := l.open < l.max
+		room := l.open < l.maxOpen
 		var idle *guardConn
 		if !room {
 			idle = l.oldestIdleLocked(nil)

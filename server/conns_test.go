@@ -159,3 +159,19 @@ func TestPendingInput(t *testing.T) {
 		t.Errorf("pending input after it was read")
 	}
 }
+
+// TestConnLimits: the connections served, and those answered 503, fit in
+// the open files left to them.
+func TestConnLimits(t *testing.T) {
+	for _, tc := range []struct{ files, perConn, capacity, maxOpen int }{
+		{256, 1, 170, 192},
+		{256, 2, 90, 102},
+		{1 << 20, 1, 932010, 1048512},
+		{10, 1, 1, 2}, // too few files for any: one at a time
+	} {
+		capacity, maxOpen := connLimits(tc.files, tc.perConn)
+		if capacity != tc.capacity || maxOpen != tc.maxOpen {
+			t.Errorf("connLimits(%d, %d) = %d, %d; want %d, %d", tc.files, tc.perConn, capacity, maxOpen, tc.capacity, tc.maxOpen)
+		}
+	}
+}

@@ -441,6 +441,10 @@ type ServeConfig struct {
 	// Grace is how long a shutdown waits for requests in flight to be
 	// answered; it must exceed the longest call (see cmd serve).
 	Grace time.Duration
+	// FilesPerConn is how many open files one connection served may hold
+	// at once: 2 when its request may call the order API (1 when zero).
+	// See server/conns.go.
+	FilesPerConn int
 }
 
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
@@ -457,8 +461,8 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	capacity, max := connLimits(fileLimit())
-	gl := newGuardListener(ln, capacity, max, logger)
+	capacity, maxOpen := connLimits(fileLimit(), max(cfg.FilesPerConn, 1))
+	gl := newGuardListener(ln, capacity, maxOpen, logger)
 	srv := &http.Server{
 		Handler: h,
 		// Also the bound on a connection that sends nothing.
