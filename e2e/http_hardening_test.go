@@ -497,7 +497,7 @@ func TestHTTPBatchRefused(t *testing.T) {
 // --http-body-timeout (408) with a token and answered 401 at once without
 // one; 350 connections holding unfinished requests (or nothing) without a
 // token, in a process limited to 256 files, lock out neither a valid client nor
-// /healthz.
+// /healthz, and a burst of valid clients meanwhile is answered (200 or 503).
 func TestHTTPSlowBodies(t *testing.T) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens.json")
@@ -569,6 +569,12 @@ func TestHTTPSlowBodies(t *testing.T) {
 	resp.Body.Close()
 	s := httpSession(t, p.base, alice)
 	s.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-slow", coffee, nil))
+	// A burst of valid clients during the flood is answered, every one.
+	statuses, noAnswer := burstAnswers(t, addr, alice, 200)
+	t.Logf("200 initialize at once during the flood: %v", statuses)
+	if statuses[0] > 0 || statuses[200] == 0 {
+		t.Errorf("200 initialize at once during the flood: statuses %v (0: no HTTP answer, e.g. %v), want only 200 and 503, some 200", statuses, noAnswer)
+	}
 }
 
 // TestHTTPShutdownAnswersInFlight: SIGTERM while calls wait on a slow

@@ -43,6 +43,12 @@ const (
 	// as idle: a client sends its request as soon as it has connected,
 	// but under load it may be scheduled late.
 	idleGrace = time.Second
+	// idleScan bounds the silent connections one search for an idle one
+	// looks at (each a system call): connections that send a header a
+	// byte at a time stay silent but not idle, and must not make every
+	// accept cost a look at each of them. net/http closes them at
+	// ReadHeaderTimeout.
+	idleScan = 64
 )
 
 // retryAfterSeconds is the Retry-After of a 503 for lack of capacity:
@@ -176,19 +182,21 @@ func (l *guardListener) waitForRoom() error {
 // read.
 func (l *guardListener) oldestIdleLocked(skip []*guardConn) *guardConn {
 	now := l.now()
+	scanned := 0
 next:
-	for e := l.silent.Front(); e != nil; e = e.Next() {
+	for e := l.silent.Front(); e != nil && scanned < idleScan; e = e.Next() {
+		scanned++
 		gc := e.Value.(*guardConn)
 		if now.Sub(gc.silentSince) < idleGrace {
 			return nil // and so are all after it
-		}
-		if now.Sub(time.Unix(0, gc.lastRead.Load())) < idleGrace || pendingInput(gc.Conn) {
-			continue
 		}
 		for _, s := range skip {
 			if s == gc {
 				continue next
 			}
+		}
+		if now.Sub(time.Unix(0, gc.lastRead.Load())) < idleGrace || pendingInput(gc.Conn) {
+			continue
 		}
 		return gc
 	}
