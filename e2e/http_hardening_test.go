@@ -740,8 +740,9 @@ func burstAnswers(t *testing.T, addr, token string, n int) (statuses map[int]int
 // connection and sending initialize at once, is served: 300 and 1 000 of
 // them all get 200 from a process that may open 4 096 files (room for
 // 3 584 connections). In a process limited to 256 files, 1 000 of them
-// all get an HTTP answer — 200, or 503 with Retry-After — never a
-// connection closed without one.
+// all get an HTTP answer, never a connection closed without one: 200, or
+// while 200 valid requests whose bodies are still arriving hold every
+// place for 3 s, 503 with Retry-After.
 func TestHTTPBurstAnswered(t *testing.T) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens.json")
@@ -756,7 +757,7 @@ func TestHTTPBurstAnswered(t *testing.T) {
 		}
 	}
 
-	limited := startHTTP(t, filepath.Join(dir, "limited.db"), tokens, 256)
+	limited := startHTTP(t, filepath.Join(dir, "limited.db"), tokens, 256, "--http-body-timeout", "3s")
 	addr = strings.TrimPrefix(limited.base, "http://")
 	statuses, noAnswer := burstAnswers(t, addr, alice, 1000)
 	t.Logf("1000 at once, 256 files: %v", statuses)
@@ -765,5 +766,26 @@ func TestHTTPBurstAnswered(t *testing.T) {
 	}
 	if statuses[200] == 0 {
 		t.Errorf("1000 initialize at once, 256 files: none served")
+	}
+
+	// Every place held by a valid request that is slow to send its body.
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("slow request %d: %v", i, err)
+		}
+		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", addr, alice)
+		slow = append(slow, c)
+	}
+	statuses, noAnswer = burstAnswers(t, addr, alice, 1000)
+	t.Logf("1000 at once, 256 files, every place held for 3 s: %v", statuses)
+	if statuses[0] > 0 || statuses[200]+statuses[503] != 1000 || statuses[503] == 0 {
+		t.Errorf("1000 initialize at once, 256 files, every place held for 3 s: statuses %v (0: no HTTP answer, e.g. %v), want 200 and 503, some 503", statuses, noAnswer)
 	}
 }

@@ -18,9 +18,11 @@ import (
 // the rest of the process (the ledger, the outbox, PostgreSQL, background
 // deliveries) and shares the others:
 //
-//   - up to the capacity, connections are served;
-//   - an eighth more are accepted only to be answered: each request on
-//     them gets 503 with Retry-After (GET /healthz excepted: a liveness
+//   - up to the capacity, connections are served: each holds a slot from
+//     its first request (or its accept) to its close;
+//   - about an eighth more are accepted, and their requests wait up to
+//     slotWait for a slot; one that gets none is answered 503 with
+//     Retry-After (GET /healthz is answered without a slot: a liveness
 //     probe must not fail because clients are many);
 //   - beyond that nothing is accepted: new connections wait in the
 //     kernel's listen queue until a connection closes.
@@ -49,10 +51,13 @@ const (
 	// accept cost a look at each of them. net/http closes them at
 	// ReadHeaderTimeout.
 	idleScan = 64
+	// slotWait is how long a request beyond the capacity waits for a
+	// slot before it is answered 503: as long as the Retry-After it would
+	// get, since most requests take milliseconds.
+	slotWait = time.Second
 )
 
-// retryAfterSeconds is the Retry-After of a 503 for lack of capacity:
-// most requests take milliseconds, so room is made quickly.
+// retryAfterSeconds is the Retry-After of a 503 for lack of capacity.
 const retryAfterSeconds = "1"
 
 // connLimits returns how many connections are served (capacity) and how
@@ -74,40 +79,42 @@ type guardListener struct {
 	logger            *slog.Logger
 	now               func() time.Time
 
-	freed     chan struct{} // a connection closed (buffered 1)
 	done      chan struct{} // the listener closed
 	closeOnce sync.Once
 
 	mu       sync.Mutex
-	open     int
-	silent   *list.List // of *guardConn without a request being read, by silentSince
-	warnedAt time.Time  // when the last over-capacity warning was logged
+	open     int           // connections accepted and not closed
+	served   int           // of them, those holding a slot
+	changed  chan struct{} // closed, and replaced, when a connection closes
+	silent   *list.List    // of *guardConn without a request being read, by silentSince
+	warnedAt time.Time     // when the last over-capacity warning was logged
 }
 
-// newGuardListener serves at most capacity connections of ln and answers
-// 503 on up to maxOpen-capacity more.
+// newGuardListener serves at most capacity connections of ln at once and
+// keeps up to maxOpen-capacity more waiting for a slot.
 func newGuardListener(ln net.Listener, capacity, maxOpen int, logger *slog.Logger) *guardListener {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &guardListener{Listener: ln, capacity: capacity, maxOpen: maxOpen, logger: logger, now: time.Now,
-		freed: make(chan struct{}, 1), done: make(chan struct{}), silent: list.New()}
+		done: make(chan struct{}), changed: make(chan struct{}), silent: list.New()}
 }
 
 // guardConn is one accepted connection.
 type guardConn struct {
 	net.Conn
-	l            *guardListener
-	silentSince  time.Time     // accepted, or answered last; guarded by l.mu
-	lastRead     atomic.Int64  // unix nanoseconds of the last read that returned bytes
-	elem         *list.Element // in l.silent while no request is read; guarded by l.mu
-	overCapacity bool          // accepted beyond the capacity: answer 503
-	closed       bool          // guarded by l.mu
-	once         sync.Once
+	l           *guardListener
+	lastRead    atomic.Int64  // unix nanoseconds of the last read that returned bytes
+	silentSince time.Time     // accepted, or answered last; guarded by l.mu
+	elem        *list.Element // in l.silent while no request is read; guarded by l.mu
+	served      bool          // holds a slot; guarded by l.mu
+	closed      bool          // guarded by l.mu
+	once        sync.Once
 }
 
 // Accept waits for room (closing idle connections when there is none),
-// then accepts a connection.
+// then accepts a connection, with a slot when one is free or can be made
+// free by closing idle connections.
 func (l *guardListener) Accept() (net.Conn, error) {
 	if err := l.waitForRoom(); err != nil {
 		return nil, err
@@ -121,25 +128,18 @@ func (l *guardListener) Accept() (net.Conn, error) {
 	l.open++
 	gc.elem = l.silent.PushBack(gc)
 	var evicted []*guardConn
-	for l.open-len(evicted) > l.capacity {
-		idle := l.oldestIdleLocked(evicted)
+	for l.served >= l.capacity {
+		idle := l.oldestIdleLocked()
 		if idle == nil {
 			break
 		}
+		idle.releaseLocked()
 		evicted = append(evicted, idle)
 	}
-	gc.overCapacity = l.open-len(evicted) > l.capacity
-	warn := gc.overCapacity && l.now().Sub(l.warnedAt) > time.Minute
-	if warn {
-		l.warnedAt = l.now()
-	}
+	gc.takeSlotLocked()
 	l.mu.Unlock()
 	for _, idle := range evicted {
 		idle.Close()
-	}
-	if warn {
-		l.logger.Warn("HTTP connections at capacity: new connections get 503 with Retry-After (the capacity follows the limit on open files, ulimit -n)",
-			"capacity", l.capacity)
 	}
 	return gc, nil
 }
@@ -153,20 +153,23 @@ func (l *guardListener) waitForRoom() error {
 		room := l.open < l.maxOpen
 		var idle *guardConn
 		if !room {
-			idle = l.oldestIdleLocked(nil)
+			if idle = l.oldestIdleLocked(); idle != nil {
+				idle.releaseLocked()
+			}
 		}
+		changed := l.changed
 		l.mu.Unlock()
-		if room {
-			return nil
-		}
 		if idle != nil {
 			idle.Close()
 			continue
 		}
+		if room {
+			return nil
+		}
 		// Wait for a close, or for a silent connection to become idle.
 		t := time.NewTimer(idleGrace / 4)
 		select {
-		case <-l.freed:
+		case <-changed:
 		case <-t.C:
 		case <-l.done:
 			t.Stop()
@@ -176,24 +179,17 @@ func (l *guardListener) waitForRoom() error {
 	}
 }
 
-// oldestIdleLocked returns the oldest idle connection not in skip, or nil.
-// A silent connection is not idle while bytes it sent wait unread in the
-// kernel, or within idleGrace of its accept, its last answer or its last
-// read.
-func (l *guardListener) oldestIdleLocked(skip []*guardConn) *guardConn {
+// oldestIdleLocked returns the oldest idle connection, or nil. A silent
+// connection is not idle while bytes it sent wait unread in the kernel,
+// or within idleGrace of its accept, its last answer or its last read.
+func (l *guardListener) oldestIdleLocked() *guardConn {
 	now := l.now()
 	scanned := 0
-next:
 	for e := l.silent.Front(); e != nil && scanned < idleScan; e = e.Next() {
 		scanned++
 		gc := e.Value.(*guardConn)
 		if now.Sub(gc.silentSince) < idleGrace {
 			return nil // and so are all after it
-		}
-		for _, s := range skip {
-			if s == gc {
-				continue next
-			}
 		}
 		if now.Sub(time.Unix(0, gc.lastRead.Load())) < idleGrace || pendingInput(gc.Conn) {
 			continue
@@ -216,17 +212,83 @@ func (c *guardConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// requestRead takes c out of the silent connections: a request of it was
-// read and will be answered. It reports whether c was accepted beyond the
-// capacity.
-func (c *guardConn) requestRead() (overCapacity bool) {
+// takeSlotLocked gives c a slot if it has none and one is free.
+func (c *guardConn) takeSlotLocked() {
+	if !c.served && !c.closed && c.l.served < c.l.capacity {
+		c.l.served++
+		c.served = true
+	}
+}
+
+// admit takes c out of the silent connections — a request of it was read
+// and will be answered — and reports whether it holds a slot, waiting up
+// to slotWait (or until ctx is done) for one, and closing idle
+// connections to make one.
+func (c *guardConn) admit(ctx context.Context) bool {
+	l := c.l
+	t := time.NewTimer(slotWait)
+	defer t.Stop()
+	for {
+		l.mu.Lock()
+		if c.elem != nil {
+			l.silent.Remove(c.elem)
+			c.elem = nil
+		}
+		c.takeSlotLocked()
+		var idle *guardConn
+		if !c.served {
+			if idle = l.oldestIdleLocked(); idle != nil {
+				idle.releaseLocked()
+			}
+		}
+		served, changed := c.served, l.changed
+		l.mu.Unlock()
+		if served {
+			return true
+		}
+		if idle != nil {
+			idle.Close()
+			continue
+		}
+		tick := time.NewTimer(idleGrace / 4) // a silent connection may become idle
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-t.C:
+			tick.Stop()
+			l.warnFull()
+			return false
+		case <-ctx.Done():
+			tick.Stop()
+			return false
+		}
+		tick.Stop()
+	}
+}
+
+// warnFull logs, at most once a minute, that requests get 503.
+func (l *guardListener) warnFull() {
+	l.mu.Lock()
+	warn := l.now().Sub(l.warnedAt) > time.Minute
+	if warn {
+		l.warnedAt = l.now()
+	}
+	l.mu.Unlock()
+	if warn {
+		l.logger.Warn("HTTP connections at capacity: requests get 503 with Retry-After (the capacity follows the limit on open files, ulimit -n)",
+			"capacity", l.capacity)
+	}
+}
+
+// silence takes c out of the silent connections without a slot: a request
+// that needs none (GET /healthz) was read.
+func (c *guardConn) silence() {
 	c.l.mu.Lock()
 	defer c.l.mu.Unlock()
 	if c.elem != nil {
 		c.l.silent.Remove(c.elem)
 		c.elem = nil
 	}
-	return c.overCapacity
 }
 
 // trackIdle is http.Server.ConnState: a kept-alive connection waiting
@@ -245,21 +307,33 @@ func trackIdle(c net.Conn, state http.ConnState) {
 	}
 }
 
+// releaseLocked gives back c's place among the open connections and its
+// slot, once; c must then be closed.
+func (c *guardConn) releaseLocked() {
+	l := c.l
+	if c.closed {
+		return
+	}
+	c.closed = true
+	if c.elem != nil {
+		l.silent.Remove(c.elem)
+		c.elem = nil
+	}
+	l.open--
+	if c.served {
+		l.served--
+		c.served = false
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
 func (c *guardConn) Close() error {
 	var err error
 	c.once.Do(func() {
 		c.l.mu.Lock()
-		if c.elem != nil {
-			c.l.silent.Remove(c.elem)
-			c.elem = nil
-		}
-		c.closed = true
-		c.l.open--
+		c.releaseLocked()
 		c.l.mu.Unlock()
-		select {
-		case c.l.freed <- struct{}{}:
-		default:
-		}
 		err = c.Conn.Close()
 	})
 	return err
@@ -292,16 +366,19 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 }
 
 // admit is the first handler of every request of a guardListener's
-// connection: it marks the connection's request read, and answers 503
-// with Retry-After, closing the connection, when the connection was
-// accepted beyond the capacity (GET /healthz excepted).
+// connection: the request is served once its connection holds a slot;
+// one that gets none within slotWait is answered 503 with Retry-After,
+// and its connection closed. GET /healthz needs no slot.
 func admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		gc, ok := r.Context().Value(connKey{}).(*guardConn)
-		if ok && gc.requestRead() && !(r.Method == http.MethodGet && r.URL.Path == "/healthz") {
-			w.Header().Set("Retry-After", retryAfterSeconds)
-			refuse(w, r, http.StatusServiceUnavailable, "the server is at its connection capacity; retry in "+retryAfterSeconds+" s")
-			return
+		if gc, ok := r.Context().Value(connKey{}).(*guardConn); ok {
+			if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+				gc.silence()
+			} else if !gc.admit(r.Context()) {
+				w.Header().Set("Retry-After", retryAfterSeconds)
+				refuse(w, r, http.StatusServiceUnavailable, "the server is at its connection capacity; retry in "+retryAfterSeconds+" s")
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})

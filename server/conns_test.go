@@ -18,10 +18,11 @@ func closedSoon(c net.Conn, d time.Duration) bool {
 }
 
 // TestGuardListener, with a capacity of 2 and at most 3 connections: a
-// request beyond the capacity gets 503 with Retry-After; at the maximum a
-// new connection waits, and a silent connection is closed to make room
-// for it once it is idle; the requests served are answered; a kept-alive
-// connection idle between requests makes room for a new one.
+// request beyond the capacity waits for a slot — served when one frees
+// within slotWait, 503 with Retry-After otherwise; at the maximum a new
+// connection waits, and a silent connection is closed to make room for it
+// once it is idle; a kept-alive connection idle between requests makes
+// room for a new one.
 func TestGuardListener(t *testing.T) {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -29,10 +30,10 @@ func TestGuardListener(t *testing.T) {
 	}
 	addr := inner.Addr().String()
 	gl := newGuardListener(inner, 2, 3, nil)
-	release := make(chan struct{})
+	release := map[string]chan struct{}{"/hold1": make(chan struct{}), "/hold2": make(chan struct{})}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			<-release
+		if ch, ok := release[r.URL.Path]; ok {
+			<-ch
 		}
 	})}
 	gl.guard(srv)
@@ -56,31 +57,47 @@ func TestGuardListener(t *testing.T) {
 		}()
 		return c, answer
 	}
-	status := func(name string, answer <-chan *http.Response) *http.Response {
+	answer := func(name string, answer <-chan *http.Response) (*http.Response, time.Duration) {
 		t.Helper()
+		start := time.Now()
 		select {
 		case resp := <-answer:
 			if resp == nil {
 				t.Fatalf("%s: no HTTP answer", name)
 			}
-			return resp
+			return resp, time.Since(start)
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: no answer within 5 s", name)
 		}
-		return nil
+		return nil, 0
+	}
+	waitOpen := func(n int) {
+		for gl.Open() != n {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 
-	keep1, held1 := send("/hold")
-	keep2, held2 := send("/hold")
-	for gl.Open() < 2 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	keep1, held1 := send("/hold1")
+	_, held2 := send("/hold2")
+	waitOpen(2)
 	_, over := send("/x")
-	if resp := status("a request beyond the capacity", over); resp.StatusCode != 503 || resp.Header.Get("Retry-After") != retryAfterSeconds {
-		t.Errorf("a request beyond the capacity: %d, Retry-After %q; want 503, %s", resp.StatusCode, resp.Header.Get("Retry-After"), retryAfterSeconds)
+	resp, took := answer("a request beyond the capacity", over)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != retryAfterSeconds || took < slotWait*9/10 {
+		t.Errorf("a request beyond the capacity: %d after %s, Retry-After %q; want 503 after %s, %s", resp.StatusCode, took, resp.Header.Get("Retry-After"), slotWait, retryAfterSeconds)
 	}
-	for gl.Open() > 2 { // the refused connection is closed
-		time.Sleep(10 * time.Millisecond)
+	waitOpen(2) // the refused connection is closed
+
+	// A slot freed while a request waits goes to it.
+	_, waiting := send("/x")
+	waitOpen(3)
+	time.Sleep(slotWait / 4)
+	close(release["/hold1"])
+	if resp, _ := answer("first held", held1); resp.StatusCode != 200 {
+		t.Errorf("first held request: %d, want 200", resp.StatusCode)
+	}
+	keep1.Close()
+	if resp, _ := answer("a request waiting while a slot frees", waiting); resp.StatusCode != 200 {
+		t.Errorf("a request waiting while a slot frees: %d, want 200", resp.StatusCode)
 	}
 
 	// A silent connection takes the last place; the next one waits.
@@ -89,35 +106,25 @@ func TestGuardListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	for gl.Open() < 3 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	start := time.Now()
+	waitOpen(3)
 	_, queued := send("/x")
-	if resp := status("a request queued behind a silent connection", queued); resp.StatusCode != 503 {
-		t.Errorf("a request queued behind a silent connection: %d, want 503 (still beyond the capacity)", resp.StatusCode)
-	}
-	if took := time.Since(start); took < idleGrace/2 {
-		t.Errorf("the queued request was answered after %s: the silent connection was closed before it was idle", took)
+	if resp, took := answer("a request queued behind a silent connection", queued); resp.StatusCode != 200 || took < idleGrace/2 {
+		t.Errorf("a request queued behind a silent connection: %d after %s, want 200 once the silent one is idle (%s)", resp.StatusCode, took, idleGrace)
 	}
 	if !closedSoon(silent, time.Second) {
 		t.Errorf("the idle connection was not closed to make room")
 	}
 
-	close(release)
-	for name, answer := range map[string]<-chan *http.Response{"first held": held1, "second held": held2} {
-		if resp := status(name, answer); resp.StatusCode != 200 {
-			t.Errorf("%s request: %d, want 200", name, resp.StatusCode)
-		}
+	// Two kept-alive connections (the last two) hold the capacity; once
+	// idle, the older makes room.
+	close(release["/hold2"])
+	if resp, _ := answer("second held", held2); resp.StatusCode != 200 {
+		t.Errorf("second held request: %d, want 200", resp.StatusCode)
 	}
-	// Both kept alive hold the capacity; once idle, the older makes room.
 	time.Sleep(idleGrace + 200*time.Millisecond)
 	_, later := send("/x")
-	if resp := status("a request beside two idle kept-alive connections", later); resp.StatusCode != 200 {
-		t.Errorf("a request beside two idle kept-alive connections: %d, want 200", resp.StatusCode)
-	}
-	if !closedSoon(keep1, time.Second) && !closedSoon(keep2, time.Second) {
-		t.Errorf("no idle kept-alive connection was closed to make room")
+	if resp, took := answer("a request beside two idle kept-alive connections", later); resp.StatusCode != 200 || took > slotWait/2 {
+		t.Errorf("a request beside two idle kept-alive connections: %d after %s, want 200 at once", resp.StatusCode, took)
 	}
 }
 
