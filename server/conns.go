@@ -220,11 +220,11 @@ func (c *guardConn) takeSlotLocked() {
 	}
 }
 
-// admit takes c out of the silent connections — a request of it was read
-// and will be answered — and reports whether it holds a slot, waiting up
-// to slotWait (or until ctx is done) for one, and closing idle
+// waitForSlot takes c out of the silent connections — a request of it
+// was read and will be answered — and reports whether it holds a slot,
+// waiting up to slotWait (or until ctx is done) for one, and closing idle
 // connections to make one.
-func (c *guardConn) admit(ctx context.Context) bool {
+func (c *guardConn) waitForSlot(ctx context.Context) bool {
 	l := c.l
 	t := time.NewTimer(slotWait)
 	defer t.Stop()
@@ -374,7 +374,7 @@ func admit(next http.Handler) http.Handler {
 		if gc, ok := r.Context().Value(connKey{}).(*guardConn); ok {
 			if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
 				gc.silence()
-			} else if !gc.admit(r.Context()) {
+			} else if !gc.waitForSlot(r.Context()) {
 				w.Header().Set("Retry-After", retryAfterSeconds)
 				refuse(w, r, http.StatusServiceUnavailable, "the server is at its connection capacity; retry in "+retryAfterSeconds+" s")
 				return
