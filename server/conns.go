@@ -66,7 +66,7 @@ const retryAfterSeconds = "1"
 // 503 answer).
 func connLimits(files, perConn int) (capacity, maxOpen int) {
 	usable := files - reservedFiles
-	capacity = max(usable*8/(8*perConn+1), 1) // an eighth of it answers 503
+	capacity = max(usable*8/(8*perConn+1), 1) // the rest: connections waiting for a slot
 	return capacity, capacity + max(usable-capacity*perConn, 1)
 }
 
