@@ -199,7 +199,11 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 				return h.OK, body{status, h}, body{status, h.Public()}
 			},
 		})
-		err = server.ServeHTTP(ctx, h, server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace})
+		cfg := server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace}
+		if lf.file.OrdersAPI.URL != "" {
+			cfg.FilesPerConn = 2 // a create_order holds its connection to the API too
+		}
+		err = server.ServeHTTP(ctx, h, cfg)
 	} else {
 		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), server.StdioConfig{

@@ -504,7 +504,7 @@ func TestHTTPBatchRefused(t *testing.T) {
 // --http-body-timeout (408) with a token and answered 401 at once without
 // one; 350 connections holding unfinished requests (or nothing) without a
 // token, in a process limited to 256 files, lock out neither a valid client nor
-// /healthz.
+// /healthz, and a burst of valid clients meanwhile is answered (200 or 503).
 func TestHTTPSlowBodies(t *testing.T) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens.json")
@@ -576,6 +576,12 @@ func TestHTTPSlowBodies(t *testing.T) {
 	resp.Body.Close()
 	s := httpSession(t, p.base, alice)
 	s.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-slow", coffee, nil))
+	// A burst of valid clients during the flood is answered, every one.
+	statuses, noAnswer := burstAnswers(t, addr, alice, 200)
+	t.Logf("200 initialize at once during the flood: %v", statuses)
+	if statuses[0] > 0 || statuses[200] == 0 {
+		t.Errorf("200 initialize at once during the flood: statuses %v (0: no HTTP answer, e.g. %v), want only 200 and 503, some 200", statuses, noAnswer)
+	}
 }
 
 // TestHTTPShutdownAnswersInFlight: SIGTERM while calls wait on a slow
@@ -678,4 +684,115 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// burstAnswers sends n initialize requests with token at once, each from
+// its own goroutine on its own new TCP connection (raw, so that a
+// connection closed without an answer is seen as it is, not retried by a
+// client library). It returns how many got each status; 0 counts the
+// connections that got no HTTP answer, with one of their errors. A 503
+// without a Retry-After of whole seconds is an error of t.
+func burstAnswers(t *testing.T, addr, token string, n int) (statuses map[int]int, noAnswer error) {
+	t.Helper()
+	req := initBody("burst")
+	req = fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", addr, token, len(req), req)
+	type answer struct {
+		status     int
+		retryAfter string
+		err        error
+	}
+	answers := make(chan answer, n)
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		go func() {
+			<-start
+			c, err := net.DialTimeout("tcp", addr, time.Minute)
+			if err != nil {
+				answers <- answer{err: fmt.Errorf("dial: %w", err)}
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := io.WriteString(c, req); err != nil {
+				answers <- answer{err: fmt.Errorf("write: %w", err)}
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				answers <- answer{err: fmt.Errorf("read: %w", err)}
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			answers <- answer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
+		}()
+	}
+	close(start)
+	statuses = map[int]int{}
+	for i := 0; i < n; i++ {
+		a := <-answers
+		statuses[a.status]++
+		if a.err != nil {
+			noAnswer = a.err
+		}
+		if a.status == http.StatusServiceUnavailable {
+			if s, err := strconv.Atoi(a.retryAfter); err != nil || s < 1 {
+				t.Errorf("503 with Retry-After %q, want a number of seconds", a.retryAfter)
+			}
+		}
+	}
+	return statuses, noAnswer
+}
+
+// TestHTTPBurstAnswered: a burst of valid clients, each opening a
+// connection and sending initialize at once, is served: 300 and 1 000 of
+// them all get 200 from a process that may open 4 096 files (room for
+// 3 584 connections). In a process limited to 256 files, 1 000 of them
+// all get an HTTP answer, never a connection closed without one: 200, or
+// while 200 valid requests whose bodies are still arriving hold every
+// place for 3 s, 503 with Retry-After.
+func TestHTTPBurstAnswered(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	p := startHTTP(t, filepath.Join(dir, "ledger.db"), tokens, 4096)
+	addr := strings.TrimPrefix(p.base, "http://")
+	for _, n := range []int{300, 1000} {
+		statuses, noAnswer := burstAnswers(t, addr, alice, n)
+		t.Logf("%d at once: %v", n, statuses)
+		if statuses[200] != n {
+			t.Errorf("%d initialize at once: statuses %v (0: no HTTP answer, e.g. %v), want %d × 200", n, statuses, noAnswer, n)
+		}
+	}
+
+	limited := startHTTP(t, filepath.Join(dir, "limited.db"), tokens, 256, "--http-body-timeout", "3s")
+	addr = strings.TrimPrefix(limited.base, "http://")
+	statuses, noAnswer := burstAnswers(t, addr, alice, 1000)
+	t.Logf("1000 at once, 256 files: %v", statuses)
+	if statuses[0] > 0 || statuses[200]+statuses[503] != 1000 {
+		t.Errorf("1000 initialize at once, 256 files: statuses %v (0: no HTTP answer, e.g. %v), want only 200 and 503", statuses, noAnswer)
+	}
+	if statuses[200] == 0 {
+		t.Errorf("1000 initialize at once, 256 files: none served")
+	}
+
+	// Every place held by a valid request that is slow to send its body.
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("slow request %d: %v", i, err)
+		}
+		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", addr, alice)
+		slow = append(slow, c)
+	}
+	statuses, noAnswer = burstAnswers(t, addr, alice, 1000)
+	t.Logf("1000 at once, 256 files, every place held for 3 s: %v", statuses)
+	if statuses[0] > 0 || statuses[200]+statuses[503] != 1000 || statuses[503] == 0 {
+		t.Errorf("1000 initialize at once, 256 files, every place held for 3 s: statuses %v (0: no HTTP answer, e.g. %v), want 200 and 503, some 503", statuses, noAnswer)
+	}
 }

@@ -268,7 +268,6 @@ func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next ht
 			refuse(w, r, http.StatusUnauthorized, "the bearer token is not valid")
 			return
 		}
-		markAuthenticated(r.Context())
 		sum := sha256.Sum256([]byte(token))
 		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -590,11 +589,10 @@ type ServeConfig struct {
 	// Grace is how long a shutdown waits for requests in flight to be
 	// answered; it must exceed the longest call (see cmd serve).
 	Grace time.Duration
-	// MaxUnauthenticatedConns and UnauthenticatedConnTimeout bound
-	// connections that have not carried a valid token (defaults
-	// DefaultMaxUnauthenticatedConns, DefaultUnauthenticatedConnTimeout).
-	MaxUnauthenticatedConns    int
-	UnauthenticatedConnTimeout time.Duration
+	// FilesPerConn is how many open files one connection served may hold
+	// at once: 2 when its request may call the order API (1 when zero).
+	// See server/conns.go.
+	FilesPerConn int
 }
 
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
@@ -611,19 +609,21 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	gl := newGuardListener(ln, cfg.MaxUnauthenticatedConns, cfg.UnauthenticatedConnTimeout)
+	capacity, maxOpen := connLimits(fileLimit(), max(cfg.FilesPerConn, 1))
+	gl := newGuardListener(ln, capacity, maxOpen, logger)
 	srv := &http.Server{
-		Handler:           h,
+		Handler: h,
+		// Also the bound on a connection that sends nothing.
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		IdleTimeout:       2 * time.Minute,
-		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+	gl.guard(srv)
 	if hh, ok := h.(*HTTPHandler); ok {
 		srv.RegisterOnShutdown(hh.closeStreams)
 	}
-	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace)
+	logger.Info("serving MCP over Streamable HTTP", "addr", ln.Addr().String(), "endpoint", "/mcp", "shutdown_grace", cfg.Grace, "max_connections", capacity)
 	grace := cfg.Grace
 	if grace <= 0 {
 		grace = 10 * time.Second
