@@ -52,7 +52,7 @@ type fileConfig struct {
 		// messages: OutboxFiles (the default) or OutboxSegments.
 		OutboxFormat string `toml:"outbox_format"`
 	} `toml:"notifications"`
-	// Approvals reaches approvers (README "Reaching approvers"): each new
+	// Approvals reaches approvers (docs/approvals.md, "Reaching approvers"): each new
 	// approval request POSTs a notice to NotifyWebhook through the outbox,
 	// signed with NotifySecret when set.
 	Approvals struct {

@@ -9,7 +9,11 @@ import (
 	"testing"
 )
 
-// synopsis is one command of the README's command reference.
+// cliDoc is the command reference: its "# Command line" code block holds
+// one synopsis per command.
+const cliDoc = "docs/cli.md"
+
+// synopsis is one command of the command reference, docs/cli.md.
 type synopsis struct {
 	line  string    // the synopsis, continuation lines joined
 	cmd   string    // the command after "idemgate"
@@ -25,22 +29,22 @@ type synCall struct {
 	flags []string
 }
 
-// readmeSynopses parses the code block under "## Command line" in
-// README.md: each line starting with "idemgate " begins a command, indented
+// cliSynopses parses the code block under "# Command line" in
+// docs/cli.md: each line starting with "idemgate " begins a command, indented
 // lines continue it. Words: a lowercase word not after a flag is a
 // subcommand; an upper-case word right after the command or a subcommand
 // is a positional argument; -x and --xyz are flags, belonging to the
 // subcommand before them (or the command).
-func readmeSynopses(t *testing.T) []synopsis {
+func cliSynopses(t *testing.T) []synopsis {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(cliDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	i := strings.Index(s, "\n## Command line\n")
+	i := strings.Index("\n"+s, "\n# Command line\n")
 	if i < 0 {
-		t.Fatal(`README.md has no "## Command line" section`)
+		t.Fatalf(`%s has no "# Command line" section`, cliDoc)
 	}
 	s = s[i:]
 	start := strings.Index(s, "```\n")
@@ -58,7 +62,7 @@ func readmeSynopses(t *testing.T) []synopsis {
 		case len(lines) > 0 && (l[0] == ' ' || l[0] == '\t'):
 			lines[len(lines)-1] += " " + strings.TrimSpace(l)
 		default:
-			t.Fatalf("README synopsis line %q neither starts a command (idemgate …) nor continues one (indented)", l)
+			t.Fatalf("%s: synopsis line %q neither starts a command (idemgate …) nor continues one (indented)", cliDoc, l)
 		}
 	}
 	flagRe := regexp.MustCompile(`^--?[a-z][a-z0-9-]*$`)
@@ -139,15 +143,15 @@ func helpFlags(t *testing.T, c synCall) map[string]bool {
 }
 
 // TestReadmeSynopsisMatchesHelp: every command and subcommand of the
-// README's command reference exists, every flag it shows is one that
+// command reference (docs/cli.md) exists, every flag it shows is one that
 // `idemgate CMD [SUB] --help` lists (the same help with -h and with the
 // command's arguments given, exit 0), every command that opens a ledger
 // shows --db (and those that ask the order API show --orders-api), and
 // every command is in the usage text.
 func TestReadmeSynopsisMatchesHelp(t *testing.T) {
-	syns := readmeSynopses(t)
+	syns := cliSynopses(t)
 	if len(syns) < 10 {
-		t.Fatalf("found %d synopses in README.md; the parser lost them", len(syns))
+		t.Fatalf("found %d synopses in %s; the parser lost them", len(syns), cliDoc)
 	}
 	needs := map[string][]string{"reconcile": {"orders-api"}, "resolve": {"orders-api"}}
 	for _, syn := range syns {
@@ -166,7 +170,7 @@ func TestReadmeSynopsisMatchesHelp(t *testing.T) {
 				for _, f := range c.flags {
 					shown[f] = true
 					if !help[f] {
-						t.Errorf("README: `idemgate %s` shows -%s, which `idemgate %s --help` does not list\n  %s", strings.Join(c.argv, " "), f, strings.Join(c.argv, " "), syn.line)
+						t.Errorf("%s: `idemgate %s` shows -%s, which `idemgate %s --help` does not list\n  %s", cliDoc, strings.Join(c.argv, " "), f, strings.Join(c.argv, " "), syn.line)
 					}
 				}
 				if help["db"] {
@@ -175,7 +179,7 @@ func TestReadmeSynopsisMatchesHelp(t *testing.T) {
 			}
 			for f := range need {
 				if !shown[f] {
-					t.Errorf("README: `idemgate %s` needs --%s but its synopsis does not show it\n  %s", syn.cmd, f, syn.line)
+					t.Errorf("%s: `idemgate %s` needs --%s but its synopsis does not show it\n  %s", cliDoc, syn.cmd, f, syn.line)
 				}
 			}
 		})

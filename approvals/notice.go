@@ -12,7 +12,7 @@ import (
 )
 
 // The approvers' notice: what is POSTed to [approvals] notify_webhook when
-// an approval is requested (README "Reaching approvers").
+// an approval is requested (docs/approvals.md, "Reaching approvers").
 const (
 	// NoticeType is the notice's "type".
 	NoticeType = "approval_requested"

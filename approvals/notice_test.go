@@ -11,7 +11,7 @@ import (
 )
 
 // TestNoticeShape: the notice's JSON is exactly the documented version 1
-// (README "Reaching approvers"): field names, order, UTC times, the
+// (docs/approvals.md, "Reaching approvers"): field names, order, UTC times, the
 // console link under the public URL.
 func TestNoticeShape(t *testing.T) {
 	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))

@@ -1,6 +1,6 @@
 package e2e
 
-// Approvals end to end (DESIGN §5, README "Approvals"): the agent and the
+// Approvals end to end (DESIGN §5, docs/approvals.md): the agent and the
 // approver are separate `idemgate serve` processes — or the `idemgate
 // approvals` command line — on one ledger file, as they are in real use.
 

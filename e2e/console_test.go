@@ -1,6 +1,6 @@
 package e2e
 
-// The web console (README "Console", DESIGN §10) in a real headless
+// The web console (docs/console.md, DESIGN §10) in a real headless
 // Chromium driven by chromedp: an approver logs in with a token, sees the
 // diff, approves with a comment, and the agent's retry over MCP replays the
 // outcome; agents' tokens and other tenants see nothing; a forged
@@ -10,7 +10,7 @@ package e2e
 // The tests skip, with an install hint, when no browser is found — except
 // under CI=true, where that is a failure. IDEMGATE_CHROMIUM names the
 // browser binary. With IDEMGATE_UPDATE_SCREENSHOTS=1 the screenshots are
-// written into docs/console/ (the README shows them); otherwise into the
+// written into docs/console/ (docs/console.md shows them); otherwise into the
 // test's temporary directory.
 
 import (

@@ -280,7 +280,7 @@ func TestDuplicateEnvelopeMembers(t *testing.T) {
 }
 
 // TestProtocolErrorsAreBounded (issue 8 defect 9): what reaches no tool
-// gets a JSON-RPC error, as the README lists, and no error repeats more
+// gets a JSON-RPC error, as docs/tools.md lists, and no error repeats more
 // than 64 characters of the request (a 100 000-digit number came back
 // whole). A hidden approver tool is answered exactly like an unknown one.
 func TestProtocolErrorsAreBounded(t *testing.T) {

@@ -3,7 +3,7 @@ package e2e
 // A fake HTTP order API and a fake notification gateway for the
 // fault-injection suite (faults_test.go, crashloop_test.go). The fake order
 // API implements the contract idemgate's client expects (orders/api.go,
-// README "HTTP order API"), counts every real side effect, and injects the
+// docs/order-api.md), counts every real side effect, and injects the
 // faults of seed 004 on demand: a queue of faults, each consumed by the next
 // request it matches, plus a few standing conditions (connections refused,
 // connections not accepted, lookup unavailable).

@@ -1,6 +1,6 @@
 package e2e
 
-// Reaching approvers (README "Reaching approvers"): a new approval request
+// Reaching approvers (docs/approvals.md, "Reaching approvers"): a new approval request
 // POSTs one notice to [approvals] notify_webhook, through the outbox — a
 // real receiving HTTP server here, the real binary, real ledger files.
 
@@ -335,8 +335,8 @@ func TestNotifyRetriedThenAcceptedOnce(t *testing.T) {
 // is requested; the server is killed (SIGKILL) after a failed attempt; the
 // notice, written with the approval request, is delivered by the next
 // server on the same ledger once the receiver is back — and it is still
-// delivered although the approval was decided meanwhile (README: a
-// notice is delivered whatever became of its approval).
+// delivered although the approval was decided meanwhile (docs/approvals.md:
+// a notice is delivered whatever became of its approval).
 func TestNotifyDeliveredAfterRestart(t *testing.T) {
 	recv := newNoticeReceiver(t)
 	recv.setDown(true)

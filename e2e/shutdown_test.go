@@ -14,7 +14,7 @@ import (
 
 // TestShutdownAPINeverAnswers: SIGTERM while a create_order waits on an
 // order API that never answers it, and whose lookup by key cannot tell
-// either. The README ("Shutdown") promises that a call already received
+// either. docs/operating.md ("Shutdown") promises that a call already received
 // gets its answer before the process exits — here the recorded unknown
 // outcome: the call ends at --orders-api-timeout, the client gets status
 // unknown with error outcome_unknown and next_action reconcile, the

@@ -22,7 +22,7 @@ import (
 )
 
 // API is the HTTP order API downstream: orders live in another
-// system, reached over HTTP with the contract documented in the README.
+// system, reached over HTTP with the contract documented in docs/order-api.md.
 // Every call is bounded by Timeout and made exactly once: the transport
 // keeps no idle connections, so Go's HTTP client has no reused connection
 // to silently retry a request on; every retry is idemgate's own, visible in

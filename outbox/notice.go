@@ -14,7 +14,7 @@ import (
 )
 
 // ChannelApprovalNotice is the channel of the messages that tell a
-// tenant's approvers an approval waits (README "Reaching approvers"). Its
+// tenant's approvers an approval waits (docs/approvals.md, "Reaching approvers"). Its
 // Body is the notice's JSON document, POSTed as is by a NoticeSink; the
 // notification sinks (DirSink, WebhookSink) never see one when the
 // deliverer's sink is a Router.

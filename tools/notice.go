@@ -8,7 +8,7 @@ import (
 	"idemgate/outbox"
 )
 
-// Reaching approvers (README "Reaching approvers"): every new approval
+// Reaching approvers (docs/approvals.md, "Reaching approvers"): every new approval
 // request queues one notice in the outbox, in the transaction that records
 // the request, so the notice exists exactly when the request does and is
 // delivered, retried and dead-lettered like any message.

@@ -90,8 +90,8 @@ type Service struct {
 // registry lists every tool's descriptor. Adding a tool is its own file
 // (spec, typed arguments, handler and, for a side-effecting tool, its
 // effect and policy facts), its input schema schemas/<name>.json (the
-// published contract, which stays with the other schemas: see the
-// README's "Adding a tool"), and one line here.
+// published contract, which stays with the other schemas: see
+// docs/development.md, "Adding a tool"), and one line here.
 func registry() []descriptor {
 	return []descriptor{
 		createOrderTool(),
