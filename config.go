@@ -128,7 +128,7 @@ func (l *settings) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.lease, "lease", 30*time.Second, "how long an executor owns a running operation without renewing; then it becomes unknown (order API) or retryable (embedded)")
 	fs.BoolVar(&l.requireIssued, "require-issued-keys", false, "accept only operation keys handed out by new_operation_key")
 	def := approvals.Default()
-	fs.StringVar(&l.configFile, "config", env("IDEMGATE_CONFIG", ""), "configuration file (TOML: policy, [orders_api], [notifications], [approvals], [console]; see README); flags override it (env IDEMGATE_CONFIG)")
+	fs.StringVar(&l.configFile, "config", env("IDEMGATE_CONFIG", ""), "configuration file (TOML: policy, [orders_api], [notifications], [approvals], [console]; see docs/approvals.md); flags override it (env IDEMGATE_CONFIG)")
 	fs.Int64Var(&l.approvalThreshold, "approval-threshold", def.CreateOrderThresholdMinor, "create_order totals at or above this (minor units) need approval; 0 disables")
 	fs.IntVar(&l.maxRecipients, "max-recipients", def.MaxRecipients, "notifications to more recipients need approval; 0 disables")
 	fs.DurationVar(&l.approvalTTL, "approval-ttl", def.ApprovalTTL.Duration, "pending approvals expire (operation rejected, approval_expired) after this")
