@@ -290,11 +290,11 @@ func bearerToken(header string) (token string, ok bool) {
 // one by the message budget), refuses what is not one JSON-RPC request,
 // notification or response mcp-go can read (examine: 400 with a JSON-RPC
 // error, whatever the session), screens a tool call's wide arguments,
-// and enforces sessions for the protocol eras that have them (before
-// 2026-07-28): initialize creates one in the ledger; any
-// other request needs Mcp-Session-Id (400 without) naming a live session
-// of the same token (404 otherwise). Requests of the stateless era pass
-// without sessions.
+// answers a tool call on its own stream (postStream), and enforces
+// sessions for the protocol eras that have them (before 2026-07-28):
+// initialize creates one in the ledger; any other request needs
+// Mcp-Session-Id (400 without) naming a live session of the same token
+// (404 otherwise). Requests of the stateless era pass without sessions.
 type sessionGate struct {
 	sessions    *Sessions
 	bodyTimeout time.Duration
@@ -341,8 +341,7 @@ func (v *metaVersion) UnmarshalJSON(b []byte) error {
 func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	modern := mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion))
 	var env gateEnvelope
-	switch r.Method {
-	case http.MethodPost:
+	if r.Method == http.MethodPost {
 		body, taken, ok := g.readBody(w, r)
 		if !ok {
 			return
@@ -368,16 +367,13 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if msg, sc := screenArguments(body, e, g.screen); sc != nil {
 			// mcp-go reads the call without its arguments: the large
 			// body is no longer held.
-			body = msg
-			setBody(r, body)
+			setBody(r, msg)
 			r = r.WithContext(withScreened(r.Context(), sc))
 			g.budget.give(taken)
 			taken = 0
 		}
 		env = e.gate
 		modern = modern || mcp.IsModernProtocol(string(env.Params.Meta))
-	}
-	if r.Method == http.MethodPost {
 		switch env.Method {
 		case string(mcp.MethodNotificationCancelled):
 			if modern {
