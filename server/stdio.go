@@ -119,9 +119,6 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 			break
 		}
 		msg := bytes.TrimRight(line, " \t\r\n")
-		if env.serve == serveUnknown {
-			env.serve = serveOf(msg)
-		}
 		msg, screened := screenArguments(msg, env, cfg.Screen)
 		mctx := withScreened(ctx, screened)
 		if env.serve != serveParseError && !budget.take(len(msg)) {
@@ -167,26 +164,6 @@ type stdioMessage struct {
 // server does.
 var parseError = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(nil),
 	Error: mcp.NewJSONRPCErrorDetails(mcp.PARSE_ERROR, "Parse error", nil)}
-
-// serveOf decides how to serve msg by decoding it, as mcp-go's stdio
-// server does: for a message the envelope walk could not classify.
-func serveOf(msg []byte) serveKind {
-	if !json.Valid(msg) {
-		return serveParseError
-	}
-	var base struct {
-		Method string `json:"method"`
-		ID     any    `json:"id,omitempty"`
-	}
-	parsed := json.Unmarshal(msg, &base) == nil
-	switch {
-	case parsed && base.Method == string(mcp.MethodToolsCall):
-		return serveToolCall
-	case parsed && base.ID != nil:
-		return serveRequest
-	}
-	return serveInline
-}
 
 // stdioLoop serves messages of the stdio session and writes their
 // answers.
