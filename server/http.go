@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -244,8 +243,7 @@ type tokenHashKey struct{}
 func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if wait := guard.Paused(r, AuthBearer); wait > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
-			refuse(w, r, http.StatusTooManyRequests, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
+			refuseForNow(w, r, http.StatusTooManyRequests, wait, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
 			return
 		}
 		header := r.Header.Get("Authorization")
@@ -446,10 +444,7 @@ func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) (body []b
 		refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody))
 		return nil, 0, false
 	}
-	busy := func() {
-		w.Header().Set("Retry-After", "1")
-		refuse(w, r, http.StatusServiceUnavailable, busyMessage)
-	}
+	busy := func() { refuseForNow(w, r, http.StatusServiceUnavailable, time.Second, busyMessage) }
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
 	src := http.MaxBytesReader(w, r.Body, maxBody)
