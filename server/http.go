@@ -193,8 +193,9 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path != "/mcp" {
-		// Requests without a token do not keep their connection: an idle
-		// connection that never authenticated holds a file descriptor.
+		// Requests off /mcp (health checks, metrics, the console) do not
+		// keep their connection: a kept-alive connection holds its slot
+		// of the HTTP capacity (conns.go) until it is closed.
 		w.Header().Set("Connection", "close")
 	}
 	h.mux.ServeHTTP(w, r)
