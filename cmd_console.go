@@ -22,12 +22,12 @@ import (
 )
 
 // newConsole is the web console over store and svc; tokens (may be nil)
-// log people in, and guard watches their failed logins; publicURL ("" for none) is where people open it (an
-// https one makes the session cookie Secure). standalone: the console
-// checks Host itself (under serve --http the transport does) and delivers
-// what a decision queued. The console's one background task, verifying
-// the audit chain once at its start, runs in bg, which the caller joins
-// before closing store (closeAfter).
+// log people in, and guard watches their failed logins; publicURL ("" for
+// none) is where people open it (an https one makes the session cookie
+// Secure). standalone: the console checks Host itself (under serve --http
+// the transport does) and delivers what a decision queued. The console's
+// one background task, verifying the audit chain once at its start, runs
+// in bg, which the caller joins before closing store (closeAfter).
 func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
 	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL, Guard: guard.For(server.AuthConsoleLogin)}
 	if tokens != nil {

@@ -7,9 +7,10 @@ import (
 
 // Health is the ledger's write health, as /healthz reports it.
 type Health struct {
-	// OK is false when the ledger cannot be read, or cannot commit: the
-	// newest commit failed and a probe commit failed too, or the free
-	// space is below MinFreeBytes.
+	// OK is false when the ledger cannot be read, or cannot commit what
+	// callers commit: a commit failed and no commit as large (a probe
+	// commit included) has succeeded since; or the free space is below
+	// MinFreeBytes.
 	OK bool `json:"ok"`
 	// Problem says why OK is false, in words that name nothing of the
 	// deployment (it is served without authentication).
@@ -17,14 +18,17 @@ type Health struct {
 	// Detail is what Problem leaves out because it names the deployment: a
 	// database's error with its user, name and address. Public withholds it.
 	Detail string `json:"detail,omitempty"`
-	// LastCommitAt and LastCommitError describe the newest commit of this
-	// process (zero before the first).
+	// LastCommitAt is when this process last committed (nil before the
+	// first). LastCommitError is the error of a failed commit that no
+	// commit as large has cleared since, even when smaller commits
+	// succeeded after it.
 	LastCommitAt    *time.Time `json:"last_commit_at,omitempty"`
 	LastCommitError string     `json:"last_commit_error,omitempty"`
 	// LastCommitOKAt is when a commit last succeeded.
 	LastCommitOKAt *time.Time `json:"last_commit_ok_at,omitempty"`
-	// Probe is the outcome of the probe commit run by this check: "ok",
-	// an error, or empty when none was needed (the newest commit succeeded).
+	// Probe is the outcome of the probe commit run by this check, as
+	// large as the failed commit: "ok", an error, or empty when none was
+	// needed (no failed commit waits to be cleared).
 	Probe string `json:"probe,omitempty"`
 	// FreeBytes is the space available to this process on the ledger's
 	// filesystem; MinFreeBytes the threshold (both 0 for a backend

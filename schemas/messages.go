@@ -258,25 +258,64 @@ func (v *Validator) collect(e *jsonschema.ValidationError, doc any, out []proble
 	return out
 }
 
+// The messages Screen gives too, in the same words (see Screen).
+
+// typeMessage: a value of JSON type got (or, for a number, its text)
+// where the schema wants one of want; atRoot when it is the arguments.
+func typeMessage(want []string, got string, atRoot bool) string {
+	words := make([]string, len(want))
+	for i, w := range want {
+		words[i] = article(w)
+	}
+	msg := "must be " + strings.Join(words, " or ") + ", got " + got
+	if atRoot {
+		return "arguments " + msg
+	}
+	return msg
+}
+
+// unknownPropertyMessage: a member name that the closed object of the
+// schema at schemaURL does not define; atRoot when it is the arguments.
+func (v *Validator) unknownPropertyMessage(schemaURL, name string, atRoot bool) string {
+	allowed := "this object takes no properties"
+	if props := v.info[schemaURL].props; len(props) > 0 {
+		allowed = "allowed: " + strings.Join(props, ", ")
+	} else if atRoot {
+		allowed = "this tool takes no arguments"
+	}
+	return "unknown property " + strconv.Quote(truncate(name)) + " (" + allowed + ")"
+}
+
+// enumMessage: a value (got, echoed) not among values.
+func enumMessage(values []any, got string) string {
+	want := make([]string, len(values))
+	for i, w := range values {
+		want[i] = plain(w)
+	}
+	return "must be one of " + strings.Join(want, ", ") + " (got " + got + ")"
+}
+
+// maxLengthMessage: a string of got characters over the schema's want.
+func maxLengthMessage(want, got int) string {
+	return fmt.Sprintf("must be at most %s (got %d)", plural(want, "character"), got)
+}
+
+// maxItemsMessage: an array of got items over the schema's want.
+func maxItemsMessage(want, got int) string {
+	return fmt.Sprintf("must contain at most %s (got %d)", plural(want, "item"), got)
+}
+
 // messages renders one leaf error; most kinds yield one message, missing
 // and unknown properties one per property.
 func (v *Validator) messages(e *jsonschema.ValidationError, doc any) []string {
 	got := func() string { return echo(lookup(doc, e.InstanceLocation)) }
 	switch k := e.ErrorKind.(type) {
 	case *kind.Type:
-		want := make([]string, len(k.Want))
-		for i, w := range k.Want {
-			want[i] = article(w)
-		}
 		gotType := k.Got
 		if gotType == "number" {
 			gotType = got() // "got 1.5" says more than "got number"
 		}
-		msg := "must be " + strings.Join(want, " or ") + ", got " + gotType
-		if len(e.InstanceLocation) == 0 {
-			msg = "arguments " + msg
-		}
-		return []string{msg}
+		return []string{typeMessage(k.Want, gotType, len(e.InstanceLocation) == 0)}
 	case *kind.Required:
 		msgs := make([]string, len(k.Missing))
 		for i, name := range k.Missing {
@@ -284,23 +323,13 @@ func (v *Validator) messages(e *jsonschema.ValidationError, doc any) []string {
 		}
 		return msgs
 	case *kind.AdditionalProperties:
-		allowed := "this object takes no properties"
-		if props := v.info[e.SchemaURL].props; len(props) > 0 {
-			allowed = "allowed: " + strings.Join(props, ", ")
-		} else if len(e.InstanceLocation) == 0 {
-			allowed = "this tool takes no arguments"
-		}
 		msgs := make([]string, len(k.Properties))
 		for i, name := range k.Properties {
-			msgs[i] = "unknown property " + strconv.Quote(truncate(name)) + " (" + allowed + ")"
+			msgs[i] = v.unknownPropertyMessage(e.SchemaURL, name, len(e.InstanceLocation) == 0)
 		}
 		return msgs
 	case *kind.Enum:
-		want := make([]string, len(k.Want))
-		for i, w := range k.Want {
-			want[i] = plain(w)
-		}
-		return []string{"must be one of " + strings.Join(want, ", ") + " (got " + got() + ")"}
+		return []string{enumMessage(k.Want, got())}
 	case *kind.Const:
 		return []string{"must be " + plain(k.Want) + " (got " + got() + ")"}
 	case *kind.Format:
@@ -311,7 +340,7 @@ func (v *Validator) messages(e *jsonschema.ValidationError, doc any) []string {
 		}
 		return []string{fmt.Sprintf("must be at least %s (got %d)", plural(k.Want, "character"), k.Got)}
 	case *kind.MaxLength:
-		return []string{fmt.Sprintf("must be at most %s (got %d)", plural(k.Want, "character"), k.Got)}
+		return []string{maxLengthMessage(k.Want, k.Got)}
 	case *kind.Pattern:
 		hint, ok := patternHints[k.Want]
 		if !ok {
@@ -321,7 +350,7 @@ func (v *Validator) messages(e *jsonschema.ValidationError, doc any) []string {
 	case *kind.MinItems:
 		return []string{fmt.Sprintf("must contain at least %s (got %d)", plural(k.Want, "item"), k.Got)}
 	case *kind.MaxItems:
-		return []string{fmt.Sprintf("must contain at most %s (got %d)", plural(k.Want, "item"), k.Got)}
+		return []string{maxItemsMessage(k.Want, k.Got)}
 	case *kind.UniqueItems:
 		return []string{fmt.Sprintf("must not contain duplicates (entries %d and %d are equal)", k.Duplicates[0], k.Duplicates[1])}
 	case *kind.Minimum:

@@ -2,10 +2,7 @@ package schemas
 
 import (
 	"encoding/json"
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -36,8 +33,8 @@ const screenMaxProblems = 4 * maxProblems
 // nothing of them but the path it is at, and returns the problems the
 // tool's schema finds that need no decoded value to tell: a value of a
 // JSON type the schema does not allow, a string longer than its
-// maxLength or not among its enum, an array with more items than its maxItems, a member a
-// closed object does not define. A value found wrong is skipped, not
+// maxLength or not among its enum, an array with more items than its
+// maxItems, a member a closed object does not define. A value found wrong is skipped, not
 // read further, so no problem is reported inside it. Screen refuses only
 // what Prepare refuses, with the same messages, but not everything: it
 // returns nil when it finds nothing (or the tool has no schema), and
@@ -113,18 +110,10 @@ func (s *screen) value(sch *jsonschema.Schema, tok json.Token) {
 		got := jsonType(tok)
 		want := sch.Types.ToStrings()
 		if !slices.Contains(want, got) && !(got == "number" && slices.Contains(want, "integer")) {
-			words := make([]string, len(want))
-			for i, w := range want {
-				words[i] = article(w)
-			}
 			if got == "number" {
 				got = echo(tok)
 			}
-			msg := "must be " + strings.Join(words, " or ") + ", got " + got
-			if len(s.loc) == 0 {
-				msg = "arguments " + msg
-			}
-			s.refuse(msg)
+			s.refuse(typeMessage(want, got, len(s.loc) == 0))
 			s.skip(tok)
 			return
 		}
@@ -136,15 +125,11 @@ func (s *screen) value(sch *jsonschema.Schema, tok json.Token) {
 		}
 		if sch.MaxLength != nil && len(t) > *sch.MaxLength { // bytes ≥ characters
 			if n := utf8.RuneCountInString(t); n > *sch.MaxLength {
-				s.refuse(fmt.Sprintf("must be at most %s (got %d)", plural(*sch.MaxLength, "character"), n))
+				s.refuse(maxLengthMessage(*sch.MaxLength, n))
 			}
 		}
 		if sch.Enum != nil && !slices.Contains(sch.Enum.Values, any(t)) {
-			want := make([]string, len(sch.Enum.Values))
-			for i, w := range sch.Enum.Values {
-				want[i] = plain(w)
-			}
-			s.refuse("must be one of " + strings.Join(want, ", ") + " (got " + echo(t) + ")")
+			s.refuse(enumMessage(sch.Enum.Values, echo(t)))
 		}
 	case json.Delim:
 		if t == '[' {
@@ -183,7 +168,7 @@ func (s *screen) array(sch *jsonschema.Schema) {
 		n++
 	}
 	if sch.MaxItems != nil && n > *sch.MaxItems {
-		s.refuse(fmt.Sprintf("must contain at most %s (got %d)", plural(*sch.MaxItems, "item"), n))
+		s.refuse(maxItemsMessage(*sch.MaxItems, n))
 	}
 }
 
@@ -204,14 +189,9 @@ func (s *screen) object(sch *jsonschema.Schema) {
 		case known:
 			s.value(ps, val)
 		case sch.AdditionalProperties == false:
+			// Reported at the object, as Prepare reports it.
 			s.loc = s.loc[:len(s.loc)-1]
-			allowed := "this object takes no properties"
-			if props := s.v.info[sch.Location].props; len(props) > 0 {
-				allowed = "allowed: " + strings.Join(props, ", ")
-			} else if len(s.loc) == 0 {
-				allowed = "this tool takes no arguments"
-			}
-			s.refuse("unknown property " + strconv.Quote(truncate(name)) + " (" + allowed + ")")
+			s.refuse(s.v.unknownPropertyMessage(sch.Location, name, len(s.loc) == 0))
 			s.loc = append(s.loc, pathElem{name: name})
 			s.skip(val)
 		default:

@@ -3,6 +3,7 @@ package server
 import (
 	"container/list"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,9 +57,6 @@ const (
 	// get, since most requests take milliseconds.
 	slotWait = time.Second
 )
-
-// retryAfterSeconds is the Retry-After of a 503 for lack of capacity.
-const retryAfterSeconds = "1"
 
 // connLimits returns how many connections are served (capacity) and how
 // many may be open at all (maxOpen) by a process that may open files
@@ -375,8 +373,8 @@ func admit(next http.Handler) http.Handler {
 			if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
 				gc.silence()
 			} else if !gc.waitForSlot(r.Context()) {
-				w.Header().Set("Retry-After", retryAfterSeconds)
-				refuse(w, r, http.StatusServiceUnavailable, "the server is at its connection capacity; retry in "+retryAfterSeconds+" s")
+				refuseForNow(w, r, http.StatusServiceUnavailable, slotWait,
+					fmt.Sprintf("the server is at its connection capacity; retry in %d s", retryAfter(slotWait)))
 				return
 			}
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // StdioDrain sits between a stdio client and the stdio server. Every line
-// it reads is checked once by the strict envelope (checkEnvelope): a line
+// it reads is checked once by the strict envelope (examine): a line
 // it refuses is answered with its JSON-RPC error on the output and never
 // reaches the server; lines longer than MaxMessageBytes are replaced by a
 // line that is not JSON (the server answers a parse error). And so that

@@ -60,7 +60,7 @@ const (
 	codeInvalidParams  = -32602
 )
 
-// envelopeError is a message refused by checkEnvelope: the JSON-RPC error
+// envelopeError is a message refused by examine: the JSON-RPC error
 // to answer it with.
 type envelopeError struct {
 	// ID is the request's id as written, or null when the message has
@@ -95,48 +95,14 @@ func (e *envelopeError) response() []byte {
 	return b
 }
 
-// checkEnvelope reads one JSON-RPC message strictly, before mcp-go does,
-// and refuses what encoding/json would read differently from a strict
-// reader or answer with an unbounded echo:
-//
-//   - nesting deeper than MaxMessageDepth (checked by a byte scan first);
-//   - a member name repeated in one object, or two names equal under
-//     Unicode case folding (encoding/json matches names case-insensitively
-//     and keeps the last value, so {"name":"a","NAME":"b"} would call b
-//     while a proxy reading the first value sees a) — anywhere in the
-//     message, tool arguments included;
-//   - a number longer than 64 characters or beyond float64 range;
-//   - a method longer than 64 characters, an id longer than 128, and for
-//     tools/call a params.name that is not a string of 1 to 64 characters;
-//   - more than 10 000 JSON values outside a tools/call's arguments, or
-//     an object of more than 1000 members anywhere.
-//
-// Refusals are -32600 (invalid request), or -32602 (invalid params) for
-// what lies under params; their messages name the member and repeat at
-// most 64 characters of the input. Text that is not one JSON value is
-// let through (nil): mcp-go answers it with a parse error. Time and
-// memory are O(len(msg)).
-func checkEnvelope(msg []byte) *envelopeError {
-	e, _ := examineEnvelope(msg)
-	return e
-}
-
-// examineEnvelope is checkEnvelope that also returns, for a message it
-// lets through, the request's id as written when the message is one JSON
-// object with a method and a string or numeric id (nil for a
-// notification, a response, null or no id, and text that is not one JSON
-// value): one walk of the message serves both the check and the stdio
-// drain's count of requests in flight.
-func examineEnvelope(msg []byte) (refused *envelopeError, requestID json.RawMessage) {
-	e := examine(msg)
-	return e.refused, e.requestID
-}
-
 // envelope is what one walk of a message learned of it.
 type envelope struct {
-	// refused, when not nil, is the message's refusal; requestID is as
-	// examineEnvelope returns it.
-	refused   *envelopeError
+	// refused, when not nil, is the message's refusal.
+	refused *envelopeError
+	// requestID is the request's id as written, for a message let
+	// through that is one JSON object with a method and a string or
+	// numeric id; nil for a notification, a response, and text that is
+	// not one JSON value.
 	requestID json.RawMessage
 	// serve is how the stdio transport hands the message to mcp-go,
 	// decided as mcp-go's own stdio server decides it from the decoded
@@ -152,12 +118,12 @@ type envelope struct {
 	args [2]int
 }
 
-// serveKind is how the stdio transport serves a message it lets through.
+// serveKind is how the transports serve a message examine lets through.
 type serveKind int
 
 const (
-	// serveUnknown: the walk did not say; decode the message to decide.
-	serveUnknown serveKind = iota
+	// serveNone: a refused message, which is not served.
+	serveNone serveKind = iota
 	// serveParseError: not one JSON value, answered with a parse error.
 	serveParseError
 	// serveToolCall: a tools/call, run on the tool workers.
@@ -169,7 +135,33 @@ const (
 	serveInline
 )
 
-// examine is examineEnvelope with how to serve the message.
+// examine reads one JSON-RPC message strictly, before mcp-go does, and
+// refuses what encoding/json would read differently from a strict reader
+// or answer with an unbounded echo:
+//
+//   - nesting deeper than MaxMessageDepth (checked by a byte scan first);
+//   - a member name repeated in one object, or two names equal under
+//     Unicode case folding (encoding/json matches names case-insensitively
+//     and keeps the last value, so {"name":"a","NAME":"b"} would call b
+//     while a proxy reading the first value sees a) — anywhere in the
+//     message, tool arguments included;
+//   - a number longer than 64 characters or beyond float64 range;
+//   - a method longer than 64 characters, an id longer than 128, and for
+//     tools/call a params.name that is not a string of 1 to 64 characters;
+//   - more than 10 000 JSON values outside a tools/call's arguments, or
+//     an object of more than 1000 members anywhere;
+//   - what is not a JSON-RPC 2.0 message, and params a served method
+//     cannot read (see verdict).
+//
+// Refusals are -32600 (invalid request), or -32602 (invalid params) for
+// what lies under params; their messages name the member and repeat at
+// most 64 characters of the input. Text that is not one JSON value is
+// not refused: its serve is serveParseError, which both transports
+// answer with the same parse error (parseError). For a message it lets
+// through, examine also says how to serve it and what the HTTP gate and
+// the screen of tool arguments need of it: one walk serves the check,
+// the stdio drain's count of requests in flight, the gate and the
+// screen. Time and memory are O(len(msg)).
 func examine(msg []byte) envelope {
 	if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
 		// Not known to be JSON: a decoder checks how the tokens are
@@ -183,13 +175,6 @@ func examine(msg []byte) envelope {
 				" levels deep (the limit; tool arguments may nest at most " + strconv.Itoa(schemas.MaxDepth) + ")"}}
 	}
 	return examineWalk(&lexer{b: msg}, msg) // it reads only valid JSON to its end
-}
-
-// examineTokens is examineEnvelope's walk of a valid JSON message msg,
-// read from src.
-func examineTokens(src tokenSource, msg []byte) (refused *envelopeError, requestID json.RawMessage) {
-	e := examineWalk(src, msg)
-	return e.refused, e.requestID
 }
 
 // examineWalk is examine's walk of the message msg read from src; for
@@ -419,14 +404,23 @@ func integerLiteral(lit string) bool {
 	if !strings.ContainsAny(lit, ".eE") {
 		return true
 	}
-	if i := strings.IndexAny(lit, "eE"); i >= 0 {
-		// Keep big.Rat cheap: no id needs an exponent beyond a float's.
-		if e, err := strconv.Atoi(strings.TrimPrefix(lit[i+1:], "+")); err != nil || e < -400 || e > 400 {
-			return false
-		}
+	if !smallExponent(lit) {
+		return false
 	}
 	r, ok := new(big.Rat).SetString(lit)
 	return ok && r.IsInt()
+}
+
+// smallExponent reports whether the JSON number lit has no exponent or
+// one within ±400: big.Rat would spend time and memory on a larger one,
+// and no id needs an exponent beyond a float64's.
+func smallExponent(lit string) bool {
+	i := strings.IndexAny(lit, "eE")
+	if i < 0 {
+		return true
+	}
+	e, err := strconv.Atoi(strings.TrimPrefix(lit[i+1:], "+"))
+	return err == nil && e >= -400 && e <= 400
 }
 
 // errSyntax marks text that is not one JSON value.
@@ -519,11 +513,8 @@ func echoedExactly(lit string) bool {
 	if err != nil || math.IsInf(f, 0) {
 		return false
 	}
-	if i := strings.IndexAny(lit, "eE"); i >= 0 {
-		// Keep big.Rat cheap: no id needs an exponent beyond a float's.
-		if e, err := strconv.Atoi(strings.TrimPrefix(lit[i+1:], "+")); err != nil || e < -400 || e > 400 {
-			return false
-		}
+	if !smallExponent(lit) {
+		return false
 	}
 	var echo []byte
 	if f == float64(int64(f)) {

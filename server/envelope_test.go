@@ -125,7 +125,7 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := checkEnvelope([]byte(tt.msg))
+			e := examine([]byte(tt.msg)).refused
 			if e == nil {
 				t.Fatalf("accepted %.200s", tt.msg)
 			}
@@ -187,7 +187,7 @@ func TestCheckEnvelopeAccepts(t *testing.T) {
 		// Not JSON, or not one value: left to mcp-go's parse error.
 		``, `not json`, `{"a":`, `{} {}`, `{"a":1}}`,
 	} {
-		if e := checkEnvelope([]byte(msg)); e != nil {
+		if e := examine([]byte(msg)).refused; e != nil {
 			t.Errorf("refused %.120s: %s", msg, e.Message)
 		}
 	}
@@ -220,7 +220,7 @@ func TestCheckEnvelopeMemoryLinear(t *testing.T) {
 			msg := []byte(shape(n))
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			checkEnvelope(msg)
+			examine(msg)
 			runtime.ReadMemStats(&after)
 			got := after.TotalAlloc - before.TotalAlloc
 			if limit := uint64(fixed + perByte*len(msg)); got > limit {
@@ -246,7 +246,7 @@ func TestFoldName(t *testing.T) {
 	}
 }
 
-// FuzzCheckEnvelope: for any input, checkEnvelope does not panic; what it
+// FuzzCheckEnvelope: for any input, examine does not panic; what it
 // accepts holds no two member names encoding/json would confuse, and a
 // refusal is a bounded JSON-RPC error.
 func FuzzCheckEnvelope(f *testing.F) {
@@ -257,7 +257,7 @@ func FuzzCheckEnvelope(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		e := checkEnvelope(msg)
+		e := examine(msg).refused
 		if e == nil {
 			if json.Valid(msg) && confusable(msg) {
 				t.Fatalf("accepted %q, which has member names encoding/json confuses", msg)
@@ -395,8 +395,8 @@ func FuzzLexerMatchesDecoder(f *testing.F) {
 		if schemas.NestingDepth(msg, MaxMessageDepth) > MaxMessageDepth {
 			return // walked by a decoder either way
 		}
-		gotE, gotID := examineEnvelope(msg)
-		wantE, wantID := examineTokens(decoderTokens(msg), msg)
+		got, want := examine(msg), examineWalk(decoderTokens(msg), msg)
+		gotE, gotID, wantE, wantID := got.refused, got.requestID, want.refused, want.requestID
 		if !reflect.DeepEqual(gotE, wantE) || !bytes.Equal(gotID, wantID) {
 			t.Fatalf("%q: lexer walk %+v, id %s; decoder walk %+v, id %s", msg, gotE, gotID, wantE, wantID)
 		}

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -194,8 +193,9 @@ func (h *HTTPHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path != "/mcp" {
-		// Requests without a token do not keep their connection: an idle
-		// connection that never authenticated holds a file descriptor.
+		// Requests off /mcp (health checks, metrics, the console) do not
+		// keep their connection: a kept-alive connection holds its slot
+		// of the HTTP capacity (conns.go) until it is closed.
 		w.Header().Set("Connection", "close")
 	}
 	h.mux.ServeHTTP(w, r)
@@ -244,8 +244,7 @@ type tokenHashKey struct{}
 func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if wait := guard.Paused(r, AuthBearer); wait > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
-			refuse(w, r, http.StatusTooManyRequests, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
+			refuseForNow(w, r, http.StatusTooManyRequests, wait, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
 			return
 		}
 		header := r.Header.Get("Authorization")
@@ -290,11 +289,11 @@ func bearerToken(header string) (token string, ok bool) {
 // one by the message budget), refuses what is not one JSON-RPC request,
 // notification or response mcp-go can read (examine: 400 with a JSON-RPC
 // error, whatever the session), screens a tool call's wide arguments,
-// and enforces sessions for the protocol eras that have them (before
-// 2026-07-28): initialize creates one in the ledger; any
-// other request needs Mcp-Session-Id (400 without) naming a live session
-// of the same token (404 otherwise). Requests of the stateless era pass
-// without sessions.
+// answers a tool call on its own stream (postStream), and enforces
+// sessions for the protocol eras that have them (before 2026-07-28):
+// initialize creates one in the ledger; any other request needs
+// Mcp-Session-Id (400 without) naming a live session of the same token
+// (404 otherwise). Requests of the stateless era pass without sessions.
 type sessionGate struct {
 	sessions    *Sessions
 	bodyTimeout time.Duration
@@ -341,8 +340,7 @@ func (v *metaVersion) UnmarshalJSON(b []byte) error {
 func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	modern := mcp.IsModernProtocol(r.Header.Get(mcp.HeaderProtocolVersion))
 	var env gateEnvelope
-	switch r.Method {
-	case http.MethodPost:
+	if r.Method == http.MethodPost {
 		body, taken, ok := g.readBody(w, r)
 		if !ok {
 			return
@@ -368,16 +366,13 @@ func (g *sessionGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if msg, sc := screenArguments(body, e, g.screen); sc != nil {
 			// mcp-go reads the call without its arguments: the large
 			// body is no longer held.
-			body = msg
-			setBody(r, body)
+			setBody(r, msg)
 			r = r.WithContext(withScreened(r.Context(), sc))
 			g.budget.give(taken)
 			taken = 0
 		}
 		env = e.gate
 		modern = modern || mcp.IsModernProtocol(string(env.Params.Meta))
-	}
-	if r.Method == http.MethodPost {
 		switch env.Method {
 		case string(mcp.MethodNotificationCancelled):
 			if modern {
@@ -450,10 +445,7 @@ func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) (body []b
 		refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody))
 		return nil, 0, false
 	}
-	busy := func() {
-		w.Header().Set("Retry-After", "1")
-		refuse(w, r, http.StatusServiceUnavailable, busyMessage)
-	}
+	busy := func() { refuseForNow(w, r, http.StatusServiceUnavailable, time.Second, busyMessage) }
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
 	src := http.MaxBytesReader(w, r.Body, maxBody)

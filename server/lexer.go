@@ -169,52 +169,51 @@ func (l *lexer) literal(word string, v json.Token) (json.Token, error) {
 // UTF-8 come out exactly as mcp-go will read them.
 func (l *lexer) str() (json.Token, error) {
 	start := l.i
-	plain := true
-	for j := start + 1; j < len(l.b); j++ {
-		switch c := l.b[j]; {
-		case c == '"':
-			l.i = j + 1
-			if plain {
-				return string(l.b[start+1 : j]), nil
-			}
-			var s string
-			if err := json.Unmarshal(l.b[start:l.i], &s); err != nil {
-				return nil, errSyntax
-			}
-			return s, nil
-		case c == '\\':
-			plain = false
-			j++ // the escaped byte cannot end the string
-		case c < 0x20:
-			return nil, errSyntax
-		case c >= utf8.RuneSelf:
-			plain = false
-		}
+	escaped, ascii, err := l.skipString()
+	switch {
+	case err != nil:
+		return nil, err
+	case !escaped && ascii:
+		return string(l.b[start+1 : l.i-1]), nil
 	}
-	return nil, errSyntax
+	var s string
+	if err := json.Unmarshal(l.b[start:l.i], &s); err != nil {
+		return nil, errSyntax
+	}
+	return s, nil
 }
 
 // quietStr reads a string as str does, and returns "" for it: a
 // constant, which costs no allocation as a json.Token.
 func (l *lexer) quietStr() (json.Token, error) {
 	start := l.i
-	plain := true
-	for j := start + 1; j < len(l.b); j++ {
+	escaped, _, err := l.skipString()
+	if err == nil && escaped && !json.Valid(l.b[start:l.i]) {
+		err = errSyntax
+	}
+	return "", err
+}
+
+// skipString moves past the string that begins at l.i, checking that it
+// ends and holds no control character, and reports whether it holds an
+// escape (left for the caller to check) and whether it is all ASCII.
+func (l *lexer) skipString() (escaped, ascii bool, err error) {
+	ascii = true
+	for j := l.i + 1; j < len(l.b); j++ {
 		switch c := l.b[j]; {
 		case c == '"':
 			l.i = j + 1
-			if !plain && !json.Valid(l.b[start:l.i]) {
-				return nil, errSyntax
-			}
-			return "", nil
+			return escaped, ascii, nil
 		case c == '\\':
-			plain = false
-			j++
+			escaped = true
+			j++ // the escaped byte cannot end the string
 		case c < 0x20:
-			return nil, errSyntax
+			return false, false, errSyntax
+		case c >= utf8.RuneSelf:
+			ascii = false
 		}
 	}
-	return nil, errSyntax
+	return false, false, errSyntax
 }
 
 // number reads a number by JSON's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -51,7 +51,7 @@ func TestBoundedLinesHugeLineStreams(t *testing.T) {
 
 func newBufio(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 16) }
 
-// TestStdioDrainRefusesBeforeMCP: a line checkEnvelope refuses is
+// TestStdioDrainRefusesBeforeMCP: a line examine refuses is
 // answered on the output and never reaches the drain's reader (mcp-go);
 // the lines around it pass unchanged; the drain's writer writes through.
 func TestStdioDrainRefusesBeforeMCP(t *testing.T) {

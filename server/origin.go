@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Origins is the set of browser origins allowed to call the HTTP
@@ -167,6 +169,13 @@ func clipHeader(s string) string {
 		return s[:100] + "…"
 	}
 	return s
+}
+
+// refuseForNow is refuse for a refusal that passes: Retry-After tells
+// the client to try again after wait (rounded up to whole seconds).
+func refuseForNow(w http.ResponseWriter, r *http.Request, status int, wait time.Duration, msg string) {
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
+	refuse(w, r, status, msg)
 }
 
 // refuse answers a request that will not be served with status and msg,

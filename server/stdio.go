@@ -98,14 +98,12 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	l := &stdioLoop{s: s, out: drain.Writer(), drain: drain, logger: logger}
 	go l.notifications(ctx, sess.notifications)
 
-	var budget messageBudget
 	calls := make(chan stdioMessage, 1000)
 	var running sync.WaitGroup
 	for range max(cfg.Workers, 1) {
 		running.Go(func() {
 			for m := range calls {
-				l.serve(withScreened(ctx, m.screened), m.msg)
-				budget.give(len(m.msg))
+				l.serve(ctx, m)
 			}
 		})
 	}
@@ -118,18 +116,14 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 			}
 			break
 		}
-		msg := bytes.TrimRight(line, " \t\r\n")
-		if env.serve == serveUnknown {
-			env.serve = serveOf(msg)
-		}
-		msg, screened := screenArguments(msg, env, cfg.Screen)
-		mctx := withScreened(ctx, screened)
-		if env.serve != serveParseError && !budget.take(len(msg)) {
-			if env.requestID != nil {
-				busy := envelopeError{ID: env.requestID, Code: codeServerBusy, Message: busyMessage}
+		m := stdioMessage{msg: bytes.TrimRight(line, " \t\r\n"), id: env.requestID}
+		m.msg, m.screened = screenArguments(m.msg, env, cfg.Screen)
+		if env.serve != serveParseError && !l.budget.take(len(m.msg)) {
+			if m.id != nil {
+				busy := envelopeError{ID: m.id, Code: codeServerBusy, Message: busyMessage}
 				_, _ = l.out.Write(append(busy.response(), '\n'))
 			}
-			logger.Warn("stdio: message budget spent, a large message was refused", "bytes", len(msg))
+			logger.Warn("stdio: message budget spent, a large message was refused", "bytes", len(m.msg))
 			continue
 		}
 		switch env.serve {
@@ -137,17 +131,15 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 			l.write(parseError)
 		case serveToolCall:
 			select {
-			case calls <- stdioMessage{msg, screened}:
+			case calls <- m:
 			default:
 				logger.Warn("stdio: tool call queue full, serving the call in the reading loop")
-				l.serve(mctx, msg)
-				budget.give(len(msg))
+				l.serve(ctx, m)
 			}
 		case serveRequest:
-			running.Go(func() { l.serve(mctx, msg); budget.give(len(msg)) })
+			running.Go(func() { l.serve(ctx, m) })
 		default:
-			l.serve(mctx, msg)
-			budget.give(len(msg))
+			l.serve(ctx, m)
 		}
 	}
 	cancel()
@@ -156,10 +148,15 @@ func listenStdio(ctx context.Context, s *mcpserver.MCPServer, drain *StdioDrain,
 	return err
 }
 
-// stdioMessage is a message queued for the tool workers, with the
-// refusal of its arguments when the screen refused them.
+// stdioMessage is a message to serve, with what the reading loop
+// learned of it.
 type stdioMessage struct {
-	msg      []byte
+	msg []byte
+	// id is the request's id as written (envelope.requestID); nil for a
+	// notification.
+	id json.RawMessage
+	// screened is the refusal of a tool call's arguments when the screen
+	// refused them (msg then carries {} in their place).
 	screened *schemas.Screened
 }
 
@@ -167,26 +164,6 @@ type stdioMessage struct {
 // server does.
 var parseError = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(nil),
 	Error: mcp.NewJSONRPCErrorDetails(mcp.PARSE_ERROR, "Parse error", nil)}
-
-// serveOf decides how to serve msg by decoding it, as mcp-go's stdio
-// server does: for a message the envelope walk could not classify.
-func serveOf(msg []byte) serveKind {
-	if !json.Valid(msg) {
-		return serveParseError
-	}
-	var base struct {
-		Method string `json:"method"`
-		ID     any    `json:"id,omitempty"`
-	}
-	parsed := json.Unmarshal(msg, &base) == nil
-	switch {
-	case parsed && base.Method == string(mcp.MethodToolsCall):
-		return serveToolCall
-	case parsed && base.ID != nil:
-		return serveRequest
-	}
-	return serveInline
-}
 
 // stdioLoop serves messages of the stdio session and writes their
 // answers.
@@ -196,43 +173,38 @@ type stdioLoop struct {
 	drain  *StdioDrain
 	logger *slog.Logger
 	lines  sync.Pool // *[]byte buffers to encode answers in (write)
+	// budget holds the bytes of the large messages being served; serve
+	// gives a message's back once it is answered.
+	budget messageBudget
 }
 
 // serve handles one message and writes its answer, if any: not the
 // answer of a tool call the client cancelled (notifications/cancelled)
 // while it ran. The call's notifications are written as it sends them,
 // ahead of its answer. A panic escaping mcp-go becomes an internal error
-// answer under the message's id.
-func (l *stdioLoop) serve(ctx context.Context, msg []byte) {
+// answer under the message's id. The message's bytes go back to the
+// budget once it is served.
+func (l *stdioLoop) serve(ctx context.Context, m stdioMessage) {
+	defer l.budget.give(len(m.msg))
 	st := &requestStream{transport: ctx, send: func(n mcp.JSONRPCNotification) { l.write(n) }}
 	resp := func() (resp mcp.JSONRPCMessage) {
 		defer func() {
 			if r := recover(); r != nil {
 				l.logger.Error("stdio: panic serving a message", "panic", r)
-				var m struct {
-					ID any `json:"id"`
+				resp = nil
+				if m.id != nil {
+					failed := envelopeError{ID: m.id, Code: mcp.INTERNAL_ERROR, Message: fmt.Sprintf("internal panic: %v", r)}
+					_, _ = l.out.Write(append(failed.response(), '\n'))
 				}
-				_ = json.Unmarshal(msg, &m)
-				if m.ID == nil {
-					resp = nil
-					return
-				}
-				resp = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: mcp.NewRequestId(m.ID),
-					Error: mcp.NewJSONRPCErrorDetails(mcp.INTERNAL_ERROR, fmt.Sprintf("internal panic: %v", r), nil)}
 			}
 		}()
-		return l.s.HandleMessage(withRequestStream(ctx, st), msg)
+		return l.s.HandleMessage(withRequestStream(withScreened(ctx, m.screened), st), m.msg)
 	}()
 	if st.answerWithheld() {
 		l.logger.Debug("stdio: the client cancelled a call; its answer is not sent")
 		// Settled all the same: a shutdown must not wait for it.
-		var m struct {
-			ID json.RawMessage `json:"id"`
-		}
-		if json.Unmarshal(msg, &m) == nil {
-			if id, ok := normalizeID(m.ID); ok {
-				l.drain.answered(id)
-			}
+		if id, ok := normalizeID(m.id); ok {
+			l.drain.answered(id)
 		}
 		return
 	}

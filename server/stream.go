@@ -143,10 +143,19 @@ func acceptsEventStream(values []string) bool {
 	return false
 }
 
-// withheldLocked reports whether mcp-go's writes are dropped: the call was
+// withholdLocked reports whether mcp-go's writes are dropped: the call was
 // cancelled and the client accepts the event stream that replaces its
-// answer. Callers hold mu.
-func (p *postStream) withheldLocked() bool { return p.events && p.st.answerWithheld() }
+// answer. When they are, it commits that (empty) event stream unless
+// something was committed already. Callers hold mu.
+func (p *postStream) withholdLocked() bool {
+	if !p.events || !p.st.answerWithheld() {
+		return false
+	}
+	if !p.committed {
+		p.openLocked()
+	}
+	return true
+}
 
 // openLocked commits an event stream. Callers hold mu.
 func (p *postStream) openLocked() {
@@ -156,6 +165,13 @@ func (p *postStream) openLocked() {
 	h.Del("Content-Length")
 	p.w.WriteHeader(http.StatusOK)
 	p.committed, p.isEvents = true, true
+}
+
+// commitLocked notes that mcp-go's status line goes out now, and whether
+// it begins an event stream. Callers hold mu.
+func (p *postStream) commitLocked() {
+	p.committed = true
+	p.isEvents = strings.HasPrefix(p.w.Header().Get("Content-Type"), "text/event-stream")
 }
 
 // writeEventLocked writes one server-sent event carrying data (one line of
@@ -182,7 +198,7 @@ func (p *postStream) send(n mcp.JSONRPCNotification) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.events || (p.committed && !p.isEvents) || p.withheldLocked() {
+	if !p.events || (p.committed && !p.isEvents) || p.withholdLocked() {
 		return
 	}
 	if !p.committed {
@@ -198,13 +214,9 @@ func (p *postStream) WriteHeader(status int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.withheldLocked():
-		if !p.committed {
-			p.openLocked()
-		}
+	case p.withholdLocked():
 	case !p.committed:
-		p.committed = true
-		p.isEvents = strings.HasPrefix(p.w.Header().Get("Content-Type"), "text/event-stream")
+		p.commitLocked()
 		p.w.WriteHeader(status)
 	case p.ours && !strings.HasPrefix(p.w.Header().Get("Content-Type"), "text/event-stream"):
 		// mcp-go saw no notification of its own, so it answers with a
@@ -217,16 +229,12 @@ func (p *postStream) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.withheldLocked():
-		if !p.committed {
-			p.openLocked()
-		}
+	case p.withholdLocked():
 		return len(b), nil
 	case p.reframe:
 		return p.held.Write(b)
 	case !p.committed:
-		p.committed = true
-		p.isEvents = strings.HasPrefix(p.w.Header().Get("Content-Type"), "text/event-stream")
+		p.commitLocked()
 	}
 	return p.w.Write(b)
 }
@@ -250,10 +258,7 @@ func (p *postStream) finish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.withheldLocked():
-		if !p.committed {
-			p.openLocked()
-		}
+	case p.withholdLocked():
 	case p.reframe && p.held.Len() > 0:
 		p.writeEventLocked(bytes.TrimSpace(p.held.Bytes()))
 	}
