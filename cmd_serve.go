@@ -199,7 +199,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 				return h.OK, body{status, h}, body{status, h.Public()}
 			},
 		})
-		cfg := server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace}
+		cfg := server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace, Metrics: metrics}
 		if lf.file.OrdersAPI.URL != "" {
 			cfg.FilesPerConn = 2 // a create_order holds its connection to the API too
 		}

@@ -774,6 +774,7 @@ func TestHTTPBurstAnswered(t *testing.T) {
 	if statuses[200] == 0 {
 		t.Errorf("1000 initialize at once, 256 files: none served")
 	}
+	refused := statuses[503]
 
 	// Every place held by a valid request that is slow to send its body.
 	var slow []net.Conn
@@ -794,5 +795,25 @@ func TestHTTPBurstAnswered(t *testing.T) {
 	t.Logf("1000 at once, 256 files, every place held for 3 s: %v", statuses)
 	if statuses[0] > 0 || statuses[200]+statuses[503] != 1000 || statuses[503] == 0 {
 		t.Errorf("1000 initialize at once, 256 files, every place held for 3 s: statuses %v (0: no HTTP answer, e.g. %v), want 200 and 503, some 503", statuses, noAnswer)
+	}
+	refused += statuses[503]
+	// Of the slow requests, those beyond the capacity were refused too
+	// (the others get 408 once their body is 3 s late).
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range slow {
+		c.SetReadDeadline(deadline)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("a slow request got no HTTP answer: %v", err)
+		}
+		if strings.Contains(line, " 503 ") {
+			refused++
+		}
+		c.Close()
+	}
+	slow = nil
+	// Every 503 is counted for the operator, by why.
+	if got := scrape(t, limited.base, `idemgate_http_busy_refused_total{reason="connections"}`); got != float64(refused) {
+		t.Errorf("idemgate_http_busy_refused_total{reason=\"connections\"} = %v, want %d (the 503s answered)", got, refused)
 	}
 }

@@ -318,6 +318,9 @@ func TestWideArgumentsHTTP(t *testing.T) {
 		}
 	}
 	t.Logf("%d of 6 refused as busy", len(busy))
+	if got := scrape(t, p.base, `idemgate_http_busy_refused_total{reason="message_budget"}`); got != float64(len(busy)) {
+		t.Errorf("idemgate_http_busy_refused_total{reason=\"message_budget\"} = %v, want %d (the 503s answered)", got, len(busy))
+	}
 	if len(busy) == 6 {
 		t.Errorf("every call was refused as busy; the budget admits four 8 MiB messages")
 	}

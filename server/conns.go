@@ -75,6 +75,7 @@ type guardListener struct {
 	net.Listener
 	capacity, maxOpen int
 	logger            *slog.Logger
+	metrics           *Metrics // counts the 503s; nil counts nothing
 	now               func() time.Time
 
 	done      chan struct{} // the listener closed
@@ -373,6 +374,7 @@ func admit(next http.Handler) http.Handler {
 			if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
 				gc.silence()
 			} else if !gc.waitForSlot(r.Context()) {
+				gc.l.metrics.busyRefused(BusyConnections)
 				refuseForNow(w, r, http.StatusServiceUnavailable, slotWait,
 					fmt.Sprintf("the server is at its connection capacity; retry in %d s", retryAfter(slotWait)))
 				return

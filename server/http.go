@@ -130,7 +130,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	}
 	cfg.Metrics.watchSessionMemory(sessions.Local)
 	var mcpH http.Handler = mcpHandler
-	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, screen: cfg.Screen, next: mcpH}
+	mcpH = &sessionGate{sessions: sessions, bodyTimeout: cfg.BodyTimeout, streams: h.streams, logger: cfg.Logger, screen: cfg.Screen, metrics: cfg.Metrics, next: mcpH}
 	if cfg.Guard == nil {
 		cfg.Guard = NewAuthGuard(DefaultAuthFailureLimit, cfg.Logger, cfg.Metrics)
 	}
@@ -300,6 +300,7 @@ type sessionGate struct {
 	streams     *streamSet
 	logger      *slog.Logger
 	screen      Screener
+	metrics     *Metrics      // counts the 503s of the message budget; nil counts nothing
 	budget      messageBudget // of the bodies of POSTs being served
 	next        http.Handler
 }
@@ -445,7 +446,10 @@ func (g *sessionGate) readBody(w http.ResponseWriter, r *http.Request) (body []b
 		refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody))
 		return nil, 0, false
 	}
-	busy := func() { refuseForNow(w, r, http.StatusServiceUnavailable, time.Second, busyMessage) }
+	busy := func() {
+		g.metrics.busyRefused(BusyMessageBudget)
+		refuseForNow(w, r, http.StatusServiceUnavailable, time.Second, busyMessage)
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
 	src := http.MaxBytesReader(w, r.Body, maxBody)
@@ -585,6 +589,9 @@ type ServeConfig struct {
 	// at once: 2 when its request may call the order API (1 when zero).
 	// See server/conns.go.
 	FilesPerConn int
+	// Metrics, when set, counts the requests refused at the connection
+	// capacity.
+	Metrics *Metrics
 }
 
 // ServeHTTP serves h on cfg.Addr until ctx is done, then shuts down
@@ -603,6 +610,7 @@ func ServeHTTP(ctx context.Context, h http.Handler, cfg ServeConfig) error {
 	}
 	capacity, maxOpen := connLimits(fileLimit(), max(cfg.FilesPerConn, 1))
 	gl := newGuardListener(ln, capacity, maxOpen, logger)
+	gl.metrics = cfg.Metrics
 	srv := &http.Server{
 		Handler: h,
 		// Also the bound on a connection that sends nothing.

@@ -33,6 +33,7 @@ type Metrics struct {
 	sessionsEnd *prometheus.CounterVec
 
 	authFailures, authPausedReqs *prometheus.CounterVec
+	busy                         *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics (and the Go runtime's) in a registry
@@ -71,11 +72,16 @@ func NewMetrics() *Metrics {
 		Help: "Failed authentications, by kind: bearer (a wrong token on /mcp), console_login (a wrong token or login link at the console)."}, []string{"kind"})
 	m.authPausedReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "auth_paused_total",
 		Help: "Requests refused with 429 before their credential was checked, because their source failed to authenticate too often, by kind."}, []string{"kind"})
+	m.busy = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "http_busy_refused_total",
+		Help: "HTTP requests answered 503 with Retry-After before they were read or served, by why: connections (the server was at its connection capacity), message_budget (large bodies being served already held the budget)."}, []string{"reason"})
+	for _, reason := range []string{BusyConnections, BusyMessageBudget} {
+		m.busy.WithLabelValues(reason)
+	}
 	for _, kind := range []string{AuthBearer, AuthConsoleLogin} {
 		m.authFailures.WithLabelValues(kind)
 		m.authPausedReqs.WithLabelValues(kind)
 	}
-	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd, m.authFailures, m.authPausedReqs)
+	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd, m.authFailures, m.authPausedReqs, m.busy)
 	return m
 }
 
@@ -91,6 +97,19 @@ func (m *Metrics) authFailed(kind string) {
 func (m *Metrics) authPaused(kind string) {
 	if m != nil {
 		m.authPausedReqs.WithLabelValues(kind).Inc()
+	}
+}
+
+// Reasons of idemgate_http_busy_refused_total.
+const (
+	BusyConnections   = "connections"
+	BusyMessageBudget = "message_budget"
+)
+
+// busyRefused counts one request refused with 503 for reason.
+func (m *Metrics) busyRefused(reason string) {
+	if m != nil {
+		m.busy.WithLabelValues(reason).Inc()
 	}
 }
 
