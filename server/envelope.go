@@ -190,7 +190,10 @@ func examineWalk(src tokenSource, msg []byte) envelope {
 		return envelope{refused: &envelopeError{ID: w.id, Code: w.code, Message: err.Error()}}
 	}
 	e := envelope{refused: w.verdict()}
-	if e.refused == nil && w.idKind != "" && (w.method != string(mcp.MethodToolsCall) || w.callExtras) {
+	// A notification under a method idemgate serves (an initialize
+	// without an id, say) is checked too: the gate acts on it by its
+	// method.
+	if e.refused == nil && (w.method != string(mcp.MethodToolsCall) || w.callExtras) {
 		e.refused = checkParams(w.method, w.id, msg)
 	}
 	if e.refused == nil && w.methodKind == "a string" {

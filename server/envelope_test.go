@@ -122,6 +122,8 @@ func TestCheckEnvelopeRefuses(t *testing.T) {
 			-32602, "4", "invalid params: params.requestState must be a string, got number"},
 		{"clientInfo.name a number", `{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":1,"version":"1"}}}`,
 			-32602, "4", "invalid params: params.clientInfo.name must be a string, got number"},
+		{"initialize notification, clientInfo.name a number", `{"jsonrpc":"2.0","method":"initialize","params":{"clientInfo":{"name":0}}}`,
+			-32602, "null", "invalid params: params.clientInfo.name must be a string, got number"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -453,6 +455,7 @@ func FuzzGateAsUnmarshal(f *testing.F) {
 		`{"method":"a\u0062","params":{"clientInfo":{"name":"\ud83d\ude00 \xff"}}}`, `{"k":1,"params":{"name":"\u212A"}}`, `not json`, `{"a":`,
 		`{"jsonrpc":"2.0","id":1,"method":"nope","params":[1]}`, `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"clientInfo":{"name":1}}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":1,"version":"1"}}}`,
+		`{"jsonrpC":"2.0","method":"initialize","pArAms":{"ClientInfo":{"nAme":0}}}`, // found by the fuzzer: a notification
 	} {
 		f.Add([]byte(s))
 	}
