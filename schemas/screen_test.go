@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,5 +118,87 @@ func TestScreenLarge(t *testing.T) {
 	sc = screenOf(v, "create_order", many.String())
 	if sc == nil || len(sc.Err.Problems) != maxProblems || sc.Err.Omitted != 480 {
 		t.Fatalf("500 unknown members: %d problems, %d omitted; want %d and 480", len(sc.Err.Problems), sc.Err.Omitted, maxProblems)
+	}
+}
+
+// FuzzScreenAgreesWithPrepare: for any arguments of any tool, what
+// Screen refuses Prepare refuses too — the screen never refuses a valid
+// call, it only says sooner what validation would say. (That it says it in
+// Prepare's words is TestScreenRefusesWhatPrepareRefuses's: Prepare stops
+// at a number it cannot read, say, before the schema's problems.)
+func FuzzScreenAgreesWithPrepare(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`{"note":[1,2,3],"items":[{"quantity":"2"}],"ship_to":{"name":["n"]},"notes":{}}`))
+	f.Add([]byte(`{"channel":"pager","to":"x","operation_key":7}`))
+	v := mustNew(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !json.Valid(data) || repeatsMember(data) {
+			return // the envelope walk refuses such a message before any screen
+		}
+		for _, tool := range v.Tools() {
+			sc := screenOf(v, tool, string(data))
+			if sc == nil {
+				continue
+			}
+			_, err := v.Prepare(tool, json.RawMessage(data))
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("%s: Screen refuses %.200q (%v), Prepare = %v", tool, data, sc.Err, err)
+			}
+		}
+	})
+}
+
+// repeatsMember reports whether an object of data (valid JSON) has two
+// members whose names are equal ignoring case: the envelope walk refuses
+// those messages, tool arguments included, before any screen reads them.
+func repeatsMember(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	type frame struct {
+		object  bool
+		wantKey bool
+		names   map[string]bool
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.object && top.wantKey {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].object {
+					stack[len(stack)-1].wantKey = true
+				}
+				continue
+			}
+			name := strings.ToLower(tok.(string))
+			if top.names[name] {
+				return true
+			}
+			top.names[name] = true
+			top.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{object: true, wantKey: true, names: map[string]bool{}})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].object {
+			stack[len(stack)-1].wantKey = true
+		}
 	}
 }
