@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"idemgate/approvals"
 	"idemgate/ledger"
@@ -22,8 +21,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -33,81 +30,25 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stopProfiles(stderr)
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var lf settings
-	lf.register(fs)
-	var id server.Identity
-	fs.StringVar(&id.Principal, "principal", env("IDEMGATE_PRINCIPAL", "local-agent"), "who this server acts for (env IDEMGATE_PRINCIPAL)")
-	fs.StringVar(&id.Tenant, "tenant", env("IDEMGATE_TENANT", "default"), "tenant whose operations this server sees (env IDEMGATE_TENANT)")
-	fs.StringVar(&id.Role, "role", env("IDEMGATE_ROLE", "agent"), "agent or approver (env IDEMGATE_ROLE)")
-	fs.StringVar(&id.OnBehalfOf, "on-behalf-of", env("IDEMGATE_ON_BEHALF_OF", ""), "stdio: the user this agent acts for, recorded on every audit entry (env IDEMGATE_ON_BEHALF_OF; over --http the token's)")
-	fs.StringVar(&id.Model, "model", env("IDEMGATE_MODEL", ""), "stdio: the model driving this agent, recorded on every audit entry (env IDEMGATE_MODEL; over --http the token's)")
-	outbox := fs.String("outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes messages into, as --outbox-format says (default: 'outbox' beside --db)")
-	wait := fs.Duration("wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
-	workers := fs.Int("workers", 32, "concurrent tool calls (1-100)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
-	httpAddr := fs.String("http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
-	tokensFile := fs.String("tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
-	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "stdio: a token from --tokens whose principal, tenant and role this server acts as; required for --role approver when the config sets require_approver_token (prefer env IDEMGATE_TOKEN)")
-	allowedOrigins := fs.String("allowed-origins", env("IDEMGATE_ALLOWED_ORIGINS", ""), "with --http: comma-separated browser origins (scheme://host[:port]) allowed besides the server's own; a request with any other Origin gets 403 (env IDEMGATE_ALLOWED_ORIGINS)")
-	sessionIdle := fs.Duration("session-idle-timeout", server.DefaultSessionIdleTimeout, "with --http: a session unused this long ends (its id then gets 404)")
-	maxSessions := fs.Int("max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
-	bodyTimeout := fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
-	checkpointEvery := fs.Duration("audit-checkpoint-every", time.Minute, "with --audit-checkpoint-key: how often a signed checkpoint of the audit chain's head is logged (to stderr) when the chain grew; one more is logged at shutdown")
-	authLimit := authFailureLimitFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	o, err := parseServe("serve", args, stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("serve takes no arguments, got %q", fs.Args())}
+	if o.piped() {
+		return servePipe(o, stdin, stdout, stderr)
 	}
-	if *httpAddr == "" && (id.Role == approvals.RoleApprover || *token != "") {
-		if err := lf.load(); err != nil {
+	lf, id := &o.lf, o.id
+	if o.httpAddr == "" && (id.Role == approvals.RoleApprover || o.token != "") {
+		tf := tokenFlags{token: o.token, tokens: o.tokensFile}
+		if id, err = tf.identity(lf, o.fs, id, id.Role == approvals.RoleApprover); err != nil {
 			return err
 		}
-		tf := tokenFlags{token: *token, tokens: *tokensFile}
-		var err error
-		if id, err = tf.identity(&lf, fs, id, id.Role == approvals.RoleApprover); err != nil {
-			return err
-		}
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)}
-	}
-	if err := id.Validate(); err != nil {
-		return usageError{err}
-	}
-	if *workers < 1 || *workers > 100 {
-		return usageError{fmt.Errorf("--workers must be 1-100, got %d", *workers)}
-	}
-	if *wait <= 0 || *wait > 5*time.Minute {
-		return usageError{fmt.Errorf("--wait must be between 0 and 5m, got %s", *wait)}
-	}
-	if *sessionIdle < time.Second || *sessionIdle > 30*24*time.Hour {
-		return usageError{fmt.Errorf("--session-idle-timeout must be between 1s and 720h, got %s", *sessionIdle)}
-	}
-	if *maxSessions < 1 || *maxSessions > 10000 {
-		return usageError{fmt.Errorf("--max-sessions-per-token must be 1-10000, got %d", *maxSessions)}
-	}
-	if *authLimit < 0 {
-		return usageError{fmt.Errorf("--auth-failure-limit must be 0 (never pause) or more, got %d", *authLimit)}
-	}
-	if *bodyTimeout < 100*time.Millisecond || *bodyTimeout > 10*time.Minute {
-		return usageError{fmt.Errorf("--http-body-timeout must be between 100ms and 10m, got %s", *bodyTimeout)}
-	}
-	if *checkpointEvery < 100*time.Millisecond || *checkpointEvery > 24*time.Hour {
-		return usageError{fmt.Errorf("--audit-checkpoint-every must be between 100ms and 24h, got %s", *checkpointEvery)}
 	}
 	var origins *server.Origins
-	if *httpAddr != "" {
-		if err := lf.load(); err != nil { // for the console's public URL
-			return err
-		}
-		list := server.DefaultOrigins(*httpAddr)
-		if *allowedOrigins != "" {
-			list = append(list, strings.Split(*allowedOrigins, ",")...)
+	if o.httpAddr != "" {
+		list := server.DefaultOrigins(o.httpAddr)
+		if o.allowedOrigins != "" {
+			list = append(list, strings.Split(o.allowedOrigins, ",")...)
 		}
 		var err error
 		if origins, err = server.ParseOrigins(list); err != nil {
@@ -117,23 +58,23 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			return usageError{fmt.Errorf("[console] public_url / --public-url: %w", err)}
 		}
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.level}))
 
 	var tokens *server.Tokens
 	var metrics *server.Metrics
-	if *httpAddr != "" {
-		if *tokensFile == "" {
-			*tokensFile = filepath.Join(lf.dataDir(), "tokens.json")
+	if o.httpAddr != "" {
+		if o.tokensFile == "" {
+			o.tokensFile = filepath.Join(lf.dataDir(), "tokens.json")
 		}
 		var err error
-		if tokens, err = server.LoadTokens(*tokensFile); err != nil {
-			return usageError{fmt.Errorf("%w (create one with: idemgate tokens add --principal P --tenant T --role agent --tokens %s)", err, *tokensFile)}
+		if tokens, err = server.LoadTokens(o.tokensFile); err != nil {
+			return usageError{fmt.Errorf("%w (create one with: idemgate tokens add --principal P --tenant T --role agent --tokens %s)", err, o.tokensFile)}
 		}
 		metrics = server.NewMetrics()
 		lf.observe = metrics.ObserveAudit
 	}
 	lf.mayCreate = true // a server starts a new ledger where none exists
-	store, svc, err := lf.openService(*outbox, *wait, logger)
+	store, svc, err := lf.openService(o.outbox, o.wait, logger)
 	if err != nil {
 		return err
 	}
@@ -150,41 +91,20 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	defer stop()
 	// A second signal during the shutdown ends the process at once.
 	go func() { <-ctx.Done(); stop() }()
-	// The shutdown waits this long for calls in flight to be answered:
-	// longer than one call to the order API plus a duplicate's wait for a
-	// running operation, so a call that has just started still gets its
-	// result (or its recorded unknown outcome) back.
-	grace := shutdownGrace(lf.file.OrdersAPI.Timeout.Duration, *wait)
-	if name := lf.file.Audit.CheckpointKey; name != "" {
-		key, err := loadCheckpointKey(name)
-		if err != nil {
-			return usageError{err}
-		}
-		if key.priv == nil {
-			return usageError{fmt.Errorf("audit checkpoint key %s is a public key: serve signs checkpoints with the private key", name)}
-		}
-		bg.Go(func(ctx context.Context) { checkpointLoop(ctx, store, key.priv, *checkpointEvery, stderr, logger) })
+	grace := o.grace()
+	if err := startLoops(bg, o, store, svc, stderr, logger); err != nil {
+		return err
 	}
-	bg.Go(svc.Deliverer().Run)
-	// One replica (process) at a time runs each sweep; the others skip.
-	holder := uuid.NewString()
-	bg.Go(func(ctx context.Context) {
-		sweepLoop(ctx, store, &sharedTask{store: store, name: "retention-sweep", holder: holder, hold: 3 * sweepEvery, log: logger}, logger)
-	})
-	bg.Go(func(ctx context.Context) {
-		task := &sharedTask{store: store, name: "reconcile", holder: holder, hold: max(lf.lease, 3*reconcileEvery(lf.lease)), log: logger}
-		reconcileLoop(ctx, svc, lf.lease, task, logger)
-	})
-	if *httpAddr != "" {
-		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: *sessionIdle, MaxPerToken: *maxSessions}, logger, metrics)
+	if o.httpAddr != "" {
+		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: o.sessionIdle, MaxPerToken: o.maxSessions}, logger, metrics)
 		bg.Go(sessions.Run)
 		// Over HTTP every request acts for its token's identity; the
 		// --principal/--tenant/--role of stdio do not apply.
 		// One guard for /mcp and the console: guesses at either count together.
-		guard := server.NewAuthGuard(*authLimit, logger, metrics)
+		guard := server.NewAuthGuard(o.authLimit, logger, metrics)
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
-			Addr: *httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
-			Sessions: sessions, BodyTimeout: *bodyTimeout, Guard: guard, Screen: svc.Screen,
+			Addr: o.httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
+			Sessions: sessions, BodyTimeout: o.bodyTimeout, Guard: guard, Screen: svc.Screen,
 			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, guard, logger, false, nil),
 			Health: func(ctx context.Context) (bool, any, any) {
 				h := store.Health(ctx)
@@ -199,7 +119,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 				return h.OK, body{status, h}, body{status, h.Public()}
 			},
 		})
-		cfg := server.ServeConfig{Addr: *httpAddr, Logger: logger, Grace: grace, Metrics: metrics}
+		cfg := server.ServeConfig{Addr: o.httpAddr, Logger: logger, Grace: grace, Metrics: metrics}
 		if lf.file.OrdersAPI.URL != "" {
 			cfg.FilesPerConn = 2 // a create_order holds its connection to the API too
 		}
@@ -207,7 +127,7 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	} else {
 		logger.Info("serving MCP on stdio", "db", postgres.Redacted(lf.db), "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
 		err = server.ServeStdio(ctx, server.New(svc, id, logger, nil), server.StdioConfig{
-			In: stdin, Out: stdout, Workers: *workers, Grace: grace, Logger: logger, Screen: svc.Screen,
+			In: stdin, Out: stdout, Workers: o.workers, Grace: grace, Logger: logger, Screen: svc.Screen,
 		})
 	}
 	bg.Stop() // the deliverer's last pass ends before the answer is returned

@@ -94,13 +94,20 @@ func ledgerRequiresApproverToken(lf *settings) bool {
 		return false
 	}
 	defer store.Close()
+	on, err := approverTokensRequired(context.Background(), store)
+	return err == nil && on
+}
+
+// approverTokensRequired reports whether the ledger records
+// require_approver_token.
+func approverTokensRequired(ctx context.Context, store ledger.Store) (bool, error) {
 	on := false
-	err = store.View(context.Background(), func(tx ledger.Tx) error {
+	err := store.View(ctx, func(tx ledger.Tx) error {
 		v, err := tx.Get(settingsCollection, settingApproverTokens)
 		on = string(v) == "true"
 		return err
 	})
-	return err == nil && on
+	return on, err
 }
 
 // setApproverTokenRule records (on) or lifts the rule in the ledger.

@@ -71,6 +71,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		err = serve(args[1:], stdin, stdout, stderr)
+	case ownerArg:
+		err = ownerCmd(args[1:], stderr)
 	case "console":
 		err = consoleCmd(args[1:], stderr)
 	case "ops":

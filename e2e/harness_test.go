@@ -54,6 +54,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	moduleRoot = root
+	stopOwners, err := setUpOwners()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer stopOwners()
 	dir, err := os.MkdirTemp("", "idemgate-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -189,6 +195,7 @@ type session struct {
 	cfg    serverConfig
 	cmd    *exec.Cmd
 	stderr *syncBuffer
+	piped  string // the ledger file whose owner serves this session's calls, if any
 
 	mc *client.Client
 	gs *sdk.ClientSession
@@ -260,6 +267,24 @@ func connect(t testing.TB, f flavor, bin string, args []string) (*session, error
 	var stderr io.Writer = s.stderr
 	if testing.Verbose() && os.Getenv("IDEMGATE_E2E_STDERR") == "1" {
 		stderr = io.MultiWriter(s.stderr, os.Stderr)
+	}
+	if db, ok := pipedLedger(args); ok {
+		// Runs after the session's own clean-up below: the owner ends
+		// once its clients have.
+		s.piped = db
+		t.Cleanup(func() {
+			log := ownerLog(db)
+			stopOwner(t, db)
+			if strings.Contains(log, "WARNING: DATA RACE") {
+				t.Errorf("the owner of %s reported a data race", db)
+			}
+			if strings.Contains(log, "answer mended") {
+				t.Errorf("PRODUCT BUG: the owner had to mend an answer (see its log)")
+			}
+			if t.Failed() && log != "" {
+				t.Logf("log of the owner of %s:\n%s", db, log)
+			}
+		})
 	}
 	t.Cleanup(func() {
 		s.Close()
@@ -356,12 +381,16 @@ func (s *session) Close() {
 	})
 }
 
-// Kill sends SIGKILL to the server process: no deferred function, no
+// Kill sends SIGKILL to the server process and, when it passes its calls
+// to the ledger's owner, to the owner first: no deferred function, no
 // flush, no clean close of the ledger file runs.
 func (s *session) Kill() {
 	s.t.Helper()
 	if s.cmd == nil || s.cmd.Process == nil {
 		s.t.Fatal("no server process to kill")
+	}
+	if s.piped != "" {
+		killOwner(s.t, s.piped)
 	}
 	if err := s.cmd.Process.Kill(); err != nil {
 		s.t.Fatalf("kill server: %v", err)

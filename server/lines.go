@@ -87,3 +87,17 @@ func (b *boundedLines) readLine() ([]byte, error) {
 		}
 	}
 }
+
+// LineReader reads newline-delimited messages as the stdio server does: a
+// line over MaxMessageBytes comes back as a short line that is not JSON,
+// and is never held whole in memory.
+type LineReader struct{ b *boundedLines }
+
+// NewLineReader reads the messages of r.
+func NewLineReader(r io.Reader) *LineReader {
+	return &LineReader{newBoundedLines(r, MaxMessageBytes)}
+}
+
+// ReadLine returns the next message with its newline (a new slice each
+// time); at the end of r, what is left without one, and the error.
+func (l *LineReader) ReadLine() ([]byte, error) { return l.b.readLine() }

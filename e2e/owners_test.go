@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"idemgate/owner"
+)
+
+// The owners of ledger files. A serve on stdio over a ledger file passes
+// its client's messages to the file's owner process (see package owner),
+// which outlives it: the tests put the owners' sockets and logs in a
+// runtime directory of their own (XDG_RUNTIME_DIR, set by runMain), stop
+// a test's owners when its sessions have ended, and stop any left over
+// (from tests that start serve themselves) when all tests have run.
+
+// runtimeDir is XDG_RUNTIME_DIR of the servers the tests start.
+var runtimeDir string
+
+// setUpOwners makes the runtime directory the servers use; the returned
+// function stops the owners still running there and removes it.
+func setUpOwners() (func(), error) {
+	dir, err := os.MkdirTemp("", "igrt-") // short: socket paths are bounded
+	if err != nil {
+		return nil, err
+	}
+	runtimeDir = dir
+	os.Setenv("XDG_RUNTIME_DIR", dir)
+	return func() {
+		socks, _ := filepath.Glob(filepath.Join(dir, "idemgate", "*.sock"))
+		for _, s := range socks {
+			stopOwnerAt(s, 30*time.Second)
+		}
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// pipedLedger returns the ledger file of serve args whose server passes
+// its calls to an owner: stdio, a file, no --own-ledger.
+func pipedLedger(args []string) (string, bool) {
+	if len(args) == 0 || args[0] != "serve" || slices.Contains(args, "--own-ledger") {
+		return "", false
+	}
+	db := ""
+	for i, a := range args {
+		switch {
+		case a == "--http" || strings.HasPrefix(a, "--http="):
+			return "", false
+		case a == "--db" && i+1 < len(args):
+			db = args[i+1]
+		case strings.HasPrefix(a, "--db="):
+			db = strings.TrimPrefix(a, "--db=")
+		}
+	}
+	if db == "" || strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://") {
+		return "", false
+	}
+	return db, true
+}
+
+// ownerPID returns the process id of the owner of the ledger db, if one
+// listens.
+func ownerPID(db string) (int, bool) {
+	p, err := owner.PlaceOf(db)
+	if err != nil {
+		return 0, false
+	}
+	return pidAt(p.Socket)
+}
+
+func pidAt(socket string) (int, bool) {
+	c, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return 0, false
+	}
+	defer c.Close()
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var cred *syscall.Ucred
+	raw.Control(func(fd uintptr) {
+		cred, _ = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	})
+	if cred == nil {
+		return 0, false
+	}
+	return int(cred.Pid), true
+}
+
+// stopOwner ends the owner of the ledger db with SIGTERM, as an operator
+// would, and waits for it to exit (it answers its calls in flight first).
+func stopOwner(t testing.TB, db string) {
+	p, err := owner.PlaceOf(db)
+	if err != nil {
+		return
+	}
+	if err := stopOwnerAt(p.Socket, 30*time.Second); err != nil {
+		t.Errorf("stopping the owner of %s: %v", db, err)
+	}
+}
+
+func stopOwnerAt(socket string, timeout time.Duration) error {
+	pid, ok := pidAt(socket)
+	if !ok {
+		return nil
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	if !waitGone(pid, timeout) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		waitGone(pid, 5*time.Second)
+		return errors.New("it did not exit within the timeout of a SIGTERM; killed")
+	}
+	return nil
+}
+
+// killOwner kills the owner of db with SIGKILL and waits until it is gone.
+func killOwner(t testing.TB, db string) {
+	t.Helper()
+	pid, ok := ownerPID(db)
+	if !ok {
+		t.Fatalf("no owner listens for %s", db)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	if !waitGone(pid, 10*time.Second) {
+		t.Fatalf("owner %d still runs after SIGKILL", pid)
+	}
+}
+
+// waitGone waits for process pid to end.
+func waitGone(pid int, timeout time.Duration) bool {
+	return eventually(timeout, func() bool {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) || isZombie(pid)
+	})
+}
+
+// isZombie: the process has ended and waits for its parent to reap it (an
+// owner's parent is the serve that started it, until that one ends).
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
+
+// ownerLog returns the log of the owner of db.
+func ownerLog(db string) string {
+	p, err := owner.PlaceOf(db)
+	if err != nil {
+		return ""
+	}
+	b, _ := os.ReadFile(p.Log)
+	return string(b)
+}

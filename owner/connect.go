@@ -1,0 +1,81 @@
+package owner
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+// RefusedError is the owner's refusal of a hello, in its words.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return e.Reason }
+
+// Conn is a connection to the owner past its welcome: MCP messages, one
+// per line, both ways.
+type Conn struct {
+	*net.UnixConn
+	R       *bufio.Reader // reads c: it may hold bytes past the welcome
+	Welcome Welcome
+}
+
+// Connect opens a connection to the owner of p's ledger and says hello.
+// When no owner listens it calls start, which starts one, and dials again
+// until one answers. A refusal is a *RefusedError.
+func Connect(p Place, h Hello, start func() error) (*Conn, error) {
+	c, err := connect(p, h, start)
+	var left *leftError
+	if errors.As(err, &left) {
+		// The owner was of another build or configuration and had no other
+		// client: it is leaving. Start ours once it has left.
+		c, err = connect(p, h, start)
+	}
+	return c, err
+}
+
+// leftError: the owner refused the hello and is leaving (Welcome.Leaving).
+type leftError struct{ RefusedError }
+
+func connect(p Place, h Hello, start func() error) (*Conn, error) {
+	c, err := Dial(p, helloTimeout)
+	if errors.Is(err, ErrNoOwner) {
+		if err := start(); err != nil {
+			return nil, err
+		}
+		// The owner listens before it says it is ready; another that
+		// won the start may take a moment longer.
+		for wait := 10 * time.Millisecond; ; wait *= 2 {
+			if c, err = Dial(p, helloTimeout); !errors.Is(err, ErrNoOwner) || wait > 2*time.Second {
+				break
+			}
+			time.Sleep(wait)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrNoOwner) {
+			return nil, fmt.Errorf("no owner answers on %s after one was started", p.Socket)
+		}
+		return nil, err
+	}
+	h.Protocol, h.Build, h.PID = protocol, Build(), os.Getpid()
+	conn := &Conn{UnixConn: c, R: bufio.NewReaderSize(c, 64<<10)}
+	if err := Send(c, h); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("owner of %s: hello: %w", p.Ledger, err)
+	}
+	if err := Receive(c, conn.R, &conn.Welcome); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("owner of %s did not answer: %w", p.Ledger, err)
+	}
+	if !conn.Welcome.OK {
+		c.Close()
+		if conn.Welcome.Leaving {
+			return nil, &leftError{RefusedError{conn.Welcome.Error}}
+		}
+		return nil, &RefusedError{conn.Welcome.Error}
+	}
+	return conn, nil
+}

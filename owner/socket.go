@@ -1,0 +1,111 @@
+package owner
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+)
+
+// ErrOwned is Listen's error when another process owns the ledger.
+var ErrOwned = errors.New("another process owns this ledger")
+
+// ErrNoOwner is Dial's error when no owner listens.
+var ErrNoOwner = errors.New("no owner listens")
+
+// leaveTimeout bounds the wait of a new owner for one that is leaving.
+const leaveTimeout = 30 * time.Second
+
+// Listener is an owner's socket, with the lock that makes it the only one.
+type Listener struct {
+	*net.UnixListener
+	lock *os.File
+}
+
+// Listen makes this process the owner of p's ledger: it takes p's lock,
+// removes a socket a dead owner left, and listens (mode 0600). When
+// another process holds the lock and answers on the socket, the error is
+// ErrOwned; an owner that no longer answers (it is leaving) is waited for,
+// up to leaveTimeout.
+func Listen(p Place) (*Listener, error) {
+	lock, err := os.OpenFile(p.Lock, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("owner lock: %w", err)
+	}
+	deadline := time.Now().Add(leaveTimeout)
+	for {
+		err := lockExclusive(lock)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrOwned) {
+			lock.Close()
+			return nil, fmt.Errorf("owner lock %s: %w", p.Lock, err)
+		}
+		if c, derr := Dial(p, time.Second); derr == nil || time.Now().After(deadline) {
+			if c != nil {
+				c.Close()
+			}
+			lock.Close()
+			return nil, ErrOwned
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Only the lock's holder removes or creates the socket.
+	if err := os.Remove(p.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		lock.Close()
+		return nil, fmt.Errorf("owner socket: %w", err)
+	}
+	ln, err := listenPrivate(p.Socket)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("owner socket: %w", err)
+	}
+	return &Listener{UnixListener: ln, lock: lock}, nil
+}
+
+// Close stops listening, removes the socket and gives the lock up, in
+// that order: a process that takes the lock next finds no socket of ours.
+func (l *Listener) Close() error {
+	err := l.UnixListener.Close()
+	l.lock.Close()
+	return err
+}
+
+// Accept waits for the next client; a client of another user is refused
+// (closed) and reported through refused, and Accept goes on.
+func (l *Listener) Accept(refused func(error)) (*net.UnixConn, error) {
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return nil, err
+		}
+		if err := checkPeer(c, "the process that connected"); err != nil {
+			refused(err)
+			c.Close()
+			continue
+		}
+		return c, nil
+	}
+}
+
+// Dial connects to the owner of p's ledger within timeout. ErrNoOwner
+// when none listens (no socket, or a socket a dead owner left); an owner
+// of another user is an error that says so.
+func Dial(p Place, timeout time.Duration) (*net.UnixConn, error) {
+	c, err := net.DialTimeout("unix", p.Socket, timeout)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, ErrNoOwner
+		}
+		return nil, fmt.Errorf("owner socket %s: %w", p.Socket, err)
+	}
+	uc := c.(*net.UnixConn)
+	if err := checkPeer(uc, "the owner of this ledger"); err != nil {
+		uc.Close()
+		return nil, err
+	}
+	return uc, nil
+}

@@ -1,0 +1,92 @@
+package owner
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// The last line an owner writes on its standard error when it has started
+// (Ready) or found another owner (Elsewhere); it then writes nothing more
+// there (its log goes to its Place's Log).
+const (
+	Ready     = "idemgate-owner: ready"
+	Elsewhere = "idemgate-owner: another process owns this ledger"
+)
+
+// startTimeout bounds an owner's start: opening and checking the ledger.
+const startTimeout = time.Minute
+
+// Start starts an owner: exe with args, detached (a session of its own, so
+// it survives the client's process group, standard input and output on
+// the null device). It returns once the owner listens, or another process
+// turned out to own the ledger; when the owner fails to start, the error
+// holds what it wrote (its reason, e.g. a damaged ledger).
+func Start(exe string, args []string, env []string) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		r.Close()
+		w.Close()
+		return err
+	}
+	defer null.Close()
+	cmd := exec.Command(exe, args...)
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, w
+	cmd.SysProcAttr = detached()
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return fmt.Errorf("starting the ledger's owner: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }() // reaps it if it ends while we live
+	said := readUntilClosed(r, startTimeout)
+	r.Close()
+	lines := strings.Split(strings.TrimSpace(string(said)), "\n")
+	switch last := lines[len(lines)-1]; last {
+	case Ready, Elsewhere:
+		return nil
+	}
+	select {
+	case err := <-exited:
+		if msg := strings.TrimSpace(string(said)); msg != "" {
+			return errors.New(msg)
+		}
+		return fmt.Errorf("the ledger's owner (%s) ended as it started: %v", exe, err)
+	case <-time.After(time.Second):
+		return fmt.Errorf("the ledger's owner (pid %d) did not start within %s: %s", cmd.Process.Pid, startTimeout, strings.TrimSpace(string(said)))
+	}
+}
+
+// readUntilClosed reads r until its writers close it or timeout passes,
+// keeping the last 64 KiB.
+func readUntilClosed(r *os.File, timeout time.Duration) []byte {
+	r.SetReadDeadline(time.Now().Add(timeout))
+	var buf bytes.Buffer
+	chunk := make([]byte, 4096)
+	for {
+		n, err := r.Read(chunk)
+		buf.Write(chunk[:n])
+		if buf.Len() > 64<<10 {
+			b := buf.Bytes()[buf.Len()-32<<10:]
+			buf = *bytes.NewBuffer(bytes.Clone(b))
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				buf.WriteString("\n")
+			}
+			return buf.Bytes()
+		}
+	}
+}

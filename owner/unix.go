@@ -1,0 +1,73 @@
+//go:build unix
+
+package owner
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
+)
+
+func ownedByMe(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Getuid()
+}
+
+// lockExclusive takes the flock of f without waiting; ErrOwned when another
+// process holds it.
+func lockExclusive(f *os.File) error {
+	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return ErrOwned
+	}
+	return err
+}
+
+// listenPrivate listens on a unix socket at path that only this user may
+// connect to: created under a umask that leaves it mode 0600.
+func listenPrivate(path string) (*net.UnixListener, error) {
+	old := syscall.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// peer returns the user and process ids of the process at the other end of
+// c (SO_PEERCRED on Linux; elsewhere ok is false).
+func peer(c *net.UnixConn) (uid int, pid int, ok bool) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, 0, false
+	}
+	var (
+		u, p int
+		got  bool
+	)
+	if err := raw.Control(func(fd uintptr) { u, p, got = peerCred(int(fd)) }); err != nil {
+		return 0, 0, false
+	}
+	return u, p, got
+}
+
+// checkPeer refuses a connection whose other end is another user's.
+func checkPeer(c *net.UnixConn, what string) error {
+	uid, pid, ok := peer(c)
+	if !ok || uid == os.Getuid() {
+		return nil
+	}
+	return fmt.Errorf("%s (pid %d) runs as user id %d, not as you (%d): each user's processes need their own ledger", what, pid, uid, os.Getuid())
+}
+
+// detached is how an owner is started: in a session of its own, so it
+// survives the process group of the client that started it.
+func detached() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
