@@ -343,16 +343,15 @@ func (s *ownerServer) admit(ctx context.Context, h owner.Hello) (server.Identity
 		return id, err
 	}
 	if id.Role == approvals.RoleApprover && !h.TokenVerified {
-		required := s.o.lf.file.RequireApproverToken
-		if !required {
-			on, err := approverTokensRequired(ctx, s.store)
-			if err != nil {
-				return id, fmt.Errorf("reading the ledger: %w", err)
-			}
-			required = on
+		if s.o.lf.file.RequireApproverToken {
+			return id, approverTokenNeeded(&s.o.lf, true)
 		}
-		if required {
-			return id, errors.New("forbidden: this ledger requires approver tokens, so a stdio approver needs one: set IDEMGATE_TOKEN (or --token) to a token of role approver from the tokens file (create one with: idemgate tokens add --principal P --tenant T --role approver)")
+		on, err := approverTokensRequired(ctx, s.store)
+		if err != nil {
+			return id, fmt.Errorf("reading the ledger: %w", err)
+		}
+		if on {
+			return id, approverTokenNeeded(&s.o.lf, false)
 		}
 	}
 	return id, nil

@@ -32,12 +32,11 @@ func (t *tokenFlags) register(fs *flag.FlagSet) {
 // approver role is required; lf must be loaded.
 func (t *tokenFlags) identity(lf *settings, fs *flag.FlagSet, flags server.Identity, needApprover bool) (server.Identity, error) {
 	if t.token == "" && needApprover {
-		const how = "approvals and resolutions need an approver's token: set IDEMGATE_TOKEN (or --token) to a token of role approver from the tokens file (create one with: idemgate tokens add --principal P --tenant T --role approver)"
 		if lf.file.RequireApproverToken {
-			return flags, fmt.Errorf("forbidden: the configuration (%s) sets require_approver_token, so %s", lf.configFile, how)
+			return flags, approverTokenNeeded(lf, true)
 		}
 		if ledgerRequiresApproverToken(lf) {
-			return flags, fmt.Errorf("forbidden: the ledger %s requires approver tokens (a process configured with require_approver_token recorded it there), so %s", lf.db, how)
+			return flags, approverTokenNeeded(lf, false)
 		}
 	}
 	if t.token == "" {
@@ -73,6 +72,17 @@ func (t *tokenFlags) identity(lf *settings, fs *flag.FlagSet, flags server.Ident
 		return flags, usageError{fmt.Errorf("%w (drop the flag: the token says who you are)", err)}
 	}
 	return id, nil
+}
+
+// approverTokenNeeded refuses an approver without a token, saying whether
+// the configuration file (inConfig) or the ledger requires one, and how to
+// get one.
+func approverTokenNeeded(lf *settings, inConfig bool) error {
+	const how = "approvals and resolutions need an approver's token: set IDEMGATE_TOKEN (or --token) to a token of role approver from the tokens file (create one with: idemgate tokens add --principal P --tenant T --role approver)"
+	if inConfig {
+		return fmt.Errorf("forbidden: the configuration (%s) sets require_approver_token, so %s", lf.configFile, how)
+	}
+	return fmt.Errorf("forbidden: the ledger %s requires approver tokens (a process configured with require_approver_token recorded it there), so %s", lf.db, how)
 }
 
 // The ledger remembers require_approver_token: a process whose

@@ -45,12 +45,14 @@ func startApprover(t *testing.T, f flavor, db, tenant, principal string) *sessio
 	return startServer(t, f, serverConfig{DB: db, Tenant: tenant, Principal: principal, Args: []string{"--role", "approver"}})
 }
 
-// newPair starts alice's agent server (flavor a, with extra flags) and
-// boss's approver server (flavor b) on a new ledger file.
+// newPair starts alice's agent server (flavor a) and boss's approver
+// server (flavor b) on a new ledger file, both with the extra flags (the
+// servers of one ledger have one configuration: its owner's).
 func newPair(t *testing.T, a, b flavor, extra ...string) aprPair {
 	t.Helper()
 	db := newLedger(t)
-	return aprPair{db: db, agent: startAgent(t, a, db, extra...), approver: startApprover(t, b, db, aprTenant, "boss")}
+	approver := startServer(t, b, serverConfig{DB: db, Tenant: aprTenant, Principal: "boss", Args: append([]string{"--role", "approver"}, extra...)})
+	return aprPair{db: db, agent: startAgent(t, a, db, extra...), approver: approver}
 }
 
 // aprOrder is the part of an order these tests look at.
@@ -561,7 +563,7 @@ func TestApprovalPreconditionFailed(t *testing.T) {
 	})
 }
 
-// TestApprovalExpiry: with --approval-ttl 300ms on the agent's server, a
+// TestApprovalExpiry: with --approval-ttl 300ms on the ledger's servers, a
 // pending cancel expires: the approver no longer sees it, a late approve
 // is refused (status rejected), the agent's retry replays the rejection,
 // and the order is not cancelled.

@@ -37,6 +37,7 @@ func TestCompactAndAuditPrune(t *testing.T) {
 		t.Fatalf("order after a refused compaction: %+v", got)
 	}
 	s.Close()
+	stopOwner(t, db) // compact needs the file to itself
 
 	r = runCLI(t, 60*time.Second, "compact", "--db", db)
 	if r.Code != 0 || !strings.Contains(r.Stdout, "compacted "+db) || !strings.Contains(r.Stdout, "pre-compact-") {

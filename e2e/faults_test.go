@@ -835,7 +835,9 @@ func TestFaultStaleInProgress(t *testing.T) {
 	run := newFaultRun(t, api, nil)
 	db := newLedger(t)
 	// The first server's claims hold a 3s lease: long enough to observe.
-	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--lease", "3s")
+	// Each server has its leases and its wait of its own: they share the
+	// file itself (--own-ledger), not one owner's configuration.
+	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--lease", "3s", "--own-ledger")
 	key := run.track("", newKey(), "create_order")
 	args := faOrder(key, "cust-fault-stale-ip")
 	h := api.InjectHold(fault{Kind: HoldAfterCommit, Match: matchCreate})
@@ -848,7 +850,7 @@ func TestFaultStaleInProgress(t *testing.T) {
 	// The next servers' own leases are long, so their background sweeps
 	// (every lease/3) stay out of the way: what a duplicate answers is the
 	// call's own doing, not a sweep's.
-	s2 := startAPIServer(t, goSDKModern, api, serverConfig{DB: db}, "--wait", "200ms", "--lease", "30s")
+	s2 := startAPIServer(t, goSDKModern, api, serverConfig{DB: db}, "--wait", "200ms", "--lease", "30s", "--own-ledger")
 	e := s2.callTool(t, "create_order", args)
 	if time.Since(claimed) < 2500*time.Millisecond {
 		if e.Status != "in_progress" || e.code() != "operation_in_progress" || e.NextAction != "wait_and_poll_status" {
@@ -856,7 +858,7 @@ func TestFaultStaleInProgress(t *testing.T) {
 		}
 	}
 	// A duplicate that waits across the expiry (--wait 5s).
-	s3 := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: db}, "--wait", "5s", "--lease", "30s")
+	s3 := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: db}, "--wait", "5s", "--lease", "30s", "--own-ledger")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	w, err := s3.call(ctx, "create_order", args)
 	cancel()

@@ -281,7 +281,7 @@ func connect(t testing.TB, f flavor, bin string, args []string) (*session, error
 			if strings.Contains(log, "answer mended") {
 				t.Errorf("PRODUCT BUG: the owner had to mend an answer (see its log)")
 			}
-			if t.Failed() && log != "" {
+			if _, said := loggedOwners.LoadOrStore(t.Name()+"\x00"+db, true); !said && t.Failed() && log != "" {
 				t.Logf("log of the owner of %s:\n%s", db, log)
 			}
 		})
@@ -382,18 +382,18 @@ func (s *session) Close() {
 }
 
 // Kill sends SIGKILL to the server process and, when it passes its calls
-// to the ledger's owner, to the owner first: no deferred function, no
+// to the ledger's owner, to the owner right after: no deferred function, no
 // flush, no clean close of the ledger file runs.
 func (s *session) Kill() {
 	s.t.Helper()
 	if s.cmd == nil || s.cmd.Process == nil {
 		s.t.Fatal("no server process to kill")
 	}
-	if s.piped != "" {
-		killOwner(s.t, s.piped)
-	}
 	if err := s.cmd.Process.Kill(); err != nil {
 		s.t.Fatalf("kill server: %v", err)
+	}
+	if s.piped != "" {
+		killOwner(s.t, s.piped)
 	}
 	s.Close()
 }

@@ -33,6 +33,7 @@ func filledLedger(t *testing.T, n int) string {
 		placeOrder(t, s, fmt.Sprintf("customer-%d", i))
 	}
 	s.Close()
+	stopOwner(t, db)
 	return db
 }
 

@@ -133,6 +133,7 @@ func TestSegmentOutboxDamage(t *testing.T) {
 	if d := rep.Delivery; d == nil || !d.Drained {
 		t.Fatalf("delivery %+v, want every confirmation delivered", d)
 	}
+	stopOwner(t, db) // the server stopped: its owner too
 	seg := filepath.Join(dir, "outbox", "segments", "000000000001.jsonl")
 	whole, err := os.ReadFile(seg)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,9 @@ import (
 
 // runtimeDir is XDG_RUNTIME_DIR of the servers the tests start.
 var runtimeDir string
+
+// loggedOwners: the owners' logs a failed test has shown (test and ledger).
+var loggedOwners sync.Map
 
 // setUpOwners makes the runtime directory the servers use; the returned
 // function stops the owners still running there and removes it.
@@ -142,16 +146,31 @@ func waitGone(pid int, timeout time.Duration) bool {
 	})
 }
 
-// isZombie: the process has ended and waits for its parent to reap it (an
-// owner's parent is the serve that started it, until that one ends).
-func isZombie(pid int) bool {
+// procState is the state letter of process pid (R, S, T, Z…; 0 when it
+// cannot be read).
+func procState(pid int) byte {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return false
+		return 0
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+	if i < 0 || i+2 >= len(s) {
+		return 0
+	}
+	return s[i+2]
+}
+
+// isZombie: the process has ended, all its threads too (so its files are
+// closed), and waits for its parent to reap it (an owner's parent is the
+// serve that started it, until that one ends). The first thread of a
+// process shows Z while the others still exit.
+func isZombie(pid int) bool {
+	if procState(pid) != 'Z' {
+		return false
+	}
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	return err == nil && len(tasks) <= 1
 }
 
 // ownerLog returns the log of the owner of db.

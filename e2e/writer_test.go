@@ -28,11 +28,16 @@ func TestWriterKilledUnderLoad(t *testing.T) {
 		concurrency = 8
 	)
 	db := newLedger(t)
-	writer := startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-w"}) // first: the writer
+	// The processes share the file itself, through the writer's
+	// forwarding of storage transactions: the design of --own-ledger.
+	// (A serve without it passes its calls to the file's one owner; see
+	// TestOwnerKilledUnderLoad.)
+	ownLedger := []string{"--own-ledger"}
+	writer := startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-w", Args: ownLedger}) // first: the writer
 	survivors := []*session{
-		startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-a"}),
-		startServer(t, goSDKModern, serverConfig{DB: db, Principal: "agent-b"}),
-		startServer(t, mcpGoLegacy, serverConfig{DB: db, Principal: "agent-c"}),
+		startServer(t, mcpGoModern, serverConfig{DB: db, Principal: "agent-a", Args: ownLedger}),
+		startServer(t, goSDKModern, serverConfig{DB: db, Principal: "agent-b", Args: ownLedger}),
+		startServer(t, mcpGoLegacy, serverConfig{DB: db, Principal: "agent-c", Args: ownLedger}),
 	}
 	ctx := testContext(t)
 	keys := make([]string, intents)

@@ -24,20 +24,29 @@ type Conn struct {
 
 // Connect opens a connection to the owner of p's ledger and says hello.
 // When no owner listens it calls start, which starts one, and dials again
-// until one answers. A refusal is a *RefusedError.
+// until one answers. An owner that ends during the hello (killed, or
+// leaving for a client of another build or configuration) is tried again,
+// up to three times. A refusal is a *RefusedError.
 func Connect(p Place, h Hello, start func() error) (*Conn, error) {
-	c, err := connect(p, h, start)
-	var left *leftError
-	if errors.As(err, &left) {
-		// The owner was of another build or configuration and had no other
-		// client: it is leaving. Start ours once it has left.
-		c, err = connect(p, h, start)
+	var err error
+	for attempt := range 3 {
+		var c *Conn
+		if c, err = connect(p, h, start); err == nil {
+			return c, nil
+		}
+		var refused *RefusedError
+		var left *leftError
+		if errors.Is(err, errSilent) || errors.As(err, &refused) && !errors.As(err, &left) {
+			return nil, err // a silent owner is not waited for twice
+		}
+		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
 	}
-	return c, err
+	return nil, err
 }
 
-// leftError: the owner refused the hello and is leaving (Welcome.Leaving).
-type leftError struct{ RefusedError }
+// leftError: the owner refused the hello and is leaving (Welcome.Leaving):
+// the next attempt starts an owner of this client's own.
+type leftError struct{ *RefusedError }
 
 func connect(p Place, h Hello, start func() error) (*Conn, error) {
 	c, err := Dial(p, helloTimeout)
@@ -73,7 +82,7 @@ func connect(p Place, h Hello, start func() error) (*Conn, error) {
 	if !conn.Welcome.OK {
 		c.Close()
 		if conn.Welcome.Leaving {
-			return nil, &leftError{RefusedError{conn.Welcome.Error}}
+			return nil, &leftError{&RefusedError{conn.Welcome.Error}}
 		}
 		return nil, &RefusedError{conn.Welcome.Error}
 	}

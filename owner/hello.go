@@ -63,6 +63,10 @@ type Welcome struct {
 	Leaving bool `json:"leaving,omitempty"`
 }
 
+// errSilent: the other end said nothing within helloTimeout (a stopped or
+// hung process).
+var errSilent = errors.New("no answer")
+
 // Send writes v as one line on c within helloTimeout.
 func Send(c net.Conn, v any) error {
 	b, err := json.Marshal(v)
@@ -92,7 +96,7 @@ func Receive(c net.Conn, r *bufio.Reader, v any) error {
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("no hello within %s", helloTimeout)
+				return fmt.Errorf("%w within %s", errSilent, helloTimeout)
 			}
 			if errors.Is(err, io.EOF) {
 				return io.ErrUnexpectedEOF

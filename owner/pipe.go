@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -131,10 +132,9 @@ type pipe struct {
 	inits   map[string]chan struct{} // repeated initializes awaiting their answer
 }
 
-// message is what the pipe reads of a line.
+// message is what the pipe reads of a client's line besides its id.
 type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
+	Method string `json:"method"`
 	Params struct {
 		Arguments struct {
 			OperationKey any `json:"operation_key"`
@@ -143,13 +143,12 @@ type message struct {
 	} `json:"params"`
 }
 
-func readMessage(line []byte) (m message, ok bool) {
-	return m, json.Unmarshal(line, &m) == nil
-}
-
 func (p *pipe) fromClient(line []byte) {
-	m, ok := readMessage(line)
-	isRequest := ok && m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null"
+	// The id as the owner answers under it: a message it refuses with id
+	// null is no request that waits.
+	id, isRequest := server.RequestIDOf(line)
+	var m message
+	ok := json.Unmarshal(line, &m) == nil
 	p.mu.Lock()
 	switch {
 	case !ok:
@@ -159,26 +158,30 @@ func (p *pipe) fromClient(line []byte) {
 		p.initialized = line
 	case m.Method == "notifications/cancelled":
 		// A cancelled request is not answered.
-		p.forget(string(m.Params.RequestID))
+		if cancelled, ok := server.NormalizeID(m.Params.RequestID); ok {
+			p.forget(cancelled)
+		}
 	}
 	conn, n := p.conn, p.n
 	p.mu.Unlock()
+	key, _ := m.Params.Arguments.OperationKey.(string)
+	r := request{tool: m.Method == "tools/call", key: key}
 	if conn == nil {
 		var err error
 		if conn, n, err = p.reconnect(); err != nil {
 			if isRequest {
-				p.fail(m, fmt.Sprintf("idemgate could not reach the process that keeps its ledger (%v). Repeat this exact call with the same operation_key in a few seconds; do not use a new key.", err))
+				p.answerError(id, r, fmt.Sprintf("idemgate could not reach the process that keeps its ledger (%v). Repeat this exact call with the same operation_key in a few seconds; do not use a new key.", err))
 			}
 			return
 		}
 	}
 	if isRequest {
-		key, _ := m.Params.Arguments.OperationKey.(string)
+		r.conn = n
 		p.mu.Lock()
 		if len(p.pending) == 0 {
 			p.heard = time.Now()
 		}
-		p.pending[string(m.ID)] = request{conn: n, tool: m.Method == "tools/call", key: key}
+		p.pending[id] = r
 		p.mu.Unlock()
 	}
 	if err := p.write(conn, line); err != nil {
@@ -295,13 +298,8 @@ func (p *pipe) fromOwner(c *Conn, n int) {
 }
 
 func (p *pipe) fromOwnerLine(line []byte) {
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-	}
-	if json.Unmarshal(line, &m) == nil && m.Method == "" && len(m.ID) > 0 {
-		id := string(m.ID)
-		if bytes.HasPrefix(m.ID, []byte(`"`+pipeIDPrefix)) {
+	if id, ok := server.ResponseIDOf(line); ok {
+		if strings.HasPrefix(id, `"`+pipeIDPrefix) {
 			p.mu.Lock()
 			if ch, ok := p.inits[id]; ok {
 				delete(p.inits, id)
@@ -399,20 +397,14 @@ func (p *pipe) lost(n int, why string) {
 	p.log.Warn("lost the connection to the ledger's owner", "why", why, "owner_pid", c.Welcome.PID, "unanswered", len(failed))
 	msg := "idemgate's ledger process did not answer this call (" + why + "); it may or may not have taken effect. Repeat this exact call with the same operation_key: that is safe (a finished operation is replayed, never run twice). Never use a new key for it."
 	for i, r := range failed {
-		p.answerError(json.RawMessage(ids[i]), r, msg)
+		p.answerError(ids[i], r, msg)
 	}
 }
 
-// fail answers a request the pipe could not pass on.
-func (p *pipe) fail(m message, msg string) {
-	key, _ := m.Params.Arguments.OperationKey.(string)
-	p.answerError(m.ID, request{tool: m.Method == "tools/call", key: key}, msg)
-}
-
-// answerError answers request id with msg: a tool call as the tools
+// answerError answers request id (in RequestIDOf's form) with msg: a tool call as the tools
 // answer an internal error (a result with isError and the envelope), any
 // other request with a JSON-RPC internal error.
-func (p *pipe) answerError(id json.RawMessage, r request, msg string) {
+func (p *pipe) answerError(id string, r request, msg string) {
 	var resp any
 	if r.tool {
 		env := map[string]any{"status": "unknown", "replayed": false, "next_action": "wait_and_poll_status",
@@ -421,11 +413,11 @@ func (p *pipe) answerError(id json.RawMessage, r request, msg string) {
 			env["operation_key"] = r.key
 		}
 		text, _ := json.Marshal(env)
-		resp = map[string]any{"jsonrpc": "2.0", "id": id, "result": map[string]any{
+		resp = map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "result": map[string]any{
 			"content":           []any{map[string]string{"type": "text", "text": string(text)}},
 			"structuredContent": json.RawMessage(text), "isError": true}}
 	} else {
-		resp = map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": -32603, "message": msg}}
+		resp = map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "error": map[string]any{"code": -32603, "message": msg}}
 	}
 	b, err := json.Marshal(resp)
 	if err != nil {

@@ -36,7 +36,7 @@ type Place struct {
 // PlaceOf returns the place of the owner of the ledger file db. The
 // socket is in $XDG_RUNTIME_DIR/idemgate when that directory is set and
 // this user's, named from the ledger's absolute path; otherwise beside
-// the ledger, as db + ".sock". A path longer than a socket may have is an
+// the ledger, as db + ".owner.sock". A path longer than a socket may have is an
 // error that says what to do.
 func PlaceOf(db string) (Place, error) {
 	abs, err := filepath.Abs(db)
@@ -47,7 +47,7 @@ func PlaceOf(db string) (Place, error) {
 	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
 		abs = filepath.Join(dir, filepath.Base(abs))
 	}
-	base := strings.TrimSuffix(abs, ".sock") + ".sock"
+	base := abs + ".owner.sock"
 	if dir, ok := runtimeDir(); ok {
 		sum := sha256.Sum256([]byte(abs))
 		name := filepath.Base(abs)
@@ -59,7 +59,7 @@ func PlaceOf(db string) (Place, error) {
 	if len(base) > maxSocketPath {
 		return Place{}, fmt.Errorf("the socket for ledger %s would be %s, longer than a unix socket path may be (%d bytes): set XDG_RUNTIME_DIR to a short directory of yours, or keep the ledger in a shorter path", abs, base, maxSocketPath)
 	}
-	stem := strings.TrimSuffix(base, ".sock")
+	stem := strings.TrimSuffix(strings.TrimSuffix(base, ".sock"), ".owner")
 	return Place{Ledger: abs, Socket: base, Lock: stem + ".owner.lock", Log: stem + ".owner.log"}, nil
 }
 

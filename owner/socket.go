@@ -103,7 +103,7 @@ func Dial(p Place, timeout time.Duration) (*net.UnixConn, error) {
 		return nil, fmt.Errorf("owner socket %s: %w", p.Socket, err)
 	}
 	uc := c.(*net.UnixConn)
-	if err := checkPeer(uc, "the owner of this ledger"); err != nil {
+	if err := checkPeer(uc, "the process that owns ledger "+p.Ledger); err != nil {
 		uc.Close()
 		return nil, err
 	}

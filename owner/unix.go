@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/user"
+	"strconv"
 	"syscall"
 )
 
@@ -59,13 +61,21 @@ func peer(c *net.UnixConn) (uid int, pid int, ok bool) {
 	return u, p, got
 }
 
-// checkPeer refuses a connection whose other end is another user's.
+// checkPeer refuses a connection whose other end is another user's,
+// naming both users and what to do; what is the other end, in words.
 func checkPeer(c *net.UnixConn, what string) error {
 	uid, pid, ok := peer(c)
 	if !ok || uid == os.Getuid() {
 		return nil
 	}
-	return fmt.Errorf("%s (pid %d) runs as user id %d, not as you (%d): each user's processes need their own ledger", what, pid, uid, os.Getuid())
+	return fmt.Errorf("%s is another user's: process %d of user %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop process %d first", what, pid, userName(uid), userName(os.Getuid()), userName(uid), pid)
+}
+
+func userName(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		return u.Username
+	}
+	return fmt.Sprintf("uid %d", uid)
 }
 
 // detached is how an owner is started: in a session of its own, so it

@@ -8,7 +8,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
@@ -33,22 +32,15 @@ const maxStated = 128
 // maxRequestID bounds a recorded JSON-RPC id, in bytes.
 const maxRequestID = 64
 
-// processSession names this process's stdio session in the audit log: one
-// process, one session, a new id at every start.
-var processSession = "stdio-" + uuid.NewString()
-
-// sessionID is the MCP session of ctx: the Streamable HTTP session id, or
-// processSession over stdio; "" when the request has none (stateless).
+// sessionID is the MCP session of ctx: the Streamable HTTP session id, or the
+// stdio session's own (see stdioSession); "" when the request has none
+// (stateless).
 func sessionID(ctx context.Context) string {
 	cs := mcpserver.ClientSessionFromContext(ctx)
 	if cs == nil {
 		return ""
 	}
-	id := cs.SessionID()
-	if id == "stdio" { // mcp-go's constant id of the stdio session
-		return processSession
-	}
-	return clipText(id, maxStated)
+	return clipText(cs.SessionID(), maxStated)
 }
 
 // requestIDMark carries the JSON-RPC id of a tools/call from the server's

@@ -309,3 +309,23 @@ func plainIDLen(b []byte) int {
 	}
 	return i
 }
+
+// RequestIDOf returns the id under which the stdio server answers line,
+// as ResponseIDOf reads it back from the answer; ok is false when the
+// server answers line under no id: a notification, a response, text that
+// is not JSON, or a message it refuses with id null (a duplicate id, say).
+func RequestIDOf(line []byte) (id string, ok bool) {
+	env := examine(line)
+	raw := env.requestID
+	if env.refused != nil {
+		raw = env.refused.ID
+	}
+	return normalizeID(raw)
+}
+
+// ResponseIDOf returns the id of an answer line, in RequestIDOf's form.
+func ResponseIDOf(line []byte) (id string, ok bool) { return responseID(line) }
+
+// NormalizeID returns a JSON-RPC id as written (a string or a number) in
+// RequestIDOf's form.
+func NormalizeID(raw json.RawMessage) (string, bool) { return normalizeID(raw) }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/mark3labs/mcp-go/mcp"
 	mcpserver "github.com/mark3labs/mcp-go/server"
 
@@ -251,15 +252,15 @@ func (l *stdioLoop) notifications(ctx context.Context, ch <-chan mcp.JSONRPCNoti
 	}
 }
 
-// stdioSessionID is the stdio session's id, the one mcp-go's own stdio
-// session has.
-const stdioSessionID = "stdio"
-
 // stdioSession is the one client session of a stdio server: its
 // notifications, log level and the client's self-description. It sends
 // the client no requests (sampling, elicitation, roots): idemgate asks
 // none.
 type stdioSession struct {
+	// id names the session in the audit log: "stdio-" and a new UUID for
+	// each stream served (a process's stdin, or a client of the ledger's
+	// owner).
+	id            string
 	notifications chan mcp.JSONRPCNotification
 	initialized   atomic.Bool
 	mu            sync.Mutex
@@ -274,10 +275,10 @@ var (
 )
 
 func newStdioSession() *stdioSession {
-	return &stdioSession{notifications: make(chan mcp.JSONRPCNotification, 100), level: mcp.LoggingLevelError}
+	return &stdioSession{id: "stdio-" + uuid.NewString(), notifications: make(chan mcp.JSONRPCNotification, 100), level: mcp.LoggingLevelError}
 }
 
-func (s *stdioSession) SessionID() string { return stdioSessionID }
+func (s *stdioSession) SessionID() string { return s.id }
 
 func (s *stdioSession) NotificationChannel() chan<- mcp.JSONRPCNotification {
 	return s.notifications
