@@ -178,6 +178,13 @@ func (p *pipe) fromClient(line []byte) {
 	if isRequest {
 		r.conn = n
 		p.mu.Lock()
+		if p.conn != conn {
+			// Lost since it was taken: lost answered the requests that
+			// went over it, and this one did not go.
+			p.mu.Unlock()
+			p.answerError(id, r, "idemgate lost the process that keeps its ledger as this call was sent; the call did not reach it. Repeat this exact call with the same operation_key; do not use a new key.")
+			return
+		}
 		if len(p.pending) == 0 {
 			p.heard = time.Now()
 		}
