@@ -54,7 +54,7 @@ func PlaceOf(db string) (Place, error) {
 		if len(name) > 32 {
 			name = name[:32]
 		}
-		base = filepath.Join(dir, name+"-"+hex.EncodeToString(sum[:8])+".sock")
+		base = filepath.Join(dir, name+"-"+hex.EncodeToString(sum[:8])+".owner.sock")
 	}
 	if len(base) > maxSocketPath {
 		return Place{}, fmt.Errorf("the socket for ledger %s would be %s, longer than a unix socket path may be (%d bytes): set XDG_RUNTIME_DIR to a short directory of yours, or keep the ledger in a shorter path", abs, base, maxSocketPath)
