@@ -149,7 +149,9 @@ func ownerCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer logFile.Close()
-	logger := slog.New(slog.NewTextHandler(io.MultiWriter(logFile, stderr), &slog.HandlerOptions{Level: o.level}))
+	// Until it is ready the owner's log goes to the starting client too.
+	out := &startingLog{log: logFile, starter: stderr}
+	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: o.level}))
 	lf.mayCreate = true
 	store, svc, err := lf.openService(o.outbox, o.wait, logger)
 	if err != nil {
@@ -170,11 +172,10 @@ func ownerCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	// Ready: from now on everything goes to the log, a panic's trace too.
-	fmt.Fprintln(stderr, owner.Ready)
+	out.ready(owner.Ready)
 	if err := syscall.Dup2(int(logFile.Fd()), 2); err != nil {
 		logger.Warn("standard error to the log", "err", err)
 	}
-	logger = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: o.level}))
 	logger.Info("owning the ledger", "db", lf.db, "socket", place.Socket, "pid", os.Getpid(), "build", owner.Build(), "idle_exit", idle)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -208,6 +209,31 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	conns.Wait()
 	bg.Stop()
 	return nil
+}
+
+// startingLog is an owner's log, which until the owner is ready its
+// starting client reads too (on the owner's standard error).
+type startingLog struct {
+	mu      sync.Mutex
+	log     io.Writer
+	starter io.Writer // nil once ready
+}
+
+func (w *startingLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.starter != nil {
+		w.starter.Write(p)
+	}
+	return w.log.Write(p)
+}
+
+// ready tells the starting client the last line it reads.
+func (w *startingLog) ready(line string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fmt.Fprintln(w.starter, line)
+	w.starter = nil
 }
 
 // openOwnerLog opens the owner's log for appending; a log over 10 MiB is

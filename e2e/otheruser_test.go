@@ -20,16 +20,51 @@ import (
 // (as a ledger shared by a group would be) so that the refusal is the
 // writer's, not the file mode's. The server keeps serving.
 func TestLedgerServedByAnotherUser(t *testing.T) {
+	dir, bin := sharedDir(t)
+	db := filepath.Join(dir, "ledger.db")
+	tokens := filepath.Join(dir, "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	base, _ := httpServerProcess(t, freeAddr(t), db, tokens)
+	openToAll(t, dir)
+	refusedAsNobody(t, dir, bin, db)
+	httpSession(t, base, alice).mustSucceed(t, "create_order", orderArgs(newKey(), "after", coffee, nil))
+}
+
+// TestLedgerOwnedByAnotherUser (issue 19): a stdio server of another user
+// on a ledger whose owner is root's (its socket beside the ledger, as
+// without XDG_RUNTIME_DIR) is refused at once by the owner's peer check,
+// with who owns it and what to do; root's server keeps serving.
+func TestLedgerOwnedByAnotherUser(t *testing.T) {
+	dir, bin := sharedDir(t)
+	db := filepath.Join(dir, "ledger.db")
+	t.Setenv("XDG_RUNTIME_DIR", "") // the owner's socket beside the ledger
+	s := startServer(t, mcpGoLegacy, serverConfig{DB: db})
+	s.mustSucceed(t, "create_order", orderArgs(newKey(), "before", coffee, nil))
+	if _, err := os.Stat(db + ".owner.sock"); err != nil {
+		t.Fatalf("the owner's socket beside the ledger: %v", err)
+	}
+	openToAll(t, dir)
+	out := refusedAsNobody(t, dir, bin, db)
+	if !strings.Contains(out, "owns ledger") {
+		t.Errorf("the refusal %q is not the owner's peer check", out)
+	}
+	s.mustSucceed(t, "create_order", orderArgs(newKey(), "after", coffee, nil))
+}
+
+// sharedDir is a new directory any user may write in, holding a copy of
+// the idemgate binary (the build directory is root's alone); the test
+// skips unless it runs as root, which may run a process as another user.
+func sharedDir(t *testing.T) (dir, bin string) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root, to run a process as another user")
 	}
-	dir := t.TempDir()
+	dir = t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o777); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bin := filepath.Join(dir, "idemgate") // the build directory is root's alone
+	bin = filepath.Join(dir, "idemgate")
 	raw, err := os.ReadFile(idemgate)
 	if err != nil {
 		t.Fatal(err)
@@ -37,10 +72,13 @@ func TestLedgerServedByAnotherUser(t *testing.T) {
 	if err := os.WriteFile(bin, raw, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	db := filepath.Join(dir, "ledger.db")
-	tokens := filepath.Join(dir, "tokens.json")
-	alice := addToken(t, tokens, "alice", "acme", "agent")
-	base, _ := httpServerProcess(t, freeAddr(t), db, tokens)
+	return dir, bin
+}
+
+// openToAll makes the ledger's files in dir readable and writable by
+// everyone (as a ledger shared by a group would be), so that a refusal is
+// idemgate's, not the file mode's.
+func openToAll(t *testing.T, dir string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +88,13 @@ func TestLedgerServedByAnotherUser(t *testing.T) {
 			os.Chmod(filepath.Join(dir, e.Name()), 0o666)
 		}
 	}
+}
 
+// refusedAsNobody runs bin's serve on db as user nobody and wants it
+// refused at once (within 5 s), naming both users and what to do; it
+// returns what the serve wrote.
+func refusedAsNobody(t *testing.T, dir, bin, db string) string {
+	t.Helper()
 	stdin, keepOpen, err := os.Pipe() // serve would end at EOF, not at the refusal
 	if err != nil {
 		t.Fatal(err)
@@ -89,5 +133,5 @@ func TestLedgerServedByAnotherUser(t *testing.T) {
 	if took > 5*time.Second {
 		t.Errorf("refused after %v; want at once", took)
 	}
-	httpSession(t, base, alice).mustSucceed(t, "create_order", orderArgs(newKey(), "after", coffee, nil))
+	return stderr.String()
 }

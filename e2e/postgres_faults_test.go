@@ -632,8 +632,11 @@ func TestPostgresHealthzWithholdsTheDatabase(t *testing.T) {
 	}
 	code, body := get(operator)
 	t.Logf("/healthz with an approver's token, the database down: %d %s", code, body)
-	if code != 503 || !strings.Contains(body, name) {
-		t.Errorf("/healthz with an approver's token: %d %s; want 503 with the driver's error naming database %s", code, body, name)
+	// The driver's own error: it names the database when the connection
+	// is refused, or gives the server's SQLSTATE when a pooled connection
+	// was terminated just then (seen under load).
+	if code != 503 || strings.Contains(body, "withheld") || !strings.Contains(body, name) && !strings.Contains(body, "SQLSTATE") {
+		t.Errorf("/healthz with an approver's token: %d %s; want 503 with the driver's error (naming database %s, or the server's SQLSTATE)", code, body, name)
 	}
 	if err := c.Resume(); err != nil {
 		t.Fatal(err)

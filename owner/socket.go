@@ -100,6 +100,14 @@ func Dial(p Place, timeout time.Duration) (*net.UnixConn, error) {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, ErrNoOwner
 		}
+		if errors.Is(err, os.ErrPermission) {
+			// The socket's mode keeps this user out: whose is it?
+			if fi, serr := os.Stat(p.Socket); serr == nil {
+				if uerr := checkOwner(fi, "the process that owns ledger "+p.Ledger); uerr != nil {
+					return nil, uerr
+				}
+			}
+		}
 		return nil, fmt.Errorf("owner socket %s: %w", p.Socket, err)
 	}
 	uc := c.(*net.UnixConn)

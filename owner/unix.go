@@ -71,6 +71,17 @@ func checkPeer(c *net.UnixConn, what string) error {
 	return fmt.Errorf("%s is another user's: process %d of user %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop process %d first", what, pid, userName(uid), userName(os.Getuid()), userName(uid), pid)
 }
 
+// checkOwner refuses a socket file of another user (whose mode kept this
+// process from connecting), naming both users and what to do.
+func checkOwner(fi fs.FileInfo, what string) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) == os.Getuid() {
+		return nil
+	}
+	uid := int(st.Uid)
+	return fmt.Errorf("%s is another user's: a process of user %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop that process first", what, userName(uid), userName(os.Getuid()), userName(uid))
+}
+
 func userName(uid int) string {
 	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
 		return u.Username
