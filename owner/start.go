@@ -60,7 +60,8 @@ func Start(exe string, args []string, env []string) error {
 	}
 	select {
 	case err := <-exited:
-		if msg := strings.TrimSpace(string(said)); msg != "" {
+		// What it wrote is the reason, which the client reports as its own.
+		if msg := strings.TrimPrefix(strings.TrimSpace(string(said)), "idemgate: "); msg != "" {
 			return errors.New(msg)
 		}
 		return fmt.Errorf("the ledger's owner (%s) ended as it started: %v", exe, err)
