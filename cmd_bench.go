@@ -13,11 +13,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"idemgate/ledger/postgres"
 	"idemgate/loadgen"
+	"idemgate/owner"
 	"idemgate/server"
 )
 
@@ -145,6 +148,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 
 	var callers []loadgen.Caller
 	var pid int
+	var ownerPID int // the spawned server's ledger owner (see package owner), whose CPU is the server's too
 	var ledgerDir, what string
 	if remote {
 		what = *target
@@ -172,6 +176,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			defer os.RemoveAll(dir)
+			// The ledger's owner ends before its directory goes.
+			defer func() { stopProcess(ownerPID, 30*time.Second) }()
 			dbPath = filepath.Join(dir, "ledger.db")
 		}
 		ledgerDir = filepath.Dir(dbPath)
@@ -193,6 +199,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		defer c.Close()
 		callers = []loadgen.Caller{c}
 		pid = c.PID()
+		if !postgres.IsURL(dbPath) {
+			if place, err := owner.PlaceOf(dbPath); err == nil {
+				ownerPID, _ = owner.PID(place)
+			}
+		}
 	}
 
 	var fl loadgen.Floors
@@ -283,9 +294,20 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--outbox-dir: %w", err)
 		}
 	}
+	// The server's CPU: the process (and, when it passes its calls to the
+	// ledger's owner, the owner: its CPU includes the calls of any other
+	// client of that ledger meanwhile).
+	serverCPU := func() (time.Duration, error) {
+		used, err := loadgen.ProcessCPU(pid)
+		if err == nil && ownerPID > 0 {
+			o, oerr := loadgen.ProcessCPU(ownerPID)
+			used, err = used+o, oerr
+		}
+		return used, err
+	}
 	var cpu0 time.Duration
 	if pid > 0 {
-		if cpu0, err = loadgen.ProcessCPU(pid); err != nil {
+		if cpu0, err = serverCPU(); err != nil {
 			pid = 0 // not local after all: no CPU figure
 		}
 	}
@@ -306,7 +328,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if pid > 0 {
-		if cpu1, err := loadgen.ProcessCPU(pid); err == nil {
+		if cpu1, err := serverCPU(); err == nil {
 			rep.SetServerCPU(cpu1 - cpu0)
 			rep.ServerCPU.IncludesDrain = rep.Delivery != nil && *drainTimeout > 0
 		}
@@ -445,4 +467,19 @@ func drawProgress(w io.Writer, p loadgen.Progress) {
 	}
 	rate := float64(p.Calls) / max(p.Elapsed.Seconds(), 1e-9)
 	fmt.Fprintf(w, "\r\033[K%s%.0fs  %d calls  %.0f calls/s  %d errors", bar, p.Elapsed.Seconds(), p.Calls, rate, p.Errors)
+}
+
+// stopProcess ends process pid (when not 0) with SIGTERM and waits up to
+// timeout for it to be gone: no such process, or one that has ended and
+// waits to be reaped (its state, in /proc, Z).
+func stopProcess(pid int, timeout time.Duration) {
+	if pid <= 0 || syscall.Kill(pid, syscall.SIGTERM) != nil {
+		return
+	}
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if syscall.Kill(pid, 0) != nil || err == nil && strings.Contains(string(stat), ") Z ") {
+			return
+		}
+	}
 }

@@ -328,7 +328,11 @@ func (s *ownerServer) serveConn(ctx context.Context, c *net.UnixConn) {
 	r := bufio.NewReaderSize(c, 64<<10)
 	var h owner.Hello
 	if err := owner.Receive(c, r, &h); err != nil {
-		s.log.Warn("a client's hello", "err", err)
+		level := slog.LevelWarn
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			level = slog.LevelDebug // a connection closed unsaid (owner.PID asks so)
+		}
+		s.log.Log(ctx, level, "a client's hello", "err", err)
 		return
 	}
 	if err := owner.Check(h, owner.Build(), s.config, s.place.Ledger); err != nil || s.isLeaving() {

@@ -91,6 +91,18 @@ func (l *Listener) Accept(refused func(error)) (*net.UnixConn, error) {
 	}
 }
 
+// PID returns the process id of the owner of p's ledger, when one listens
+// and the platform tells (SO_PEERCRED).
+func PID(p Place) (int, bool) {
+	c, err := Dial(p, time.Second)
+	if err != nil {
+		return 0, false
+	}
+	defer c.Close()
+	_, pid, ok := peer(c)
+	return pid, ok
+}
+
 // Dial connects to the owner of p's ledger within timeout. ErrNoOwner
 // when none listens (no socket, or a socket a dead owner left); an owner
 // of another user is an error that says so.
