@@ -109,40 +109,13 @@ func putRecordWriter(w *zlib.Writer) {
 // EncodeRecord returns r in the stored form this build writes (format 2).
 // It does not change r.
 func EncodeRecord(r *Record) ([]byte, error) {
-	return encodeRecord(r, deflateRecord)
-}
-
-// encodeTombstone is EncodeRecord for the sweep's tombstones: the same
-// format, compressed by deflateFixed, which costs a small record a tenth
-// of what compress/flate does.
-func encodeTombstone(r *Record) ([]byte, error) {
-	return encodeRecord(r, func(plain []byte) ([]byte, error) {
-		return deflateFixed(make([]byte, 0, len(plain)/2), plain), nil
-	})
-}
-
-// deflateRecord is plain in the zlib format with recordDict, by
-// compress/flate at recordLevel.
-func deflateRecord(plain []byte) ([]byte, error) {
-	var z bytes.Buffer
-	z.Grow(len(plain) / 2)
-	w := getRecordWriter(&z)
-	_, err := w.Write(plain)
-	if err == nil {
-		err = w.Close()
-	}
-	putRecordWriter(w)
-	return z.Bytes(), err
-}
-
-func encodeRecord(r *Record, deflate func(plain []byte) ([]byte, error)) ([]byte, error) {
 	body := *r
 	body.AuditSeqs = nil // kept outside, see above
 	plain, err := json.Marshal(&body)
 	if err != nil {
 		return nil, err
 	}
-	z, err := deflate(plain)
+	z, err := deflateRecord(plain)
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +136,20 @@ func encodeRecord(r *Record, deflate func(plain []byte) ([]byte, error)) ([]byte
 	out = append(out, `,"z":"`...)
 	out = base64.StdEncoding.AppendEncode(out, z)
 	return append(out, `"}`...), nil
+}
+
+// deflateRecord is plain in the zlib format with recordDict, by
+// compress/flate at recordLevel.
+func deflateRecord(plain []byte) ([]byte, error) {
+	var z bytes.Buffer
+	z.Grow(len(plain) / 2)
+	w := getRecordWriter(&z)
+	_, err := w.Write(plain)
+	if err == nil {
+		err = w.Close()
+	}
+	putRecordWriter(w)
+	return z.Bytes(), err
 }
 
 // format1Prefix starts every format-1 record.

@@ -281,3 +281,26 @@ func sampleRecord(t testing.TB) *Record {
 	}
 	return r
 }
+
+// previousTombstone is sampleRecord's tombstone as the build before this
+// one stored it (its own DEFLATE writer, fixed Huffman codes).
+const previousTombstone = `{"result_format":2,"audit_seqs":[2214],"z":"eH1wkGLww5O60tLSUlKTTSx0kw3NjXRNko2TdRMTUyx1LYws0lITzQyMDE2SiUyBFoYmqeYpxqnJyclJloapaaZmFokphokp5pYmaYmmaclphqaWaSamySaWZommpkapJqbJBmnGBqaGlpapaalGaZSnYMNEI2PjxMRUc8skozTL1GRzwzQzM9M0UJgQn7Jz8pMTc3QT01PzQKFEZCIHpT4scYnkIBOjFDNzyzQDSwNTQ5CDsMYxHvUl+blJxSX5eamQ8ghbYjAy0zU00jUwDDEysjI0sjKx0DM0NTUyNTazNI7CTCgEVGMkIrzqawF4crl9"}`
+
+// TestTombstoneEncoding: a tombstone stored by EncodeRecord, and one
+// stored by the build before, decode to the tombstone.
+func TestTombstoneEncoding(t *testing.T) {
+	tomb := tombstone(sampleRecord(t))
+	v, err := EncodeRecord(tomb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range map[string][]byte{"stored": v, "stored by the build before": []byte(previousTombstone)} {
+		got, err := DecodeRecord(v)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if a, b := mustJSON(t, got), mustJSON(t, tomb); a != b {
+			t.Errorf("%s, read back:\n got %s\nwant %s", name, a, b)
+		}
+	}
+}
