@@ -227,16 +227,20 @@ func recordAuditSeqs(tx BTx, tenant, key string) ([]uint64, error) {
 	return seqs, nil
 }
 
-// decodeAuditSeqs returns Record.AuditSeqs of a stored record, v: both
-// formats keep them as the JSON member audit_seqs (recordenc.go).
+// decodeAuditSeqs returns Record.AuditSeqs of a stored record, v, without
+// the checks of DecodeRecord.
 func decodeAuditSeqs(v []byte) ([]uint64, error) {
-	if !bytes.Contains(v, []byte(`"audit_seqs"`)) {
-		return nil, nil // it numbers none (omitted when empty): no decode
+	plain, err := inflateRecord(v, maxRecordSize)
+	if err != nil {
+		return nil, fmt.Errorf("compressed record: %w", err)
+	}
+	if !bytes.Contains(plain, []byte(`"audit_seqs"`)) {
+		return nil, nil // it numbers none (omitted when empty)
 	}
 	var r struct {
 		AuditSeqs []uint64 `json:"audit_seqs"`
 	}
-	if err := json.Unmarshal(v, &r); err != nil {
+	if err := json.Unmarshal(plain, &r); err != nil {
 		return nil, err
 	}
 	return r.AuditSeqs, nil
