@@ -401,25 +401,21 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 		audit := tx.Bucket(bucketAudit)
 		var seqs []uint64
 		prefix := recordKey(tenant, key+"\x00")
-		// A file of the build before the index, opened read-only, has no
-		// index bucket: its watermark is 0, so the scan below reads it all.
 		var numbered []uint64 // transitions: the entries near them are the key's too
-		if idx := tx.Bucket(bucketAuditByKey); idx != nil {
-			c := idx.Cursor()
-			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-				if len(k) != len(prefix)+8 {
-					continue
-				}
-				if len(v) == 0 {
-					seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
-					continue
-				}
-				set, err := auditSet(k, v) // a deleted record's
-				if err != nil {
-					return err
-				}
-				numbered = append(numbered, set...)
+		c := tx.Bucket(bucketAuditByKey).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(k) != len(prefix)+8 {
+				continue
 			}
+			if len(v) == 0 {
+				seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+				continue
+			}
+			set, err := auditSet(k, v) // a deleted record's
+			if err != nil {
+				return err
+			}
+			numbered = append(numbered, set...)
 		}
 		// The entries written with the record are numbered in it, and
 		// those near them are found by a scan there.
