@@ -23,7 +23,10 @@ import (
 // record's size), and file size: 389 MB with plain JSON records (988
 // bytes each on average), 304 MB with this format (501), 288 MB with the
 // development format before it, whose preset dictionary was made of one
-// tool's JSON (366). Compressing costs some 14 µs of CPU per write and
+// tool's JSON (366). At 1 000 000 creates (--fill 1000000): 2.90 GB
+// and 38.9 pages per create commit with this format, 2.71 GB and 37.9
+// with the dictionary (the larger records make a tree one level deeper).
+// Compressing costs some 14 µs of CPU per write and
 // 9 µs per read, against some 700 µs of CPU per create; zlib's default
 // level makes a record 3 % smaller for 70 % more CPU. So records are
 // compressed, by the standard library, with nothing of any one tool in
