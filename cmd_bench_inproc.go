@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,15 +69,14 @@ func inProcessCmd(args []string, stdout, stderr io.Writer) error {
 	fill := fs.Int("fill", 0, "create_orders made first, 64 at a time, without confirmations")
 	warm := fs.Int("warm", 300, "create_orders made next, one at a time, not measured")
 	creates := fs.Int("creates", 300, "create_orders measured in each phase")
-	pages := fs.Int("pages", 0, "create_orders made after the measured ones, deliverer stopped, each commit's pages broken down by tree (printed to stderr)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	switch {
 	case *db == "":
 		return usageError{errors.New("--db is required")}
-	case *fill < 0 || *warm < 0 || *pages < 0 || *creates < 1:
-		return usageError{errors.New("--fill, --warm and --pages must be at least 0, --creates at least 1")}
+	case *fill < 0 || *warm < 0 || *creates < 1:
+		return usageError{errors.New("--fill and --warm must be at least 0, --creates at least 1")}
 	}
 	if _, err := os.Stat(*db); err == nil {
 		return usageError{fmt.Errorf("--db %s exists: give a new file", *db)}
@@ -183,12 +181,6 @@ func inProcessCmd(args []string, stdout, stderr io.Writer) error {
 		p.PagesPerCommit = float64(s1.PageWrites-s0.PageWrites) / float64(commits)
 	}
 
-	if *pages > 0 {
-		if err := pagesByTree(*db, store, *pages, func() error { return create(true) }, stderr); err != nil {
-			return err
-		}
-	}
-
 	// A create and its delivery: the backlog of the phases before is
 	// delivered first, outside the measurement. Waiting reads the outbox
 	// directory every 10 ms, after the creates: a few hundred µs of CPU
@@ -227,64 +219,6 @@ func inProcessCmd(args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(p)
-}
-
-// pagesByTree makes n creates, one at a time, and prints to w the pages
-// and bytes their commits wrote, per commit, by the tree they belong to
-// (bolt.PageMap). It fails when the pages it attributes do not add up to
-// bbolt's own count (CommitStats).
-func pagesByTree(path string, store *bolt.File, n int, create func() error, w io.Writer) error {
-	prev, err := bolt.ReadPageMap(path, nil)
-	if err != nil {
-		return err
-	}
-	total := map[string]*bolt.TreeWrites{}
-	var commits, pages, bytes int64
-	s0 := store.CommitStats()
-	for range n {
-		if err := create(); err != nil {
-			return err
-		}
-		m, err := bolt.ReadPageMap(path, prev)
-		if err != nil {
-			return err
-		}
-		c, trees := m.Written(prev)
-		commits += c
-		for _, t := range trees {
-			if total[t.Owner] == nil {
-				total[t.Owner] = &bolt.TreeWrites{Owner: t.Owner}
-			}
-			total[t.Owner].Pages += t.Pages
-			total[t.Owner].Bytes += t.Bytes
-			pages += t.Pages
-			bytes += t.Bytes
-		}
-		prev = m
-	}
-	s1 := store.CommitStats()
-	if s1.Commits-s0.Commits != commits || s1.PageWrites-s0.PageWrites != pages {
-		return fmt.Errorf("--pages: %d commits and %d pages attributed, bbolt counted %d and %d (a commit outside the creates?)",
-			commits, pages, s1.Commits-s0.Commits, s1.PageWrites-s0.PageWrites)
-	}
-	var trees []*bolt.TreeWrites
-	for _, t := range total {
-		trees = append(trees, t)
-	}
-	slices.SortFunc(trees, func(a, b *bolt.TreeWrites) int {
-		if a.Pages != b.Pages {
-			return int(b.Pages - a.Pages)
-		}
-		return strings.Compare(a.Owner, b.Owner)
-	})
-	c := float64(commits)
-	fmt.Fprintf(w, "pages written per create commit by tree (%d creates, %d commits):\n", n, commits)
-	for _, t := range trees {
-		fmt.Fprintf(w, "  %-28s %6.2f pages %8.0f bytes\n", t.Owner, float64(t.Pages)/c, float64(t.Bytes)/c)
-	}
-	fmt.Fprintf(w, "  %-28s %6.2f pages %8.0f bytes\n", "total", float64(pages)/c, float64(bytes)/c)
-	fmt.Fprintf(w, "  writing and syncing them: %.0f µs per commit\n", us(s1.WriteTime-s0.WriteTime)/c)
-	return nil
 }
 
 // processCPU is this process's CPU time so far (user + system, every

@@ -9,13 +9,14 @@ package e2e
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"idemgate/ledger"
 )
 
 // tamperAudit edits the closed ledger file's buckets with bbolt directly,
@@ -46,10 +47,8 @@ func lastSeq(audit *bolt.Bucket) uint64 {
 func recordNumbered(t *testing.T, records *bolt.Bucket) uint64 {
 	var newest uint64
 	records.ForEach(func(k, v []byte) error {
-		var r struct {
-			AuditSeqs []uint64 `json:"audit_seqs"`
-		}
-		if err := json.Unmarshal(v, &r); err != nil {
+		r, err := ledger.DecodeRecord(v)
+		if err != nil {
 			t.Fatalf("record %q: %v", k, err)
 		}
 		for _, s := range r.AuditSeqs {

@@ -227,16 +227,20 @@ func recordAuditSeqs(tx BTx, tenant, key string) ([]uint64, error) {
 	return seqs, nil
 }
 
-// decodeAuditSeqs returns Record.AuditSeqs of a stored record, v: both
-// formats keep them as the JSON member audit_seqs (recordenc.go).
+// decodeAuditSeqs returns Record.AuditSeqs of a stored record, v, without
+// the checks of DecodeRecord.
 func decodeAuditSeqs(v []byte) ([]uint64, error) {
-	if !bytes.Contains(v, []byte(`"audit_seqs"`)) {
-		return nil, nil // it numbers none (omitted when empty): no decode
+	plain, err := inflateRecord(v, maxRecordSize)
+	if err != nil {
+		return nil, fmt.Errorf("compressed record: %w", err)
+	}
+	if !bytes.Contains(plain, []byte(`"audit_seqs"`)) {
+		return nil, nil // it numbers none (omitted when empty)
 	}
 	var r struct {
 		AuditSeqs []uint64 `json:"audit_seqs"`
 	}
-	if err := json.Unmarshal(v, &r); err != nil {
+	if err := json.Unmarshal(plain, &r); err != nil {
 		return nil, err
 	}
 	return r.AuditSeqs, nil
@@ -397,25 +401,21 @@ func (s *Ledger) AuditForKey(ctx context.Context, tenant, key string, limit int)
 		audit := tx.Bucket(bucketAudit)
 		var seqs []uint64
 		prefix := recordKey(tenant, key+"\x00")
-		// A file of the build before the index, opened read-only, has no
-		// index bucket: its watermark is 0, so the scan below reads it all.
 		var numbered []uint64 // transitions: the entries near them are the key's too
-		if idx := tx.Bucket(bucketAuditByKey); idx != nil {
-			c := idx.Cursor()
-			for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-				if len(k) != len(prefix)+8 {
-					continue
-				}
-				if len(v) == 0 {
-					seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
-					continue
-				}
-				set, err := auditSet(k, v) // a deleted record's
-				if err != nil {
-					return err
-				}
-				numbered = append(numbered, set...)
+		c := tx.Bucket(bucketAuditByKey).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(k) != len(prefix)+8 {
+				continue
 			}
+			if len(v) == 0 {
+				seqs = append(seqs, binary.BigEndian.Uint64(k[len(prefix):]))
+				continue
+			}
+			set, err := auditSet(k, v) // a deleted record's
+			if err != nil {
+				return err
+			}
+			numbered = append(numbered, set...)
 		}
 		// The entries written with the record are numbered in it, and
 		// those near them are found by a scan there.

@@ -137,8 +137,7 @@ var (
 	// records, for a backend's own consistency check.
 	AuditCollection   = string(bucketAudit)
 	RecordsCollection = string(bucketRecords)
-	// AuditByKeyCollection is the per-key audit index: a file written by a
-	// build before it may lack it, and a reader copes (AuditForKey scans).
+	// AuditByKeyCollection is the per-key audit index.
 	AuditByKeyCollection = string(bucketAuditByKey)
 )
 

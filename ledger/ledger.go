@@ -335,13 +335,7 @@ func decodeStored(tenant, key string, v []byte) (*Record, error) {
 }
 
 func putRecord(tx *ltx, r *Record) error {
-	return putRecordWith(tx, r, EncodeRecord)
-}
-
-// putRecordWith is putRecord with the record encoded by encode (one of
-// format 2's writers).
-func putRecordWith(tx *ltx, r *Record, encode func(*Record) ([]byte, error)) error {
-	v, err := encode(r)
+	v, err := EncodeRecord(r)
 	if err != nil {
 		return err
 	}

@@ -26,13 +26,12 @@ func (s State) Final() bool {
 }
 
 // ResultFormat is the version of the record and saved result encoding
-// written by this build. Records carry the format they were written with,
-// so a newer build can still replay results saved by an older one, and an
-// older build refuses (ErrSchemaVersion) a record from a newer one instead
-// of replaying a result it does not understand. Format 2 stores records
-// compressed (see recordenc.go); the result bytes a replay returns are the
-// same in both.
-const ResultFormat = 2
+// written by this build (recordenc.go). Records carry the format they
+// were written with, so that a build refuses (ErrSchemaVersion) a record
+// of a newer format instead of replaying a result it does not understand,
+// and a newer build knows what it reads. Version 1 is the format as reset
+// before 1.0: the development formats before it are not read.
+const ResultFormat = 1
 
 // OpError is a saved, model-facing error of an operation. Code is one
 // of the documented codes (Codes); test it with Code.Is.

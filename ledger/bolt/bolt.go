@@ -283,27 +283,20 @@ func createLedger(path string) error {
 }
 
 // openSchema runs at every open. It refuses a file that is not an idemgate
-// ledger and a file of a newer schema version, and checks that the file's
-// pages are sound: cheaply at every open (precheck ran before), and in
-// full (deepCheck) when the file is at most deepLimit bytes (the first open
-// of a file passes deepCheckLimit, later ones 0). A writable open adds the
-// buckets of this build that the file lacks.
-//
-// A ledger is recognised by meta/magic, written when the file is created.
-// Files created before the magic existed (schema version 1) are recognised
-// by their exact shape: every top-level bucket is one of idemgate's, the
-// core buckets exist, and the meta bucket holds schema_version "1" and
-// nothing else. Anything else is another program's file, and nothing in it
-// is changed.
+// ledger (no meta/magic, or buckets idemgate does not use) and a file of
+// another schema version, and checks that the file's pages are sound:
+// cheaply at every open (precheck ran before), and in full (deepCheck)
+// when the file is at most deepLimit bytes (the first open of a file
+// passes deepCheckLimit, later ones 0). Then the one migration step: a
+// writable open adds the buckets of this build that the file lacks, and
+// indexes audit entries past the per-key index's watermark
+// (ledger.Upgrade), in one transaction.
 func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error {
 	var (
-		version  []byte
-		magic    []byte
-		missing  []string
-		foreign  []string
-		metaKeys int
-		// unindexed: audit entries past the per-key index's watermark
-		// (written by a build before the index, or by one sharing the file).
+		version   []byte
+		magic     []byte
+		missing   []string
+		foreign   []string
 		unindexed bool
 	)
 	err := guard(path, func() error {
@@ -311,7 +304,6 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 			if b := tx.Bucket(bucketMeta); b != nil {
 				version = bytes.Clone(b.Get(keySchemaVersion))
 				magic = bytes.Clone(b.Get(keyMagic))
-				metaKeys = b.Stats().KeyN
 			}
 			for _, name := range allBuckets {
 				if tx.Bucket(name) == nil {
@@ -331,33 +323,17 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 		return err
 	}
 	switch {
-	case string(magic) == ledgerMagic:
-	case magic != nil:
-		return notLedgerError(path, fmt.Sprintf("its meta bucket holds magic %q", oneLine(string(magic), 40)))
 	case len(foreign) > 0:
 		return notLedgerError(path, "a bbolt file with buckets idemgate does not use: "+strings.Join(foreign, ", "))
-	case version == nil:
+	case magic == nil:
 		return notLedgerError(path, "a bbolt file without idemgate's identity")
-	case string(version) == "1" && metaKeys == 1 && !slices.ContainsFunc(missing, func(m string) bool {
-		return slices.Contains(legacyCore, m)
-	}):
-		// A ledger of the build before the magic: a writable open marks it,
-		// so later builds (which may add keys to meta) still know it.
-		if !readOnly {
-			if err := guard(path, func() error {
-				return db.Update(func(tx *bbolt.Tx) error { return tx.Bucket(bucketMeta).Put(keyMagic, []byte(ledgerMagic)) })
-			}); err != nil {
-				return err
-			}
-		}
-	case string(version) != "1" && metaKeys == 1:
-		// schema version checked below
-	default:
-		return notLedgerError(path, "a bbolt file whose meta bucket is not idemgate's")
+	case string(magic) != ledgerMagic:
+		return notLedgerError(path, fmt.Sprintf("its meta bucket holds magic %q", oneLine(string(magic), 40)))
 	}
-	v, err := strconv.Atoi(string(version))
-	if err != nil || v > boltSchemaVersion || v < 1 {
-		return fmt.Errorf("%w: %s has %q, this build reads up to %d", ledger.ErrSchemaVersion, path, version, boltSchemaVersion)
+	if v, err := strconv.Atoi(string(version)); err != nil || v > boltSchemaVersion || v < 1 {
+		return fmt.Errorf("%w: %s has %q, this build reads version %d: run a newer idemgate", ledger.ErrSchemaVersion, path, oneLine(string(version), 40), boltSchemaVersion)
+	} else if v < boltSchemaVersion {
+		return fmt.Errorf("%w: %s has version %d, written by a development build before the format was reset; this build reads version %d only: create a new ledger with \"idemgate init --db NEWPATH\"", ledger.ErrSchemaVersion, path, v, boltSchemaVersion)
 	}
 	if deepLimit > 0 {
 		fi, err := os.Stat(path)
@@ -374,16 +350,13 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 		return nil
 	}
 	if readOnly {
-		// Readers cope without the per-key audit index (AuditForKey then
-		// scans the log), so a file of the build before it is readable.
-		missing = slices.DeleteFunc(missing, func(m string) bool { return m == string(bucketAuditByKey) })
+		// Readers cope without the per-key audit index's newest entries
+		// (AuditForKey then scans the log).
 		if len(missing) == 0 {
 			return nil
 		}
 		return fmt.Errorf("ledger %s lacks the buckets %s (written by an older idemgate): open it once with idemgate serve to add them", path, strings.Join(missing, ", "))
 	}
-	// A ledger written before a bucket, or the per-key audit index, was
-	// added.
 	return guard(path, func() error {
 		return db.Update(func(tx *bbolt.Tx) error {
 			for _, name := range allBuckets {

@@ -15,22 +15,6 @@ import (
 	bbolt "go.etcd.io/bbolt"
 )
 
-// legacyFile writes a ledger as the build before the magic did: every
-// bucket of schema version 1 and meta holding only schema_version.
-func legacyFile(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	rawUpdate(t, path, func(tx *bbolt.Tx) error {
-		for _, name := range []string{"meta", "records", "by_time", "expiry", "fp_index", "issued", "audit", "data", "approvals", "pending_approvals", "open"} {
-			if _, err := tx.CreateBucket([]byte(name)); err != nil {
-				return err
-			}
-		}
-		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte("1"))
-	})
-	return path
-}
-
 func readFile(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -40,35 +24,28 @@ func readFile(t *testing.T, path string) []byte {
 	return b
 }
 
-// TestLegacyLedgerOpens: a ledger of the previous build (no magic) opens
-// read-only unchanged, and a writable open marks it as a ledger.
-func TestLegacyLedgerOpens(t *testing.T) {
-	path := legacyFile(t)
-	before := readFile(t, path)
-	ro, err := OpenReadOnly(path, ledger.Options{})
-	if err != nil {
-		t.Fatalf("read-only open of a schema-1 ledger: %v", err)
-	}
-	if _, err := ro.List(context.Background(), ledger.Filter{}); err != nil {
-		t.Fatal(err)
-	}
-	ro.Close()
-	if !bytes.Equal(before, readFile(t, path)) {
-		t.Fatal("a read-only open changed the file")
-	}
-	s := mustOpenPath(t, path, ledger.Options{})
-	s.Close()
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	db.View(func(tx *bbolt.Tx) error {
-		if got := string(tx.Bucket(bucketMeta).Get(keyMagic)); got != ledgerMagic {
-			t.Errorf("magic after a writable open = %q, want %q", got, ledgerMagic)
-		}
-		return nil
+// TestDevelopmentLedgerRefused: a ledger of schema version 1, written by a
+// development build before the format was reset, is refused by both
+// opens (ErrSchemaVersion, naming idemgate init) and not written to.
+func TestDevelopmentLedgerRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	mustOpenPath(t, path, ledger.Options{}).Close()
+	rawUpdate(t, path, func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte("1"))
 	})
+	before := readFile(t, path)
+	for mode, open := range map[string]func(string, ledger.Options) (*File, error){"Open": Open, "OpenReadOnly": OpenReadOnly} {
+		s, err := open(path, ledger.Options{})
+		if !errors.Is(err, ledger.ErrSchemaVersion) || !strings.Contains(err.Error(), "idemgate init") {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("%s of a schema-1 ledger: %v, want ErrSchemaVersion naming idemgate init", mode, err)
+		}
+	}
+	if !bytes.Equal(before, readFile(t, path)) {
+		t.Error("the file was changed")
+	}
 }
 
 // TestForeignFileRefusedUntouched: another program's bbolt file, even one

@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -10,7 +11,11 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/google/uuid"
 	bbolt "go.etcd.io/bbolt"
+
+	"idemgate/ledger"
+	"idemgate/ledger/ledgertest"
 )
 
 // TestLayoutPages is a model, not a test of this package's code: it writes
@@ -289,4 +294,41 @@ func layoutPages(t *testing.T, l layout, n, ps int) (pages, bytes float64) {
 	// Every write but the meta page's is a page and its overflow; the
 	// model's values never overflow (each is under a page).
 	return pages, pages * float64(ps)
+}
+
+// TestCreatePages: a claim+complete commit on a file of 300 records
+// writes pages (bbolt's TxStats.Write, through CommitStats) and no entry
+// of the expiry index: the sweep finds records due for compaction by
+// their first-seen time. Run with -v for the pages per commit.
+func TestCreatePages(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpenPath(t, filepath.Join(t.TempDir(), "ledger.db"), ledger.Options{})
+	ap := &applier{}
+	create := func() {
+		if _, err := s.Execute(ctx, newClaim("t1", "create_order", uuid.NewString()), ap.succeed(ledgertest.ResultOrder)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 300 {
+		create()
+	}
+	const n = 100
+	s0 := s.CommitStats()
+	for range n {
+		create()
+	}
+	s1 := s.CommitStats()
+	commits, pages := s1.Commits-s0.Commits, s1.PageWrites-s0.PageWrites
+	if commits < 1 || commits > n || pages < commits {
+		t.Fatalf("%d creates: %d commits, %d pages", n, commits, pages)
+	}
+	t.Logf("%.2f pages per create commit, %.2f commits per create", float64(pages)/float64(commits), float64(commits)/n)
+	if err := s.view(func(tx *bbolt.Tx) error {
+		if k, _ := tx.Bucket([]byte("expiry")).Cursor().First(); k != nil {
+			t.Errorf("a create wrote an expiry entry: %q", k)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }

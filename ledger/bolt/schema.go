@@ -6,7 +6,11 @@ import "idemgate/ledger"
 // schema version live here. The ledger's collections (ledger.Collections)
 // are top-level buckets; the downstream collections are buckets nested in
 // "data".
-const boltSchemaVersion = 1
+//
+// boltSchemaVersion 2 is the file as reset before 1.0 (one record format,
+// ledger.EncodeRecord); files of version 1, written by development builds
+// before it, are refused, not converted.
+const boltSchemaVersion = 2
 
 var (
 	bucketMeta       = []byte(ledger.MetaCollection)
@@ -15,19 +19,13 @@ var (
 	bucketAuditByKey = []byte(ledger.AuditByKeyCollection)
 	bucketData       = []byte("data") // collection → nested bucket of downstream data
 	keySchemaVersion = []byte("schema_version")
-	keyMagic         = []byte("magic")        // ledgerMagic: written when the file is created, or when a schema-1 ledger of the build before it is first opened writable
+	keyMagic         = []byte("magic")        // ledgerMagic: written when the file is created
 	keyCreatedAt     = []byte("created_at")   // RFC 3339, when the file was created
 	keyHealthProbe   = []byte("health_probe") // RFC 3339, the newest health probe commit (and, for a moment, its padding)
 )
 
-// ledgerMagic marks a bbolt file as an idemgate ledger (meta/magic). A
-// file without it is refused unless it has the exact shape of a ledger
-// written before the magic existed (see openSchema).
+// ledgerMagic marks a bbolt file as an idemgate ledger (meta/magic).
 const ledgerMagic = "idemgate-ledger"
-
-// legacyCore are buckets every ledger of schema version 1 has, with or
-// without the magic.
-var legacyCore = []string{"meta", "records", "by_time", "audit"}
 
 // allBuckets are the file's top-level buckets: the ledger's collections,
 // with "data" after "audit" (the order of the buckets' creation).
