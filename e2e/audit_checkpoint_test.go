@@ -195,6 +195,9 @@ func TestAuditCheckpoints(t *testing.T) {
 	t.Run("after_prune", func(t *testing.T) {
 		pruned := copyLedger(t, db)
 		archive := filepath.Join(t.TempDir(), "archive.jsonl")
+		// --before takes whole seconds: a second after the last entry, so
+		// that the prune has entries to archive.
+		time.Sleep(1100 * time.Millisecond)
 		if r := runCLI(t, 30*time.Second, "audit", "prune", "--db", pruned, "--before", time.Now().UTC().Format(time.RFC3339), "--export", archive); r.Code != 0 {
 			t.Fatalf("audit prune: exit %d %s%s", r.Code, r.Stdout, r.Stderr)
 		}
