@@ -52,11 +52,7 @@ func servePipe(o *serveOptions, stdin io.Reader, stdout, stderr io.Writer) error
 		}
 		verified = true
 	}
-	place, err := owner.PlaceOf(lf.db)
-	if err != nil {
-		return usageError{err}
-	}
-	config, err := o.configuration()
+	place, config, err := o.ownerPlace()
 	if err != nil {
 		return err
 	}
@@ -127,11 +123,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 		return err
 	}
 	lf := &o.lf
-	place, err := owner.PlaceOf(lf.db)
-	if err != nil {
-		return usageError{err}
-	}
-	config, err := o.configuration()
+	place, config, err := o.ownerPlace()
 	if err != nil {
 		return err
 	}

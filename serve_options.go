@@ -16,6 +16,7 @@ import (
 
 	"idemgate/ledger"
 	"idemgate/ledger/postgres"
+	"idemgate/owner"
 	"idemgate/server"
 	"idemgate/tools"
 )
@@ -161,6 +162,17 @@ func (o *serveOptions) configuration() (map[string]string, error) {
 		c["IDEMGATE_APPROVAL_NOTIFY_SECRET's sha256"] = digest([]byte(v))
 	}
 	return c, nil
+}
+
+// ownerPlace is where the owner of this serve's ledger file listens, and
+// the configuration owner and pipes compare.
+func (o *serveOptions) ownerPlace() (owner.Place, map[string]string, error) {
+	place, err := owner.PlaceOf(o.lf.db)
+	if err != nil {
+		return place, nil, usageError{err}
+	}
+	config, err := o.configuration()
+	return place, config, err
 }
 
 func digest(b []byte) string {

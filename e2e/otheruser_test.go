@@ -91,18 +91,32 @@ func openToAll(t *testing.T, dir string) {
 }
 
 // refusedAsNobody runs bin's serve on db as user nobody and wants it
-// refused at once (within 5 s), naming both users and what to do; it
-// returns what the serve wrote.
+// refused at once, naming both users and what to do; it returns what the
+// serve wrote.
 func refusedAsNobody(t *testing.T, dir, bin, db string) string {
 	t.Helper()
-	stdin, keepOpen, err := os.Pipe() // serve would end at EOF, not at the refusal
+	cmd := exec.Command(bin, "serve", "--db", db, "--log-level", "warn")
+	cmd.Env = []string{"HOME=" + dir, "PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, _ := refusedServe(t, cmd)
+	for _, want := range []string{"another user", "root", "nobody", "run idemgate as root"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal does not say %q: %s", want, out)
+		}
+	}
+	return out
+}
+
+// refusedServe runs cmd, a serve, with an input that stays open (a serve
+// ends at its end, not at a refusal) and wants it to exit with an error
+// within 5 s; it returns what it wrote on stderr, trimmed.
+func refusedServe(t *testing.T, cmd *exec.Cmd) (string, error) {
+	t.Helper()
+	stdin, keepOpen, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer keepOpen.Close()
-	cmd := exec.Command(bin, "serve", "--db", db, "--log-level", "warn")
-	cmd.Env = []string{"HOME=" + dir, "PATH=/usr/bin:/bin"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	cmd.Stdin, cmd.Stdout = stdin, io.Discard
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
@@ -118,20 +132,16 @@ func refusedAsNobody(t *testing.T, dir, bin, db string) string {
 	case <-time.After(10 * time.Second):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("the other user's serve was still running after 10 s: %s", stderr.String())
+		t.Fatalf("%v was still running after 10 s: %s", cmd.Args, stderr.String())
 	}
 	took := time.Since(began)
-	t.Logf("the other user's serve ended after %v: %v: %s", took.Round(time.Millisecond), err, stderr.String())
+	out := strings.TrimSpace(stderr.String())
+	t.Logf("%v ended after %v: %v: %s", cmd.Args[1:], took.Round(time.Millisecond), err, out)
 	if err == nil {
-		t.Fatalf("the other user's serve ended without an error")
-	}
-	for _, want := range []string{"another user", "root", "nobody", "run idemgate as root"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("the refusal does not say %q: %s", want, stderr.String())
-		}
+		t.Errorf("%v ended without an error", cmd.Args[1:])
 	}
 	if took > 5*time.Second {
 		t.Errorf("refused after %v; want at once", took)
 	}
-	return stderr.String()
+	return out, err
 }

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -258,33 +256,9 @@ func TestOwnerRefusesOtherConfiguration(t *testing.T) {
 	refused := func(bin string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(bin, append([]string{"serve", "--db", db, "--log-level", "warn"}, args...)...)
-		stdin, keepOpen, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer keepOpen.Close()
-		cmd.Stdin, cmd.Stdout = stdin, io.Discard
-		var stderr syncBuffer
-		cmd.Stderr = &stderr
-		began := time.Now()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err = <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Fatalf("serve %v still running after 10 s: %s", args, stderr.String())
-		}
-		out := strings.TrimSpace(stderr.String())
-		if err == nil || strings.Count(out, "\n") != 0 {
-			t.Errorf("serve %v: %v, stderr %q: want exit 1 with one line", args, err, out)
-		}
-		if took := time.Since(began); took > 5*time.Second {
-			t.Errorf("refused after %v", took)
+		out, err := refusedServe(t, cmd)
+		if strings.Count(out, "\n") != 0 {
+			t.Errorf("serve %v: %v, stderr %q: want one line", args, err, out)
 		}
 		return out
 	}
