@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -149,6 +148,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	var callers []loadgen.Caller
 	var pid int
 	var ownerPID int // the spawned server's ledger owner (see package owner), whose CPU is the server's too
+	var ownerPlace *owner.Place
 	var ledgerDir, what string
 	if remote {
 		what = *target
@@ -177,7 +177,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			}
 			defer os.RemoveAll(dir)
 			// The ledger's owner ends before its directory goes.
-			defer func() { stopProcess(ownerPID, 30*time.Second) }()
+			defer func() {
+				if ownerPlace != nil {
+					owner.Stop(*ownerPlace, 30*time.Second)
+				}
+			}()
 			dbPath = filepath.Join(dir, "ledger.db")
 		}
 		ledgerDir = filepath.Dir(dbPath)
@@ -201,6 +205,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		pid = c.PID()
 		if !postgres.IsURL(dbPath) {
 			if place, err := owner.PlaceOf(dbPath); err == nil {
+				ownerPlace = &place
 				ownerPID, _ = owner.PID(place)
 			}
 		}
@@ -467,19 +472,4 @@ func drawProgress(w io.Writer, p loadgen.Progress) {
 	}
 	rate := float64(p.Calls) / max(p.Elapsed.Seconds(), 1e-9)
 	fmt.Fprintf(w, "\r\033[K%s%.0fs  %d calls  %.0f calls/s  %d errors", bar, p.Elapsed.Seconds(), p.Calls, rate, p.Errors)
-}
-
-// stopProcess ends process pid (when not 0) with SIGTERM and waits up to
-// timeout for it to be gone: no such process, or one that has ended and
-// waits to be reaped (its state, in /proc, Z).
-func stopProcess(pid int, timeout time.Duration) {
-	if pid <= 0 || syscall.Kill(pid, syscall.SIGTERM) != nil {
-		return
-	}
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if syscall.Kill(pid, 0) != nil || err == nil && strings.Contains(string(stat), ") Z ") {
-			return
-		}
-	}
 }

@@ -178,7 +178,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	go func() { stopping <- srv.quiet(ctx, ledgerFile) }()
 	go func() {
 		<-ctx.Done()
-		ln.Close()
+		ln.StopAccepting()
 	}()
 	var conns sync.WaitGroup
 	go func() {
@@ -196,7 +196,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	}()
 	why := <-stopping
 	logger.Info("owner exiting", "why", why)
-	ln.Close()
+	ln.StopAccepting() // the lock is given up last (deferred), once the ledger is closed
 	stop()
 	conns.Wait()
 	bg.Stop()

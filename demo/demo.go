@@ -11,11 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"idemgate/owner"
 )
 
 // envelope is the part of idemgate's answer the demo prints.
@@ -49,10 +52,18 @@ func Run(ctx context.Context, bin string, out io.Writer, keep bool) error {
 	}
 	if keep {
 		fmt.Fprintf(out, "(ledger kept in %s)\n", dir)
-	} else {
-		defer os.RemoveAll(dir)
 	}
 	db := filepath.Join(dir, "ledger.db")
+	if !keep {
+		defer os.RemoveAll(dir)
+		// Both servers pass their calls to the ledger's owner (see package
+		// owner), which ends before its directory goes.
+		defer func() {
+			if place, err := owner.PlaceOf(db); err == nil {
+				owner.Stop(place, 30*time.Second)
+			}
+		}()
+	}
 	agentA, err := start(ctx, bin, db, "agent-a")
 	if err != nil {
 		return err

@@ -249,6 +249,7 @@ func runCLI(t testing.TB, timeout time.Duration, args ...string) cliResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	stopOwnerAtEnd(t, args)
 	cmd := exec.CommandContext(ctx, idemgate, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -175,6 +175,7 @@ func (b *allBench) idemgate(timeout time.Duration, args ...string) ([]byte, erro
 // call from several goroutines.
 func (b *allBench) bench(name string, args ...string) (*loadgen.Report, error) {
 	b.t.Logf("bench %s: idemgate bench %s", name, strings.Join(args, " "))
+	stopOwnerAtEnd(b.t, append([]string{"bench"}, args...))
 	out, err := b.idemgate(30*time.Minute, append(append([]string{"bench"}, args...), "--json")...)
 	b.save(name+".json", out)
 	if err != nil {

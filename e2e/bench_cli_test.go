@@ -286,6 +286,7 @@ func TestBenchCLIBadFlags(t *testing.T) {
 func TestBenchCLICtrlC(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "ledger.db")
 	cmd := exec.Command(idemgate, "bench", "--db", db, "--duration", "10m", "--clients", "8", "--json")
+	stopOwnerAtEnd(t, cmd.Args[1:])
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the "terminal's" process group

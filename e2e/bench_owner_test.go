@@ -82,7 +82,7 @@ func (b *allBench) startup() {
 // resident memory (KB) once it answered; then it ends the process (the
 // end of its input).
 func spawnInitialize(args []string) (time.Duration, int, error) {
-	cmd := exec.Command(idemgate, args...)
+	cmd := exec.Command(idemgate, args...) // the caller stops the owner
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return 0, 0, err

@@ -40,6 +40,7 @@ func startRawStdio(t *testing.T, extra ...string) *rawStdio {
 func startRawStdioEnv(t *testing.T, env []string, extra ...string) *rawStdio {
 	t.Helper()
 	args := append([]string{"serve", "--db", filepath.Join(t.TempDir(), "ledger.db"), "--log-level", "error"}, extra...)
+	stopOwnerAtEnd(t, args)
 	cmd := exec.Command(idemgate, args...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr := &syncBuffer{}

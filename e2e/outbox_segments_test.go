@@ -54,6 +54,7 @@ func TestSegmentOutboxTwoProcesses(t *testing.T) {
 	// its own confirmations still queued: a third server, started on the
 	// ledger once both have stopped, delivers what is left.
 	srv := exec.Command(idemgate, "serve", "--db", db, "--config", config)
+	stopOwnerAtEnd(t, srv.Args[1:])
 	stdin, err := srv.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

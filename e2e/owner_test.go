@@ -256,6 +256,7 @@ func TestOwnerRefusesOtherConfiguration(t *testing.T) {
 	refused := func(bin string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(bin, append([]string{"serve", "--db", db, "--log-level", "warn"}, args...)...)
+		stopOwnerAtEnd(t, cmd.Args[1:])
 		out, err := refusedServe(t, cmd)
 		if strings.Count(out, "\n") != 0 {
 			t.Errorf("serve %v: %v, stderr %q: want one line", args, err, out)

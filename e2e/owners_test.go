@@ -47,16 +47,16 @@ func setUpOwners() (func(), error) {
 	}, nil
 }
 
-// pipedLedger returns the ledger file of serve args whose server passes
-// its calls to an owner: stdio, a file, no --own-ledger.
+// pipedLedger returns the ledger file of serve (or bench) args whose
+// server passes its calls to an owner: stdio, a file, no --own-ledger.
 func pipedLedger(args []string) (string, bool) {
-	if len(args) == 0 || args[0] != "serve" || slices.Contains(args, "--own-ledger") {
+	if len(args) == 0 || args[0] != "serve" && args[0] != "bench" || slices.Contains(args, "--own-ledger") {
 		return "", false
 	}
 	db := ""
 	for i, a := range args {
 		switch {
-		case a == "--http" || strings.HasPrefix(a, "--http="):
+		case a == "--http" || strings.HasPrefix(a, "--http=") || a == "--url" || strings.HasPrefix(a, "--url="):
 			return "", false
 		case a == "--db" && i+1 < len(args):
 			db = args[i+1]
@@ -68,6 +68,17 @@ func pipedLedger(args []string) (string, bool) {
 		return "", false
 	}
 	return db, true
+}
+
+// stopOwnerAtEnd stops, when the test ends (before the temporary
+// directories made before this call are removed), the owner of the
+// ledger that serve or bench args name, if their server passes its calls
+// to one: an owner left running would write into a directory being
+// removed (its deliverer's files).
+func stopOwnerAtEnd(t testing.TB, args []string) {
+	if db, ok := pipedLedger(args); ok {
+		t.Cleanup(func() { stopOwner(t, db) })
+	}
 }
 
 // ownerPID returns the process id of the owner of the ledger db, if one

@@ -56,6 +56,7 @@ func TestShutdownNotHeldByRefusedMessages(t *testing.T) {
 func TestAuditVerifiesWithLongUnicodeClientName(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "ledger.db")
 	cmd := exec.Command(idemgate, "serve", "--db", db, "--principal", "agent-1", "--tenant", "t1", "--log-level", "error")
+	stopOwnerAtEnd(t, cmd.Args[1:])
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

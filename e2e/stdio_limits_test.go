@@ -16,6 +16,7 @@ import (
 // request on the same connection.
 func TestOversizedMessage(t *testing.T) {
 	cmd := exec.Command(idemgate, "serve", "--db", filepath.Join(t.TempDir(), "ledger.db"), "--log-level", "error")
+	stopOwnerAtEnd(t, cmd.Args[1:])
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -345,6 +345,7 @@ func TestCancelledCallUnansweredStdio(t *testing.T) {
 	startClaimer(t, db, "create_order", args)
 	const wait = 2 * time.Second
 	cmd := exec.Command(idemgate, "serve", "--db", db, "--log-level", "warn", "--wait", wait.String())
+	stopOwnerAtEnd(t, cmd.Args[1:])
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()

@@ -66,12 +66,49 @@ func Listen(p Place) (*Listener, error) {
 	return &Listener{UnixListener: ln, lock: lock}, nil
 }
 
+// StopAccepting stops listening and removes the socket; the lock stays
+// held until Close, so that no other owner opens the ledger while this
+// one still closes it.
+func (l *Listener) StopAccepting() error { return l.UnixListener.Close() }
+
 // Close stops listening, removes the socket and gives the lock up, in
 // that order: a process that takes the lock next finds no socket of ours.
 func (l *Listener) Close() error {
 	err := l.UnixListener.Close()
 	l.lock.Close()
 	return err
+}
+
+// Stop ends the owner of p's ledger, if one runs, with SIGTERM (it
+// answers the calls in flight first), and waits up to timeout until it
+// has let the ledger go (its lock is free).
+func Stop(p Place, timeout time.Duration) error {
+	pid, ok := PID(p)
+	if !ok {
+		return nil
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return nil // already gone
+	}
+	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		if lockFree(p.Lock) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the owner (pid %d) of ledger %s still holds it %s after SIGTERM", pid, p.Ledger, timeout)
+		}
+	}
+}
+
+// lockFree reports whether no process holds the lock at path (taking and
+// at once giving it back).
+func lockFree(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return true
+	}
+	defer f.Close() // gives a lock taken back
+	return lockExclusive(f) == nil
 }
 
 // Accept waits for the next client; a client of another user is refused
