@@ -34,9 +34,9 @@ const startupRounds = 30
 
 // startup: how long an MCP client waits from spawning a server to the
 // answer of its initialize — idemgate serve on a ledger file whose owner
-// already runs, against the no-op mcp-go stdio server (bench
-// __noop-server) in the same run — and what the first start costs, which
-// starts the owner.
+// already runs, against a no-op mcp-go stdio server in a program of its
+// own (e2e/testdata/noop, built here) in the same run — and what the
+// first start costs, which starts the owner.
 func (b *allBench) startup() {
 	const name, target = "start-up over stdio with the owner running (spawn → initialize answered; p50)", "≤ 1.2 × the no-op server's"
 	db := filepath.Join(b.dir, "startup", "ledger.db")
@@ -44,8 +44,13 @@ func (b *allBench) startup() {
 		b.failed(name, target, err)
 		return
 	}
-	serve := []string{"serve", "--db", db, "--log-level", "warn"}
-	noop := []string{"bench", "__noop-server"}
+	bin := filepath.Join(b.dir, "noop")
+	if err := goBuild("build", "-o", bin, "./e2e/testdata/noop"); err != nil {
+		b.failed(name, target, err)
+		return
+	}
+	serve := append([]string{idemgate}, "serve", "--db", db, "--log-level", "warn")
+	noop := []string{bin}
 	first, _, err := spawnInitialize(serve)
 	if err != nil {
 		b.failed(name, target, err)
@@ -77,12 +82,12 @@ func (b *allBench) startup() {
 		fmt.Sprintf("%d µs for the no-op mcp-go server", n.Microseconds()), times(ratio), target, atMost(ratio, 1.2)})
 }
 
-// spawnInitialize starts idemgate with args, sends an initialize and
+// spawnInitialize starts the command argv, sends an initialize and
 // returns how long the answer took from the spawn, and the process's
 // resident memory (KB) once it answered; then it ends the process (the
 // end of its input).
-func spawnInitialize(args []string) (time.Duration, int, error) {
-	cmd := exec.Command(idemgate, args...) // the caller stops the owner
+func spawnInitialize(argv []string) (time.Duration, int, error) {
+	cmd := exec.Command(argv[0], argv[1:]...) // the caller stops the owner
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return 0, 0, err
@@ -105,7 +110,7 @@ func spawnInitialize(args []string) (time.Duration, int, error) {
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	took := time.Since(began)
 	if err != nil || !strings.Contains(line, `"result"`) {
-		return 0, 0, fmt.Errorf("%v: initialize answered %q (%v): %s", args, line, err, stderr.String())
+		return 0, 0, fmt.Errorf("%v: initialize answered %q (%v): %s", argv, line, err, stderr.String())
 	}
 	return took, vmRSS(cmd.Process.Pid), nil
 }
