@@ -30,6 +30,11 @@ const ownerArg = "__owner"
 // exits (env IDEMGATE_OWNER_IDLE).
 const ownerIdleDefault = time.Minute
 
+// maxOwnerClients bounds the clients one owner serves at once (each a
+// stdio serve, with up to --workers calls of its own); one more is
+// refused with a message that says so.
+const maxOwnerClients = 256
+
 // servePipe is serve over stdio on a ledger file: it passes its client's
 // messages to the process that owns the file, starting one when none
 // answers (see package owner). What this process checks itself: its flags
@@ -283,6 +288,13 @@ func (s *ownerServer) quiet(ctx context.Context, ledgerFile os.FileInfo) string 
 	}
 }
 
+// clientCount is the number of connections served, this one included.
+func (s *ownerServer) clientCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clients
+}
+
 func (s *ownerServer) isLeaving() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -325,6 +337,11 @@ func (s *ownerServer) serveConn(ctx context.Context, c *net.UnixConn) {
 			level = slog.LevelDebug // a connection closed unsaid (owner.PID asks so)
 		}
 		s.log.Log(ctx, level, "a client's hello", "err", err)
+		return
+	}
+	if n := s.clientCount(); n > maxOwnerClients {
+		owner.Send(c, owner.Welcome{PID: os.Getpid(), Build: owner.Build(),
+			Error: fmt.Sprintf("the owner of ledger %s (pid %d) serves %d clients, its most: end some of the MCP clients using this ledger, then start again", s.place.Ledger, os.Getpid(), maxOwnerClients)})
 		return
 	}
 	if err := owner.Check(h, owner.Build(), s.config, s.place.Ledger); err != nil || s.isLeaving() {

@@ -1,7 +1,9 @@
 package owner
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -72,4 +74,31 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzReceiveHello: any bytes a client sends as its hello are refused
+// with an error or decoded into a Hello that Check then judges, without a
+// panic, and a decoded hello never passes Check against another build.
+func FuzzReceiveHello(f *testing.F) {
+	f.Add([]byte(`{"idemgate_owner_protocol":1,"build":"b","pid":1,"config":{"--wait":"5s"},"principal":"p","tenant":"t","role":"agent","workers":8}` + "\n"))
+	f.Add([]byte("{}\n"))
+	f.Add([]byte(`{"config":{"a":1}}` + "\n"))
+	f.Add([]byte("not json\n"))
+	f.Add([]byte(`{"idemgate_owner_protocol":1,"unknown":true}` + "\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		client, server := net.Pipe()
+		defer client.Close()
+		defer server.Close()
+		go func() {
+			client.Write(b)
+			client.Close()
+		}()
+		var h Hello
+		if err := Receive(server, bufio.NewReader(server), &h); err != nil {
+			return
+		}
+		if Check(h, "another build", map[string]string{"--wait": "5s"}, "/ledger.db") == nil {
+			t.Fatalf("a hello of build %q passed the check of another build", h.Build)
+		}
+	})
 }
