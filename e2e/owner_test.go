@@ -270,7 +270,7 @@ func TestOwnerRefusesOtherConfiguration(t *testing.T) {
 		}
 	}
 	other := filepath.Join(t.TempDir(), "idemgate-other")
-	if err := goBuild("build", "-trimpath", "-o", other, "idemgate"); err != nil {
+	if err := goBuild("build", "-ldflags=-s", "-o", other, "idemgate"); err != nil { // another link: another build id
 		t.Fatal(err)
 	}
 	out = refused(other)
