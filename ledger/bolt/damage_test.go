@@ -201,7 +201,7 @@ func TestDamageFoundAfterOpen(t *testing.T) {
 }
 
 func testDamageFoundAfterOpen(t *testing.T, site damageSite) {
-	df := damagedLedger(t, 150, site)
+	df := damagedLedger(t, 400, site) // enough t1 leaves in either bucket, whatever the random keys
 	path, t2, victim, lost, page := df.path, df.t2, df.victim, df.lost, df.page
 	ctx := context.Background()
 
