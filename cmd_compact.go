@@ -8,6 +8,7 @@ import (
 
 	"idemgate/ledger/bolt"
 	"idemgate/ledger/postgres"
+	"idemgate/owner"
 )
 
 // compactCmd reclaims the free space of a ledger file: bbolt compaction
@@ -34,6 +35,15 @@ func compactCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if postgres.IsURL(*db) {
 		return errors.New("compact rewrites a ledger file; PostgreSQL reclaims a database's space itself: autovacuum makes deleted rows' space reusable, and VACUUM FULL idemgate_kv (which locks the table while it runs) returns it to the system")
+	}
+	if *out == "" {
+		// In place, compact needs the file to itself: the owner that
+		// serves the stdio clients of this ledger must go first.
+		if place, err := owner.PlaceOf(*db); err == nil {
+			if pid, ok := owner.PID(place); ok {
+				return fmt.Errorf("ledger %s: its owner, process %d, serves it to the stdio servers of its MCP clients, and compact needs the file to itself: stop the owner (kill %d; it also exits a minute after its last client leaves) and compact again, or run idemgate compact --out FILE for a compacted copy", *db, pid, pid)
+			}
+		}
 	}
 	res, err := bolt.Compact(*db, bolt.CompactOptions{Out: *out, NoBackup: *noBackup})
 	if err != nil {

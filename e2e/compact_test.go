@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,7 +31,8 @@ func TestCompactAndAuditPrune(t *testing.T) {
 	}
 
 	r = runCLI(t, 30*time.Second, "compact", "--db", db)
-	if r.Code != 1 || !strings.Contains(r.Stderr, "open in another process") {
+	pid, _ := ownerPID(db)
+	if r.Code != 1 || !strings.Contains(r.Stderr, fmt.Sprintf("its owner, process %d", pid)) || !strings.Contains(r.Stderr, "compact needs the file to itself") {
 		t.Fatalf("compact while a server holds the ledger = exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := getOrder(t, s, orders[0].OrderID); got.OrderID != orders[0].OrderID {
