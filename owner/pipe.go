@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"idemgate/server"
@@ -61,18 +62,14 @@ const pipeIDPrefix = "idemgate-pipe:"
 func Pipe(ctx context.Context, first *Conn, cfg PipeConfig) error {
 	p := &pipe{cfg: cfg, log: cfg.Logger, pending: map[string]request{}, idle: make(chan struct{}, 1)}
 	p.attach(first)
-	lines := make(chan []byte)
 	inputDone := make(chan error, 1)
+	var stopping atomic.Bool // a line read once the shutdown began is not passed on
 	go func() {
 		r := server.NewLineReader(cfg.In)
 		for {
 			line, err := r.ReadLine()
-			if len(bytes.TrimSpace(line)) > 0 {
-				select {
-				case lines <- line:
-				case <-ctx.Done():
-					return
-				}
+			if len(bytes.TrimSpace(line)) > 0 && !stopping.Load() {
+				p.fromClient(line)
 			}
 			if err != nil {
 				inputDone <- err
@@ -80,19 +77,14 @@ func Pipe(ctx context.Context, first *Conn, cfg PipeConfig) error {
 			}
 		}
 	}()
-	for {
-		select {
-		case line := <-lines:
-			p.fromClient(line)
-			continue
-		case err := <-inputDone:
-			if !errors.Is(err, io.EOF) {
-				p.log.Warn("reading the client", "err", err)
-			}
-		case <-ctx.Done():
+	select {
+	case err := <-inputDone:
+		if !errors.Is(err, io.EOF) {
+			p.log.Warn("reading the client", "err", err)
 		}
-		break
+	case <-ctx.Done():
 	}
+	stopping.Store(true)
 	p.drain(cfg.Grace)
 	p.mu.Lock()
 	c := p.conn
@@ -143,12 +135,28 @@ type message struct {
 	} `json:"params"`
 }
 
+// watched are the methods the pipe reads more of than the id: those it
+// repeats on a new connection or forgets a request for, and tools/call,
+// whose operation key an error answer names.
+var watched = [][]byte{[]byte(`"tools/call"`), []byte(`"initialize"`), []byte(`"notifications/initialized"`), []byte(`"notifications/cancelled"`)}
+
+// mentionsWatched reports whether line may be a message of a watched
+// method (a cheap test before decoding it).
+func mentionsWatched(line []byte) bool {
+	for _, w := range watched {
+		if bytes.Contains(line, w) {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *pipe) fromClient(line []byte) {
 	// The id as the owner answers under it: a message it refuses with id
 	// null is no request that waits.
 	id, isRequest := server.RequestIDOf(line)
 	var m message
-	ok := json.Unmarshal(line, &m) == nil
+	ok := mentionsWatched(line) && json.Unmarshal(line, &m) == nil
 	p.mu.Lock()
 	switch {
 	case !ok:
@@ -305,7 +313,8 @@ func (p *pipe) fromOwner(c *Conn, n int) {
 }
 
 func (p *pipe) fromOwnerLine(line []byte) {
-	if id, ok := server.ResponseIDOf(line); ok {
+	// Without its newline, as the server's own answers are read.
+	if id, ok := server.ResponseIDOf(bytes.TrimSuffix(line, []byte("\n"))); ok {
 		if strings.HasPrefix(id, `"`+pipeIDPrefix) {
 			p.mu.Lock()
 			if ch, ok := p.inits[id]; ok {
