@@ -178,7 +178,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go func() { <-ctx.Done(); stop() }()
-	srv := &ownerServer{o: o, config: config, place: place, svc: svc, store: store, log: logger, idle: idle, activity: make(chan struct{}, 1), leave: make(chan string, 1)}
+	srv := &ownerServer{o: o, config: config, place: place, svc: svc, store: store, log: logger, idle: idle, lastLeft: time.Now(), leave: make(chan string, 1)}
 	stopping := make(chan string, 1)
 	go func() { stopping <- srv.quiet(ctx, ledgerFile) }()
 	go func() {
@@ -253,9 +253,9 @@ type ownerServer struct {
 	idle     time.Duration
 	mu       sync.Mutex
 	clients  int
-	leaving  bool          // the owner is exiting for a client of another build or configuration
-	activity chan struct{} // a client came or went
-	leave    chan string   // why the owner is leaving (buffered, one)
+	lastLeft time.Time   // when the last client left (the start, before any came)
+	leaving  bool        // the owner is exiting for a client of another build or configuration
+	leave    chan string // why the owner is leaving (buffered, one)
 }
 
 // quiet returns, with the reason, when the owner should exit: idle for
@@ -264,25 +264,21 @@ type ownerServer struct {
 func (s *ownerServer) quiet(ctx context.Context, ledgerFile os.FileInfo) string {
 	check := time.NewTicker(min(s.idle, 2*time.Second))
 	defer check.Stop()
-	since := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return "signal"
 		case why := <-s.leave:
 			return why
-		case <-s.activity:
-			since = time.Now()
-			continue
 		case <-check.C:
 		}
 		if fi, err := os.Stat(s.place.Ledger); err != nil || !os.SameFile(fi, ledgerFile) {
 			return "the ledger file was removed or replaced"
 		}
 		s.mu.Lock()
-		clients := s.clients
+		idle := s.clients == 0 && time.Since(s.lastLeft) >= s.idle
 		s.mu.Unlock()
-		if clients == 0 && time.Since(since) >= s.idle {
+		if idle {
 			return "no client for " + s.idle.String()
 		}
 	}
@@ -313,13 +309,13 @@ func (s *ownerServer) leaveIfAlone() bool {
 	return s.leaving
 }
 
+// note counts a client that came (+1) or left (-1).
 func (s *ownerServer) note(delta int) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.clients += delta
-	s.mu.Unlock()
-	select {
-	case s.activity <- struct{}{}:
-	default:
+	if delta < 0 {
+		s.lastLeft = time.Now()
 	}
 }
 

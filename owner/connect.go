@@ -10,7 +10,13 @@ import (
 )
 
 // RefusedError is the owner's refusal of a hello, in its words.
-type RefusedError struct{ Reason string }
+type RefusedError struct {
+	Reason string
+	// leaving: the owner refused this client's build or configuration
+	// and is exiting (Welcome.Leaving), so that the next attempt starts
+	// an owner of the client's own.
+	leaving bool
+}
 
 func (e *RefusedError) Error() string { return e.Reason }
 
@@ -35,18 +41,13 @@ func Connect(p Place, h Hello, start func() error) (*Conn, error) {
 			return c, nil
 		}
 		var refused *RefusedError
-		var left *leftError
-		if errors.Is(err, errSilent) || errors.As(err, &refused) && !errors.As(err, &left) {
+		if errors.Is(err, errSilent) || errors.As(err, &refused) && !refused.leaving {
 			return nil, err // a silent owner is not waited for twice
 		}
 		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
 	}
 	return nil, err
 }
-
-// leftError: the owner refused the hello and is leaving (Welcome.Leaving):
-// the next attempt starts an owner of this client's own.
-type leftError struct{ *RefusedError }
 
 func connect(p Place, h Hello, start func() error) (*Conn, error) {
 	c, err := Dial(p, helloTimeout)
@@ -81,10 +82,7 @@ func connect(p Place, h Hello, start func() error) (*Conn, error) {
 	}
 	if !conn.Welcome.OK {
 		c.Close()
-		if conn.Welcome.Leaving {
-			return nil, &leftError{&RefusedError{conn.Welcome.Error}}
-		}
-		return nil, &RefusedError{conn.Welcome.Error}
+		return nil, &RefusedError{Reason: conn.Welcome.Error, leaving: conn.Welcome.Leaving}
 	}
 	return conn, nil
 }

@@ -96,9 +96,10 @@ func Pipe(ctx context.Context, first *Conn, cfg PipeConfig) error {
 	return nil
 }
 
-// request is one request the client sent that awaits its answer.
+// request is one request the client sent that awaits its answer. Every
+// pending request went over the current connection: lost answers those
+// of a connection as it drops it.
 type request struct {
-	conn int    // the connection it went over
 	tool bool   // a tools/call
 	key  string // its operation_key, when it has one
 }
@@ -118,10 +119,11 @@ type pipe struct {
 	initialized []byte
 	retryAt     time.Time // no attempt to reach the owner before
 	// Of the current connection:
-	heard   time.Time // when the owner last wrote, or a wait began
-	pinging bool      // a ping is out
-	pings   int
-	inits   map[string]chan struct{} // repeated initializes awaiting their answer
+	heard       time.Time // when the owner last wrote, or a wait began
+	pinging     bool      // a ping is out
+	pings       int
+	initAnswer  chan struct{} // closed when the repeated initialize is answered
+	initPending string        // its id, in RequestIDOf's form ("" when none waits)
 }
 
 // message is what the pipe reads of a client's line besides its id.
@@ -184,7 +186,6 @@ func (p *pipe) fromClient(line []byte) {
 		}
 	}
 	if isRequest {
-		r.conn = n
 		p.mu.Lock()
 		if p.conn != conn {
 			// Lost since it was taken: lost answered the requests that
@@ -244,7 +245,7 @@ func (p *pipe) attach(c *Conn) error {
 	p.mu.Lock()
 	p.n++
 	n := p.n
-	p.conn, p.heard, p.pinging, p.inits = c, time.Now(), false, map[string]chan struct{}{}
+	p.conn, p.heard, p.pinging, p.initPending = c, time.Now(), false, ""
 	init, initialized := p.initialize, p.initialized
 	p.mu.Unlock()
 	go p.fromOwner(c, n)
@@ -259,7 +260,7 @@ func (p *pipe) attach(c *Conn) error {
 	}
 	answered := make(chan struct{})
 	p.mu.Lock()
-	p.inits[strconv.Quote(id)] = answered
+	p.initPending, p.initAnswer = strconv.Quote(id), answered
 	p.mu.Unlock()
 	if err := p.write(c, line); err != nil {
 		p.lost(n, "could not repeat initialize")
@@ -315,11 +316,11 @@ func (p *pipe) fromOwner(c *Conn, n int) {
 func (p *pipe) fromOwnerLine(line []byte) {
 	// Without its newline, as the server's own answers are read.
 	if id, ok := server.ResponseIDOf(bytes.TrimSuffix(line, []byte("\n"))); ok {
-		if strings.HasPrefix(id, `"`+pipeIDPrefix) {
+		if strings.HasPrefix(id, `"`+pipeIDPrefix) { // a ping's or a repeated initialize's
 			p.mu.Lock()
-			if ch, ok := p.inits[id]; ok {
-				delete(p.inits, id)
-				close(ch)
+			if id == p.initPending {
+				p.initPending = ""
+				close(p.initAnswer)
 			}
 			p.mu.Unlock()
 			return
@@ -335,10 +336,15 @@ func (p *pipe) fromOwnerLine(line []byte) {
 func (p *pipe) forget(id string) {
 	delete(p.pending, id)
 	if len(p.pending) == 0 {
-		select {
-		case p.idle <- struct{}{}:
-		default:
-		}
+		p.signalIdle()
+	}
+}
+
+// signalIdle wakes drain: no request waits.
+func (p *pipe) signalIdle() {
+	select {
+	case p.idle <- struct{}{}:
+	default:
 	}
 }
 
@@ -353,15 +359,7 @@ func (p *pipe) watch(c *Conn, n int) {
 			p.mu.Unlock()
 			return
 		}
-		waiting := false
-		for _, r := range p.pending {
-			if r.conn == n {
-				waiting = true
-				break
-			}
-		}
-		if !waiting {
-			p.heard = time.Now()
+		if len(p.pending) == 0 { // fromClient restarts heard with the next request
 			p.mu.Unlock()
 			continue
 		}
@@ -397,49 +395,27 @@ func (p *pipe) lost(n int, why string) {
 	}
 	c := p.conn
 	p.conn = nil
-	var failed []request
-	var ids []string
-	for id, r := range p.pending {
-		if r.conn == n {
-			failed = append(failed, r)
-			ids = append(ids, id)
-		}
-	}
-	for _, id := range ids {
-		p.forget(id)
-	}
+	failed := p.pending
+	p.pending = map[string]request{}
+	p.signalIdle()
 	p.mu.Unlock()
 	c.Close()
 	p.log.Warn("lost the connection to the ledger's owner", "why", why, "owner_pid", c.Welcome.PID, "unanswered", len(failed))
 	msg := "idemgate's ledger process did not answer this call (" + why + "); it may or may not have taken effect. Repeat this exact call with the same operation_key: that is safe (a finished operation is replayed, never run twice). Never use a new key for it."
-	for i, r := range failed {
-		p.answerError(ids[i], r, msg)
+	for id, r := range failed {
+		p.answerError(id, r, msg)
 	}
 }
 
-// answerError answers request id (in RequestIDOf's form) with msg: a tool call as the tools
-// answer an internal error (a result with isError and the envelope), any
-// other request with a JSON-RPC internal error.
+// answerError answers request id (in RequestIDOf's form) with msg, as
+// server.FailedAnswer words it.
 func (p *pipe) answerError(id string, r request, msg string) {
-	var resp any
-	if r.tool {
-		env := map[string]any{"status": "unknown", "replayed": false, "next_action": "wait_and_poll_status",
-			"error": map[string]string{"code": "internal", "message": msg}}
-		if r.key != "" {
-			env["operation_key"] = r.key
-		}
-		text, _ := json.Marshal(env)
-		resp = map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "result": map[string]any{
-			"content":           []any{map[string]string{"type": "text", "text": string(text)}},
-			"structuredContent": json.RawMessage(text), "isError": true}}
-	} else {
-		resp = map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id), "error": map[string]any{"code": -32603, "message": msg}}
-	}
-	b, err := json.Marshal(resp)
+	b, err := server.FailedAnswer(id, r.tool, r.key, msg)
 	if err != nil {
+		p.log.Error("answering a request the owner did not", "id", id, "err", err)
 		return
 	}
-	p.toClient(append(b, '\n'))
+	p.toClient(b)
 }
 
 func (p *pipe) toClient(line []byte) {

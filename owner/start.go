@@ -1,12 +1,11 @@
 package owner
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 )
@@ -71,23 +70,18 @@ func Start(exe string, args []string, env []string) error {
 }
 
 // readUntilClosed reads r until its writers close it or timeout passes,
-// keeping the last 64 KiB.
+// keeping the last 32 KiB or more.
 func readUntilClosed(r *os.File, timeout time.Duration) []byte {
 	r.SetReadDeadline(time.Now().Add(timeout))
-	var buf bytes.Buffer
+	var out []byte
 	chunk := make([]byte, 4096)
 	for {
 		n, err := r.Read(chunk)
-		buf.Write(chunk[:n])
-		if buf.Len() > 64<<10 {
-			b := buf.Bytes()[buf.Len()-32<<10:]
-			buf = *bytes.NewBuffer(bytes.Clone(b))
+		if out = append(out, chunk[:n]...); len(out) > 64<<10 {
+			out = slices.Clone(out[len(out)-32<<10:])
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				buf.WriteString("\n")
-			}
-			return buf.Bytes()
+			return out
 		}
 	}
 }

@@ -61,25 +61,34 @@ func peer(c *net.UnixConn) (uid int, pid int, ok bool) {
 	return u, p, got
 }
 
-// checkPeer refuses a connection whose other end is another user's,
-// naming both users and what to do; what is the other end, in words.
+// checkPeer refuses a connection whose other end is another user's; what
+// is the other end, in words.
 func checkPeer(c *net.UnixConn, what string) error {
 	uid, pid, ok := peer(c)
 	if !ok || uid == os.Getuid() {
 		return nil
 	}
-	return fmt.Errorf("%s is another user's: process %d of user %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop process %d first", what, pid, userName(uid), userName(os.Getuid()), userName(uid), pid)
+	return otherUser(what, uid, pid)
 }
 
 // checkOwner refuses a socket file of another user (whose mode kept this
-// process from connecting), naming both users and what to do.
+// process from connecting).
 func checkOwner(fi fs.FileInfo, what string) error {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok || int(st.Uid) == os.Getuid() {
 		return nil
 	}
-	uid := int(st.Uid)
-	return fmt.Errorf("%s is another user's: a process of user %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop that process first", what, userName(uid), userName(os.Getuid()), userName(uid))
+	return otherUser(what, int(st.Uid), 0)
+}
+
+// otherUser says that what is a process (pid, 0 when not known) of user
+// uid, not this process's, and what to do.
+func otherUser(what string, uid, pid int) error {
+	who, stop := "a process of user "+userName(uid), "that process"
+	if pid > 0 {
+		who, stop = fmt.Sprintf("process %d of user %s", pid, userName(uid)), fmt.Sprintf("process %d", pid)
+	}
+	return fmt.Errorf("%s is another user's: %s, and this process runs as user %s; all processes of one ledger must run as one user: run idemgate as %s, or stop %s first", what, who, userName(os.Getuid()), userName(uid), stop)
 }
 
 func userName(uid int) string {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 
 	"github.com/mark3labs/mcp-go/mcp"
+
+	"idemgate/tools"
 )
 
 // appendMessage appends msg encoded as json.Marshal encodes it, byte for
@@ -141,4 +143,23 @@ func plainJSON(b []byte) bool {
 		}
 	}
 	return json.Valid(b)
+}
+
+// FailedAnswer is the answer to a request that idemgate could not serve
+// (for the pipe to a ledger's owner: one lost with its connection), under
+// id in RequestIDOf's form: a tools/call is answered as the tools answer
+// an internal error (tools.Internal with its operation key and msg, as a
+// tool result), any other request with a JSON-RPC internal error.
+func FailedAnswer(id string, toolCall bool, key, msg string) ([]byte, error) {
+	var v any
+	if err := json.Unmarshal([]byte(id), &v); err != nil {
+		return nil, err
+	}
+	rid := mcp.NewRequestId(v)
+	var msgv any = mcp.JSONRPCError{JSONRPC: mcp.JSONRPC_VERSION, ID: rid, Error: mcp.JSONRPCErrorDetails{Code: mcp.INTERNAL_ERROR, Message: msg}}
+	if toolCall {
+		msgv = mcp.JSONRPCResponse{JSONRPC: mcp.JSONRPC_VERSION, ID: rid, Result: toResult(tools.Internal(key, msg))}
+	}
+	b, err := appendMessage(nil, msgv)
+	return append(b, '\n'), err
 }

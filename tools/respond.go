@@ -155,7 +155,13 @@ func errorResponse(key string, status ledger.State, code Code, msg string, next 
 }
 
 func internalError(key string) *Response {
-	return errorResponse(key, ledger.StateUnknown, CodeInternal, defaultError("").Message, NextWaitPoll)
+	return Internal(key, defaultError("").Message)
+}
+
+// Internal is the answer of a call under key that failed inside idemgate
+// with msg, a message for the model: its outcome is not known here.
+func Internal(key, msg string) *Response {
+	return errorResponse(key, ledger.StateUnknown, CodeInternal, msg, NextWaitPoll)
 }
 
 // fromRecord fills the envelope fields every answer about rec shares. The
