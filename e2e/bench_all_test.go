@@ -49,12 +49,7 @@ func TestBenchmarkAllRows(t *testing.T) {
 	// The owners of the runs' ledger files (the bench's servers pass their
 	// calls to them) exit soon after the run, as strace -f waits for them.
 	t.Setenv("IDEMGATE_OWNER_IDLE", "1s")
-	b := &allBench{t: t, dir: t.TempDir(), out: os.Getenv("IDEMGATE_BENCH_OUT"), dur: fmt.Sprintf("%ds", secs), started: time.Now()}
-	if b.out != "" {
-		if err := os.MkdirAll(b.out, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := newAllBench(t, secs)
 	b.stdioCreates()
 	b.syncsPerCreate()
 	b.replays()
@@ -73,6 +68,18 @@ func TestBenchmarkAllRows(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// newAllBench is a run of rows with bench runs of secs each, keeping its
+// reports in IDEMGATE_BENCH_OUT when that is set.
+func newAllBench(t *testing.T, secs int) *allBench {
+	b := &allBench{t: t, dir: t.TempDir(), out: os.Getenv("IDEMGATE_BENCH_OUT"), dur: fmt.Sprintf("%ds", secs), started: time.Now()}
+	if b.out != "" {
+		if err := os.MkdirAll(b.out, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
 }
 
 // allRowsEstimate is about how long TestBenchmarkAllRows takes on the

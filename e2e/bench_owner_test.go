@@ -22,7 +22,7 @@ func TestBenchmarkOwnerRows(t *testing.T) {
 		t.Skip("set IDEMGATE_BENCH_OWNER=1 to measure the rows of the ledger's owner (see BENCHMARKS.md)")
 	}
 	secs := envInt(t, "IDEMGATE_BENCH_SECONDS", 10)
-	b := &allBench{t: t, dir: t.TempDir(), out: os.Getenv("IDEMGATE_BENCH_OUT"), dur: fmt.Sprintf("%ds", secs), started: time.Now()}
+	b := newAllBench(t, secs)
 	b.startup()
 	b.processesOnOneFile()
 	fmt.Println(b.markdown(0))

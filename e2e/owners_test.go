@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,9 +38,9 @@ func setUpOwners() (func(), error) {
 	runtimeDir = dir
 	os.Setenv("XDG_RUNTIME_DIR", dir)
 	return func() {
-		socks, _ := filepath.Glob(filepath.Join(dir, "idemgate", "*.sock"))
+		socks, _ := filepath.Glob(filepath.Join(dir, "idemgate", "*.owner.sock"))
 		for _, s := range socks {
-			stopOwnerAt(s, 30*time.Second)
+			stopOwnerAt(owner.Place{Socket: s, Lock: strings.TrimSuffix(s, ".sock") + ".lock"})
 		}
 		os.RemoveAll(dir)
 	}, nil
@@ -88,53 +87,32 @@ func ownerPID(db string) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return pidAt(p.Socket)
-}
-
-func pidAt(socket string) (int, bool) {
-	c, err := net.DialTimeout("unix", socket, time.Second)
-	if err != nil {
-		return 0, false
-	}
-	defer c.Close()
-	raw, err := c.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return 0, false
-	}
-	var cred *syscall.Ucred
-	raw.Control(func(fd uintptr) {
-		cred, _ = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	})
-	if cred == nil {
-		return 0, false
-	}
-	return int(cred.Pid), true
+	return owner.PID(p)
 }
 
 // stopOwner ends the owner of the ledger db with SIGTERM, as an operator
-// would, and waits for it to exit (it answers its calls in flight first).
+// would, and waits until it has let the ledger go (it answers its calls
+// in flight first): owner.Stop.
 func stopOwner(t testing.TB, db string) {
 	p, err := owner.PlaceOf(db)
 	if err != nil {
 		return
 	}
-	if err := stopOwnerAt(p.Socket, 30*time.Second); err != nil {
+	if err := stopOwnerAt(p); err != nil {
 		t.Errorf("stopping the owner of %s: %v", db, err)
 	}
 }
 
-func stopOwnerAt(socket string, timeout time.Duration) error {
-	pid, ok := pidAt(socket)
-	if !ok {
-		return nil
-	}
-	syscall.Kill(pid, syscall.SIGTERM)
-	if !waitGone(pid, timeout) {
+// stopOwnerAt stops the owner at p (owner.Stop), and kills it when it
+// did not exit within 30 s of its SIGTERM.
+func stopOwnerAt(p owner.Place) error {
+	pid, _ := owner.PID(p)
+	err := owner.Stop(p, 30*time.Second)
+	if err != nil && pid > 0 {
 		syscall.Kill(pid, syscall.SIGKILL)
 		waitGone(pid, 5*time.Second)
-		return errors.New("it did not exit within the timeout of a SIGTERM; killed")
 	}
-	return nil
+	return err
 }
 
 // killOwner kills the owner of db with SIGKILL and waits until it is gone.
