@@ -64,6 +64,9 @@ func approvalsCmd(args []string, stdout, stderr io.Writer) error {
 	if sub == "require-token" && id != "on" && id != "off" {
 		return usageError{fmt.Errorf("require-token %q: say on or off", id)}
 	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"approvals", sub}, pos...); err != nil {
+		return err
+	}
 	if err := lf.load(); err != nil {
 		return err
 	}

@@ -45,6 +45,9 @@ func audit(args []string, stdout, stderr io.Writer) error {
 	if (len(archives) > 0 || len(checkpoints) > 0) && args[0] != "verify" {
 		return usageError{errors.New("--archive and --checkpoint are flags of audit verify")}
 	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"audit", args[0]}); err != nil {
+		return err
+	}
 	store, err := lf.openReadOnly()
 	if err != nil {
 		return err
@@ -117,6 +120,12 @@ func stats(args []string, stdout, stderr io.Writer) error {
 	tenant := fs.String("tenant", "", "only this tenant (default: every tenant)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("stats takes no arguments, got %q", fs.Args())}
+	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"stats"}); err != nil {
 		return err
 	}
 	store, err := lf.openReadOnly()

@@ -152,6 +152,9 @@ func auditPrune(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"audit", "prune"}); err != nil {
+		return err
+	}
 	if err := lf.load(); err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func writeAuditHistory(t *testing.T, path string) {
 // output.
 func runCmd(args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	code := run(args, strings.NewReader(""), &stdout, &stderr)
+	code := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 

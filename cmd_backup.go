@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
@@ -22,20 +24,32 @@ func backupCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dst := pos[0]
+	dst, err := filepath.Abs(pos[0])
+	if err != nil {
+		return err
+	}
 	if *db == "" {
 		return usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
 	if postgres.IsURL(*db) {
 		return usageError{errors.New("backup copies a ledger file; back a PostgreSQL ledger up with PostgreSQL's own tools (pg_dump, or continuous archiving)")}
 	}
-	store, err := bolt.OpenReadOnly(*db, ledger.Options{})
-	if err != nil {
+	t := throughOwner{words: []string{"backup"}, fs: fs, args: []string{dst}, db: *db}
+	if err := t.run(context.Background(), stdout, stderr); err != nil {
 		return err
 	}
-	n, err := store.Backup(dst)
-	if cerr := store.Close(); err == nil {
-		err = cerr
+	var n int64
+	if owned != nil {
+		n, err = owned.store.(*bolt.File).Backup(dst)
+	} else {
+		store, oerr := bolt.OpenReadOnly(*db, ledger.Options{})
+		if oerr != nil {
+			return oerr
+		}
+		n, err = store.Backup(dst)
+		if cerr := store.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
 		return err

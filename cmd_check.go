@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +34,10 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if postgres.IsURL(*db) {
 		return usageError{errors.New("check inspects a ledger file's pages; a PostgreSQL ledger is checked by PostgreSQL itself (pg_amcheck), and its audit chain by: idemgate audit verify --db URL")}
+	}
+	t := throughOwner{words: []string{"check"}, fs: fs, db: *db}
+	if err := t.run(context.Background(), stdout, stderr); err != nil {
+		return err
 	}
 	rep, err := bolt.Check(*db)
 	if err != nil {

@@ -53,7 +53,7 @@ func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Serv
 // consoleCmd serves the web console alone, over the same ledger the
 // agents' servers use, and prints to stderr a one-time login link (with
 // --principal or --token) or the login page's address.
-func consoleCmd(args []string, stderr io.Writer) (err error) {
+func consoleCmd(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("console", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var lf settings
@@ -82,6 +82,14 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)}
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// On a ledger file, the file's owner serves the console for this
+	// process (started when none runs, and again if it ends).
+	t := throughOwner{words: []string{"console"}, fs: fs, db: lf.db, lf: &lf, lasting: true}
+	if err := t.run(ctx, stderr, stderr); err != nil {
+		return err
 	}
 	if err := lf.load(); err != nil {
 		return err
@@ -141,8 +149,6 @@ func consoleCmd(args []string, stderr io.Writer) (err error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	printLogin(stderr, ln.Addr().String(), publicURL, c, link)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	return server.ServeUntil(ctx, srv, ln, 10*time.Second)
 }
 

@@ -53,6 +53,9 @@ func ops(args []string, stdout, stderr io.Writer) error {
 	if *limit < 1 || *limit > 10000 {
 		return usageError{fmt.Errorf("--limit must be 1-10000, got %d", *limit)}
 	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"ops", sub}, pos...); err != nil {
+		return err
+	}
 	store, err := lf.openReadOnly()
 	if err != nil {
 		return err

@@ -37,6 +37,9 @@ func outboxCmd(args []string, stdout, stderr io.Writer) error {
 	if p := strings.TrimSpace(*principal); p == "" || len(p) > 200 || !utf8.ValidString(p) {
 		return usageError{fmt.Errorf("--principal must be 1-200 bytes of text, got %q", clipArg(*principal))}
 	}
+	if err := lf.inOwner(fs, stdout, stderr, []string{"outbox", "requeue"}, pos...); err != nil {
+		return err
+	}
 	store, svc, err := lf.openService("", 0, quietLogger(stderr))
 	if err != nil {
 		return err

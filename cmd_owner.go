@@ -67,12 +67,7 @@ func servePipe(o *serveOptions, stdin io.Reader, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	args := []string{ownerArg}
-	for name, v := range config {
-		if flag, ok := strings.CutPrefix(name, "--"); ok {
-			args = append(args, "--"+flag+"="+v)
-		}
-	}
+	args := ownerArgs(config)
 	start := func() error { return owner.Start(exe, args, ownerEnv()) }
 	connect := func() (*owner.Conn, error) { return owner.Connect(place, hello, start) }
 	first, err := connect()
@@ -89,6 +84,17 @@ func servePipe(o *serveOptions, stdin io.Reader, stdout, stderr io.Writer) error
 	defer stop()
 	go func() { <-ctx.Done(); stop() }()
 	return owner.Pipe(ctx, first, owner.PipeConfig{In: stdin, Out: stdout, Connect: connect, Grace: o.grace(), Logger: logger})
+}
+
+// ownerArgs are the arguments that start an owner of config.
+func ownerArgs(config map[string]string) []string {
+	args := []string{ownerArg}
+	for name, v := range config {
+		if flag, ok := strings.CutPrefix(name, "--"); ok {
+			args = append(args, "--"+flag+"="+v)
+		}
+	}
+	return args
 }
 
 // ownerEnv is the environment an owner is started with: this process's,
@@ -150,10 +156,13 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	out := &startingLog{log: logFile, starter: stderr}
 	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: o.level}))
 	lf.mayCreate = true
+	observers := &auditObservers{}
+	lf.observe = observers.observe
 	store, svc, err := lf.openService(o.outbox, o.wait, logger)
 	if err != nil {
 		return err
 	}
+	owned = &ownedLedger{o: o, place: place, store: store, svc: svc, observers: observers}
 	ledgerFile, err := os.Stat(lf.db)
 	if err != nil {
 		store.Close()
@@ -343,7 +352,10 @@ func (s *ownerServer) serveConn(ctx context.Context, c *net.UnixConn) {
 	if err := owner.Check(h, owner.Build(), s.config, s.place.Ledger); err != nil || s.isLeaving() {
 		// A client of another build or configuration: with no other
 		// client, make way for an owner of its own.
-		w := owner.Welcome{PID: os.Getpid(), Build: owner.Build(), Leaving: s.leaveIfAlone()}
+		w := owner.Welcome{PID: os.Getpid(), Build: owner.Build()}
+		if startsOwners(h) {
+			w.Leaving = s.leaveIfAlone()
+		}
 		if err != nil {
 			w.Error = err.Error()
 		} else {
@@ -351,6 +363,10 @@ func (s *ownerServer) serveConn(ctx context.Context, c *net.UnixConn) {
 		}
 		s.log.Warn("refused a client", "client_pid", h.PID, "err", w.Error, "leaving", w.Leaving)
 		owner.Send(c, w)
+		return
+	}
+	if len(h.Command) > 0 {
+		s.runCommand(ctx, c, r, h)
 		return
 	}
 	id, err := s.admit(ctx, h)
@@ -368,6 +384,36 @@ func (s *ownerServer) serveConn(ctx context.Context, c *net.UnixConn) {
 		In: r, Out: c, Workers: min(max(h.Workers, 1), 100), Grace: s.o.grace(), Logger: log, Screen: s.svc.Screen,
 	})
 	log.Info("client left", "err", err)
+}
+
+// startsOwners reports whether the client of h starts an owner when none
+// runs: a serve or the console does; a one-shot command (ops list…)
+// opens the file itself, and an owner does not leave for it.
+func startsOwners(h owner.Hello) bool {
+	return len(h.Command) == 0 || h.Command[0] == "serve" || h.Command[0] == "console"
+}
+
+// runCommand runs the command a client sent (see throughOwner) and sends
+// its output and exit status; the command is asked to stop when the
+// client closes its side of c.
+func (s *ownerServer) runCommand(ctx context.Context, c *net.UnixConn, r *bufio.Reader, h owner.Hello) {
+	if err := owner.Send(c, owner.Welcome{OK: true, PID: os.Getpid(), Build: owner.Build()}); err != nil {
+		return
+	}
+	log := s.log.With("client_pid", h.PID)
+	log.Info("running a command", "command", h.Command[0])
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		io.Copy(io.Discard, r) // until the client closes its side
+		cancel()
+	}()
+	out := owner.NewOutput(c)
+	code := runHosted(ctx, h.Command, h.Env, out)
+	if err := out.Exit(code); err != nil {
+		log.Warn("a command's exit status", "err", err)
+	}
+	log.Info("command ended", "command", h.Command[0], "status", code)
 }
 
 // admit checks a client's identity: it is valid, and an approver without a verified

@@ -23,19 +23,37 @@ import (
 	"time"
 )
 
-func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	setGCDefault()
-	stopProfiles, err := startProfiles(os.Getenv("IDEMGATE_CPUPROFILE"), os.Getenv("IDEMGATE_MEMPROFILE"))
-	if err != nil {
-		return err
+func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if owned == nil { // not a serve --http the owner runs for a client
+		setGCDefault()
+		stopProfiles, err := startProfiles(os.Getenv("IDEMGATE_CPUPROFILE"), os.Getenv("IDEMGATE_MEMPROFILE"))
+		if err != nil {
+			return err
+		}
+		defer stopProfiles(stderr)
 	}
-	defer stopProfiles(stderr)
 	o, err := parseServe("serve", args, stderr)
 	if err != nil {
 		return err
 	}
 	if o.piped() {
 		return servePipe(o, stdin, stdout, stderr)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// A second signal during the shutdown ends the process at once.
+	go func() { <-ctx.Done(); stop() }()
+	if o.httpAddr != "" && !o.ownLedger {
+		// On a ledger file, the file's owner serves HTTP for this
+		// process (started when none runs, and again if it ends).
+		_, config, err := o.ownerPlace()
+		if err != nil {
+			return err
+		}
+		t := throughOwner{words: []string{"serve"}, fs: o.fs, db: o.lf.db, lf: &o.lf, lasting: true, config: config, ownerArgs: ownerArgs(config)}
+		if err := t.run(ctx, stdout, stderr); err != nil {
+			return err
+		}
 	}
 	lf, id := &o.lf, o.id
 	if o.httpAddr == "" && (id.Role == approvals.RoleApprover || o.token != "") {
@@ -87,13 +105,11 @@ func serve(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			logger.Error("shutdown", "err", cerr)
 		}
 	}()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	// A second signal during the shutdown ends the process at once.
-	go func() { <-ctx.Done(); stop() }()
 	grace := o.grace()
-	if err := startLoops(bg, o, store, svc, stderr, logger); err != nil {
-		return err
+	if lf.hosted == nil { // the owner runs its own
+		if err := startLoops(bg, o, store, svc, stderr, logger); err != nil {
+			return err
+		}
 	}
 	if o.httpAddr != "" {
 		sessions := server.NewSessions(store, server.SessionConfig{IdleTimeout: o.sessionIdle, MaxPerToken: o.maxSessions}, logger, metrics)

@@ -38,6 +38,9 @@ func settleCmd(sub string, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	key := pos[0]
+	if err := lf.inOwner(fs, stdout, stderr, []string{sub}, pos...); err != nil {
+		return err
+	}
 	if err := lf.load(); err != nil {
 		return err
 	}

@@ -108,6 +108,9 @@ type settings struct {
 	// serve (and init) do; every other command refuses a missing ledger
 	// rather than start an empty one that remembers no key.
 	mayCreate bool
+	// hosted: the command runs in the owner of its ledger file, whose
+	// ledger and service its opens return (see throughOwner).
+	hosted *ownedLedger
 }
 
 // readOnlySink is the notification sink of a read-only command: it
@@ -193,7 +196,7 @@ func (l *settings) load() error {
 	if l.approvalWebhook != "" {
 		c.Approvals.NotifyWebhook = l.approvalWebhook
 	}
-	if v := os.Getenv("IDEMGATE_APPROVAL_NOTIFY_SECRET"); v != "" {
+	if v := env("IDEMGATE_APPROVAL_NOTIFY_SECRET", ""); v != "" {
 		c.Approvals.NotifySecret = v
 	}
 	if l.publicURL != "" {
@@ -252,6 +255,10 @@ func (l *settings) openService(outboxDir string, wait time.Duration, logger *slo
 // the notification sink refuses to deliver rather than create its
 // directory.
 func (l *settings) openServiceMode(readOnly bool, outboxDir string, wait time.Duration, logger *slog.Logger) (ledger.Store, *tools.Service, error) {
+	if l.hosted != nil {
+		store, svc := l.hostedOpen()
+		return store, svc, nil
+	}
 	open := l.open
 	if readOnly {
 		open = l.openReadOnly
@@ -343,6 +350,10 @@ type usageError struct{ error }
 // PostgreSQL ledger instead (see postgres.Open): serve migrates its schema,
 // every other command needs a database that already holds a ledger.
 func (l *settings) open() (ledger.Store, error) {
+	if l.hosted != nil {
+		store, _ := l.hostedOpen()
+		return store, nil
+	}
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
@@ -369,6 +380,10 @@ func (l *settings) open() (ledger.Store, error) {
 // bolt.OpenReadOnly; for a postgres:// URL, postgres.OpenReadOnly). The
 // read commands use it.
 func (l *settings) openReadOnly() (ledger.Store, error) {
+	if l.hosted != nil {
+		store, _ := l.hostedOpen()
+		return store, nil
+	}
 	if l.db == "" {
 		return nil, usageError{errors.New("--db is empty and no data directory could be found; pass --db PATH")}
 	}
@@ -433,11 +448,4 @@ func defaultDB() string {
 		}
 	}
 	return filepath.Join(dir, "idemgate", "ledger.db")
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -43,6 +43,9 @@ func (l *loops) Stop() {
 // which they all use: nothing ever runs against a closed store.
 func closeAfter(l *loops, svc interface{ Close() }, store io.Closer) error {
 	l.Stop()
+	if h, ok := store.(hostedStore); ok {
+		return h.Close() // the owner's: it closes them itself
+	}
 	if svc != nil {
 		svc.Close()
 	}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -59,10 +60,13 @@ Every command that opens the ledger takes --db PATH, or a postgres:// URL
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// run runs the command args; ctx ends a long-running one (serve, console)
+// as SIGTERM does: in the owner of a ledger file, when the client that
+// sent the command leaves.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
@@ -70,11 +74,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "serve":
-		err = serve(args[1:], stdin, stdout, stderr)
+		err = serve(ctx, args[1:], stdin, stdout, stderr)
 	case ownerArg:
 		err = ownerCmd(args[1:], stderr)
 	case "console":
-		err = consoleCmd(args[1:], stderr)
+		err = consoleCmd(ctx, args[1:], stderr)
 	case "ops":
 		err = ops(args[1:], stdout, stderr)
 	case "approvals":
@@ -112,7 +116,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "help", "-h", "--help", "-help":
 		if len(args) > 1 && args[0] == "help" && !isHelpArg(args[1]) {
 			// idemgate help CMD [SUB] is idemgate CMD [SUB] --help.
-			return run(append(args[1:len(args):len(args)], "--help"), stdin, stdout, stderr)
+			return run(ctx, append(args[1:len(args):len(args)], "--help"), stdin, stdout, stderr)
 		}
 		fmt.Fprint(stdout, usage)
 	default:
@@ -121,6 +125,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	var status exitStatus
+	if errors.As(err, &status) {
+		return int(status) // the command ran in the ledger's owner, which wrote why
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "idemgate:", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"regexp"
 	"slices"
@@ -109,7 +110,7 @@ func cliSynopses(t *testing.T) []synopsis {
 // returns its exit code and everything it printed.
 func runHelp(argv ...string) (int, string) {
 	var stdout, stderr bytes.Buffer
-	code := run(argv, strings.NewReader(""), &stdout, &stderr)
+	code := run(context.Background(), argv, strings.NewReader(""), &stdout, &stderr)
 	return code, stdout.String() + stderr.String()
 }
 

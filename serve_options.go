@@ -41,6 +41,8 @@ type serveOptions struct {
 	checkpointEvery time.Duration
 	authLimit       int
 	ownLedger       bool
+	logLevel        string
+	authLimitFlag   *int
 }
 
 // perClient are the flags of serve that are not the ledger's
@@ -58,39 +60,17 @@ var perClient = map[string]bool{
 // messages) and loads the configuration file.
 func parseServe(name string, args []string, stderr io.Writer) (*serveOptions, error) {
 	o := &serveOptions{}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o.fs = fs
-	o.lf.register(fs)
-	id := &o.id
-	fs.StringVar(&id.Principal, "principal", env("IDEMGATE_PRINCIPAL", "local-agent"), "who this server acts for (env IDEMGATE_PRINCIPAL)")
-	fs.StringVar(&id.Tenant, "tenant", env("IDEMGATE_TENANT", "default"), "tenant whose operations this server sees (env IDEMGATE_TENANT)")
-	fs.StringVar(&id.Role, "role", env("IDEMGATE_ROLE", "agent"), "agent or approver (env IDEMGATE_ROLE)")
-	fs.StringVar(&id.OnBehalfOf, "on-behalf-of", env("IDEMGATE_ON_BEHALF_OF", ""), "stdio: the user this agent acts for, recorded on every audit entry (env IDEMGATE_ON_BEHALF_OF; over --http the token's)")
-	fs.StringVar(&id.Model, "model", env("IDEMGATE_MODEL", ""), "stdio: the model driving this agent, recorded on every audit entry (env IDEMGATE_MODEL; over --http the token's)")
-	fs.StringVar(&o.outbox, "outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes messages into, as --outbox-format says (default: 'outbox' beside --db)")
-	fs.DurationVar(&o.wait, "wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
-	fs.IntVar(&o.workers, "workers", 32, "concurrent tool calls (1-100)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
-	fs.StringVar(&o.httpAddr, "http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
-	fs.StringVar(&o.tokensFile, "tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
-	fs.StringVar(&o.token, "token", env("IDEMGATE_TOKEN", ""), "stdio: a token from --tokens whose principal, tenant and role this server acts as; required for --role approver when the config sets require_approver_token (prefer env IDEMGATE_TOKEN)")
-	fs.StringVar(&o.allowedOrigins, "allowed-origins", env("IDEMGATE_ALLOWED_ORIGINS", ""), "with --http: comma-separated browser origins (scheme://host[:port]) allowed besides the server's own; a request with any other Origin gets 403 (env IDEMGATE_ALLOWED_ORIGINS)")
-	fs.DurationVar(&o.sessionIdle, "session-idle-timeout", server.DefaultSessionIdleTimeout, "with --http: a session unused this long ends (its id then gets 404)")
-	fs.IntVar(&o.maxSessions, "max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
-	fs.DurationVar(&o.bodyTimeout, "http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
-	fs.DurationVar(&o.checkpointEvery, "audit-checkpoint-every", time.Minute, "with --audit-checkpoint-key: how often a signed checkpoint of the audit chain's head is logged (to stderr) when the chain grew; one more is logged at shutdown")
-	fs.BoolVar(&o.ownLedger, "own-ledger", false, "stdio on a ledger file: open the file in this process instead of passing the calls to the process that owns it (which serve starts when none runs, and which every serve on the file shares); for a supervisor or container that runs one server per ledger")
-	authLimit := authFailureLimitFlag(fs)
+	fs := o.flags(stderr)
+	fs.Init(name, flag.ContinueOnError)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	o.authLimit = *authLimit
+	o.authLimit = *o.authLimitFlag
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("%s takes no arguments, got %q", name, fs.Args())}
 	}
-	if err := o.level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)}
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", o.logLevel)}
 	}
 	if err := o.id.Validate(); err != nil {
 		return nil, usageError{err}
@@ -115,6 +95,35 @@ func parseServe(name string, args []string, stderr io.Writer) (*serveOptions, er
 		return nil, err
 	}
 	return o, nil
+}
+
+// flags registers serve's flags in a new flag set writing to stderr.
+func (o *serveOptions) flags(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.fs = fs
+	o.lf.register(fs)
+	id := &o.id
+	fs.StringVar(&id.Principal, "principal", env("IDEMGATE_PRINCIPAL", "local-agent"), "who this server acts for (env IDEMGATE_PRINCIPAL)")
+	fs.StringVar(&id.Tenant, "tenant", env("IDEMGATE_TENANT", "default"), "tenant whose operations this server sees (env IDEMGATE_TENANT)")
+	fs.StringVar(&id.Role, "role", env("IDEMGATE_ROLE", "agent"), "agent or approver (env IDEMGATE_ROLE)")
+	fs.StringVar(&id.OnBehalfOf, "on-behalf-of", env("IDEMGATE_ON_BEHALF_OF", ""), "stdio: the user this agent acts for, recorded on every audit entry (env IDEMGATE_ON_BEHALF_OF; over --http the token's)")
+	fs.StringVar(&id.Model, "model", env("IDEMGATE_MODEL", ""), "stdio: the model driving this agent, recorded on every audit entry (env IDEMGATE_MODEL; over --http the token's)")
+	fs.StringVar(&o.outbox, "outbox-dir", env("IDEMGATE_OUTBOX_DIR", ""), "directory the notification sink writes messages into, as --outbox-format says (default: 'outbox' beside --db)")
+	fs.DurationVar(&o.wait, "wait", 5*time.Second, "how long a duplicate call waits for a running operation before answering in_progress")
+	fs.IntVar(&o.workers, "workers", 32, "concurrent tool calls (1-100)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	fs.StringVar(&o.httpAddr, "http", env("IDEMGATE_HTTP", ""), "serve Streamable HTTP on this address (e.g. 127.0.0.1:8080) instead of stdio; identities come from --tokens (env IDEMGATE_HTTP)")
+	fs.StringVar(&o.tokensFile, "tokens", env("IDEMGATE_TOKENS", ""), "bearer tokens file for --http (default: tokens.json beside --db; create entries with idemgate tokens add)")
+	fs.StringVar(&o.token, "token", env("IDEMGATE_TOKEN", ""), "stdio: a token from --tokens whose principal, tenant and role this server acts as; required for --role approver when the config sets require_approver_token (prefer env IDEMGATE_TOKEN)")
+	fs.StringVar(&o.allowedOrigins, "allowed-origins", env("IDEMGATE_ALLOWED_ORIGINS", ""), "with --http: comma-separated browser origins (scheme://host[:port]) allowed besides the server's own; a request with any other Origin gets 403 (env IDEMGATE_ALLOWED_ORIGINS)")
+	fs.DurationVar(&o.sessionIdle, "session-idle-timeout", server.DefaultSessionIdleTimeout, "with --http: a session unused this long ends (its id then gets 404)")
+	fs.IntVar(&o.maxSessions, "max-sessions-per-token", server.DefaultMaxSessionsPerToken, "with --http: sessions one token may hold; a new one ends the token's least recently used")
+	fs.DurationVar(&o.bodyTimeout, "http-body-timeout", server.DefaultBodyTimeout, "with --http: how long a client may take to send one request body")
+	fs.DurationVar(&o.checkpointEvery, "audit-checkpoint-every", time.Minute, "with --audit-checkpoint-key: how often a signed checkpoint of the audit chain's head is logged (to stderr) when the chain grew; one more is logged at shutdown")
+	fs.BoolVar(&o.ownLedger, "own-ledger", false, "stdio on a ledger file: open the file in this process instead of passing the calls to the process that owns it (which serve starts when none runs, and which every serve on the file shares); for a supervisor or container that runs one server per ledger")
+	o.authLimitFlag = authFailureLimitFlag(fs)
+	return fs
 }
 
 // piped reports whether this serve passes its client's calls to the

@@ -32,7 +32,8 @@ type Conn struct {
 // When no owner listens it calls start, which starts one, and dials again
 // until one answers. An owner that ends during the hello (killed, or
 // leaving for a client of another build or configuration) is tried again,
-// up to three times. A refusal is a *RefusedError.
+// up to three times. A refusal is a *RefusedError. A start that returns
+// ErrNoOwner (a client that starts none) ends it with that error.
 func Connect(p Place, h Hello, start func() error) (*Conn, error) {
 	var err error
 	for attempt := range 3 {
@@ -41,7 +42,7 @@ func Connect(p Place, h Hello, start func() error) (*Conn, error) {
 			return c, nil
 		}
 		var refused *RefusedError
-		if errors.Is(err, errSilent) || errors.As(err, &refused) && !refused.leaving {
+		if errors.Is(err, errSilent) || errors.Is(err, ErrNoOwner) || errors.As(err, &refused) && !refused.leaving {
 			return nil, err // a silent owner is not waited for twice
 		}
 		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"runtime/debug"
@@ -48,6 +49,15 @@ type Hello struct {
 	TokenVerified bool `json:"token_verified,omitempty"`
 	// Workers bounds the client's concurrent tool calls.
 	Workers int `json:"workers"`
+	// Command, when set, is an idemgate command for the owner to run over
+	// its ledger instead of serving MCP messages (see Output and Relay):
+	// its words, its flags and its arguments, paths made absolute. Config
+	// then holds only the settings the command was given; the owner
+	// compares those.
+	Command []string `json:"command,omitempty"`
+	// Env is the client's environment for Command: the IDEMGATE_
+	// variables that give its flags their defaults.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Welcome is the owner's answer to a hello: OK, or the reason it refuses
@@ -140,6 +150,16 @@ func Check(h Hello, build string, config map[string]string, ledger string) error
 	}
 	if h.Build != build {
 		return fmt.Errorf("the owner of ledger %s (pid %d) runs another build of idemgate (%s; this one is %s): end the MCP clients still running the other build (the owner exits a minute after its last client leaves) or stop it (kill %d), then start again", ledger, os.Getpid(), short(build), short(h.Build), os.Getpid())
+	}
+	if len(h.Command) > 0 && h.Command[0] != "serve" {
+		// A command compares the settings it was given (a serve all
+		// of them).
+		config = maps.Clone(config)
+		maps.DeleteFunc(config, func(k, _ string) bool { _, ok := h.Config[k]; return !ok })
+		if d := Differences(h.Config, config); len(d) > 0 {
+			return fmt.Errorf("the owner of ledger %s (pid %d), which runs %s for this process, was started with another configuration: %s; leave these settings out (the command uses the owner's) or stop the owner (kill %d) once its clients have ended", ledger, os.Getpid(), h.Command[0], strings.Join(d, "; "), os.Getpid())
+		}
+		return nil
 	}
 	if d := Differences(h.Config, config); len(d) > 0 {
 		return fmt.Errorf("the owner of ledger %s (pid %d) was started with another configuration: %s; give every idemgate serve on this ledger the same configuration, or stop the owner (kill %d) once its clients have ended", ledger, os.Getpid(), strings.Join(d, "; "), os.Getpid())
