@@ -124,7 +124,7 @@ func (readOnlySink) Deliver(context.Context, *outbox.Message) error {
 func (readOnlySink) Flush() error { return nil }
 
 func (l *settings) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger: a file (bbolt), shared safely by several processes on one machine, or a postgres:// URL, shared by several machines (env IDEMGATE_DB)")
+	fs.StringVar(&l.db, "db", env("IDEMGATE_DB", defaultDB()), "ledger: a file (bbolt), which one process owns and every idemgate process on the machine uses through it, or a postgres:// URL, shared by several machines (env IDEMGATE_DB)")
 	fs.DurationVar(&l.retention, "retention", 24*time.Hour, "how long a finished operation's full result is kept and replayed")
 	fs.DurationVar(&l.tombstoneRetention, "tombstone-retention", 30*24*time.Hour, "how long after retention a tombstone still refuses re-execution (key_expired)")
 	fs.DurationVar(&l.suspectWindow, "suspect-window", 10*time.Minute, "a new key with the same request as an operation this recent is held as a suspected duplicate")

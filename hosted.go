@@ -145,6 +145,10 @@ func env(name, def string) string {
 // and Env), writing to out, and returns its exit status. ctx ends when
 // the client closes its side.
 func runHosted(ctx context.Context, words []string, vars map[string]string, out *owner.Output) int {
+	if len(words) == 0 || !hostedCommands[words[0]] {
+		fmt.Fprintf(out.Stderr(), "idemgate: the owner of a ledger runs only its commands (ops, approvals, …), not %q\n", words)
+		return 2
+	}
 	cmdEnvMu.Lock()
 	var once sync.Once
 	e := &commandEnv{vars: vars, release: func() {
@@ -156,6 +160,13 @@ func runHosted(ctx context.Context, words []string, vars map[string]string, out 
 	cmdEnv.Store(e)
 	defer e.release()
 	return run(ctx, words, strings.NewReader(""), out.Stdout(), out.Stderr())
+}
+
+// hostedCommands are the commands an owner runs for its clients: those
+// that call throughOwner.
+var hostedCommands = map[string]bool{
+	"ops": true, "approvals": true, "audit": true, "stats": true, "outbox": true, "reconcile": true,
+	"resolve": true, "backup": true, "check": true, "console": true, "serve": true,
 }
 
 // exitStatus is the exit status of a command the owner ran; run exits

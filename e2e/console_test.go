@@ -400,6 +400,7 @@ func startConsole(t *testing.T, args []string, want ...*regexp.Regexp) (base str
 	addr := ln.Addr().String()
 	ln.Close()
 	cmd := exec.Command(idemgate, append([]string{"console", "--listen", addr}, args...)...)
+	stopOwnerAtEnd(t, cmd.Args[1:])
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {

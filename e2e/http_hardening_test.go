@@ -53,6 +53,7 @@ func startHTTPEnv(t *testing.T, env []string, db, tokens string, nofile int, ext
 	addr := ln.Addr().String()
 	ln.Close()
 	args := append([]string{"serve", "--http", addr, "--db", db, "--tokens", tokens, "--log-level", "warn"}, extra...)
+	stopOwnerAtEnd(t, args)
 	var cmd *exec.Cmd
 	if nofile > 0 {
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$0" && exec "$@"`, strconv.Itoa(nofile), idemgate}, args...)...)

@@ -48,6 +48,7 @@ func httpServerAt(t *testing.T, addr, db, tokens string, extra ...string) string
 func httpServerProcess(t *testing.T, addr, db, tokens string, extra ...string) (base string, pid int) {
 	t.Helper()
 	args := append([]string{"serve", "--http", addr, "--db", db, "--tokens", tokens, "--log-level", "warn"}, extra...)
+	stopOwnerAtEnd(t, args)
 	cmd := exec.Command(idemgate, args...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
@@ -89,24 +90,34 @@ func httpServerProcess(t *testing.T, addr, db, tokens string, extra ...string) (
 // token; the session's helpers (call, mustSucceed, …) work as over stdio.
 func httpSession(t *testing.T, base, token string) *session {
 	t.Helper()
-	tr, err := transport.NewStreamableHTTP(base+"/mcp", transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + token}))
+	s, err := tryHTTPSession(t, base, token)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return s
+}
+
+// tryHTTPSession is httpSession, returning its error.
+func tryHTTPSession(t *testing.T, base, token string) (*session, error) {
+	tr, err := transport.NewStreamableHTTP(base+"/mcp", transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + token}))
+	if err != nil {
+		return nil, err
 	}
 	c := client.NewClient(tr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	req := mcp.InitializeRequest{}
 	req.Params.ClientInfo = mcp.Implementation{Name: "e2e-http", Version: "1"}
 	if _, err := c.Initialize(ctx, req); err != nil {
-		t.Fatalf("initialize over HTTP: %v", err)
+		c.Close()
+		return nil, fmt.Errorf("initialize over HTTP: %w", err)
 	}
 	s := &session{t: t, flavor: mcpGoModern, mc: c}
 	t.Cleanup(s.Close)
-	return s
+	return s, nil
 }
 
 func addToken(t *testing.T, file, principal, tenant, role string) string {

@@ -46,16 +46,16 @@ func setUpOwners() (func(), error) {
 	}, nil
 }
 
-// pipedLedger returns the ledger file of serve (or bench) args whose
-// server passes its calls to an owner: stdio, a file, no --own-ledger.
+// pipedLedger returns the ledger file of serve, console (or bench) args
+// whose server runs in an owner it starts: a file, no --own-ledger.
 func pipedLedger(args []string) (string, bool) {
-	if len(args) == 0 || args[0] != "serve" && args[0] != "bench" || slices.Contains(args, "--own-ledger") {
+	if len(args) == 0 || args[0] != "serve" && args[0] != "bench" && args[0] != "console" || slices.Contains(args, "--own-ledger") {
 		return "", false
 	}
 	db := ""
 	for i, a := range args {
 		switch {
-		case a == "--http" || strings.HasPrefix(a, "--http=") || a == "--url" || strings.HasPrefix(a, "--url="):
+		case a == "--url" || strings.HasPrefix(a, "--url="):
 			return "", false
 		case a == "--db" && i+1 < len(args):
 			db = args[i+1]
