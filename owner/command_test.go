@@ -65,3 +65,18 @@ func TestRelayOwnerGone(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRelay: any bytes from a connection end the relay with a status or an
+// error, never a panic, and write no more than they carry.
+func FuzzRelay(f *testing.F) {
+	f.Add(append([]byte{frameStdout, 0, 0, 0, 2}, "ok"...))
+	f.Add([]byte{frameExit, 0, 0, 0, 4, 0, 0, 0, 1})
+	f.Add([]byte{frameStderr, 0, 0, 0, 9, 'a'})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var out bytes.Buffer
+		Relay(bytes.NewReader(raw), &out, &out)
+		if out.Len() > len(raw) {
+			t.Fatalf("%d bytes written from %d read", out.Len(), len(raw))
+		}
+	})
+}
