@@ -59,7 +59,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	target := fs.String("url", "", "drive the Streamable HTTP server at this URL (e.g. http://127.0.0.1:8080/mcp) instead of spawning idemgate serve over stdio")
 	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "with --url: the bearer token to call with (an agent's; env IDEMGATE_TOKEN)")
-	serverPID := fs.Int("server-pid", 0, "with --url: the local server's process id, to report its CPU per call")
+	serverPID := fs.Int("server-pid", 0, "with --url: the local server's process id, to report its CPU per call (a serve --http on a ledger file runs in the file's owner: its pid, which serve prints at start)")
 	db := fs.String("db", "", "the ledger the spawned server uses (default: a fresh one in a temporary directory, removed afterwards)")
 	config := fs.String("config", "", "a configuration file for the spawned server (its policy applies to the calls)")
 	clients := fs.Int("clients", 8, fmt.Sprintf("concurrent callers (1-%d); over stdio they share the one connection, over HTTP each has its own", loadgen.MaxClients))

@@ -93,13 +93,31 @@ func (h hostedStore) Close() error {
 // host makes l the owner's settings (the command's were checked against
 // them), with opens that return the owner's ledger and service.
 func (l *settings) host(o *ownedLedger) {
-	fs, observe := l.fs, l.observe
+	mine := *l
 	*l = o.o.lf
-	l.fs, l.observe, l.hosted = fs, observe, o
+	l.fs, l.observe, l.hosted = mine.fs, mine.observe, o
+	if flagSet(l.fs, "audit-checkpoint-key") {
+		l.checkpointKey, l.file.Audit.CheckpointKey = mine.checkpointKey, mine.checkpointKey
+	}
+	if flagSet(l.fs, "public-url") {
+		l.publicURL, l.file.Console.PublicURL = mine.publicURL, mine.publicURL
+	}
 }
+
+// commandsOwn are settings of serve that a command other than serve uses
+// for itself, not the ledger: the key audit verify checks checkpoints
+// with (export signs with), the address people open the console at. The
+// owner does not compare them, and the command keeps its own.
+var commandsOwn = map[string]bool{"audit-checkpoint-key": true, "public-url": true}
 
 // hostedOpen is the owner's ledger and service for a command it runs.
 func (l *settings) hostedOpen() (ledger.Store, *tools.Service) {
+	// The command sees every audit entry of the calls answered before it
+	// (replays and refusals are buffered for a moment), as a command that
+	// opened the file after their server ended would.
+	if f, ok := l.hosted.store.(interface{ FlushAudit() error }); ok {
+		f.FlushAudit()
+	}
 	h := hostedStore{Store: l.hosted.store}
 	if l.observe != nil {
 		h.remove = l.hosted.observers.add(l.observe)
@@ -257,6 +275,9 @@ func (t throughOwner) run(ctx context.Context, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if t.lasting {
+			fmt.Fprintf(stderr, "idemgate: %s runs in the process that owns ledger %s (pid %d; its log: %s)\n", t.words[0], place.Ledger, c.Welcome.PID, place.Log)
+		}
 		code, err := relay(ctx, c, stdout, stderr)
 		if err == nil {
 			return exitStatus(code)
@@ -331,7 +352,7 @@ func configGiven(fs *flag.FlagSet) (map[string]string, error) {
 	c := map[string]string{}
 	var err error
 	fs.Visit(func(f *flag.Flag) {
-		if !serveFlags()[f.Name] || perClient[f.Name] {
+		if !serveFlags()[f.Name] || perClient[f.Name] || commandsOwn[f.Name] {
 			return
 		}
 		v := f.Value.String()

@@ -144,7 +144,9 @@ func mustRefuseWithoutApproverToken(t *testing.T, cmd []string, cfg, agentTok st
 		want string
 	}{
 		{"no token, with the configuration", []string{"--config", cfg, "--principal", "boss"}, "require_approver_token"},
-		{"no token, no configuration", []string{"--principal", "boss"}, "requires approver tokens"},
+		// The command runs in the agent's owner, whose configuration it
+		// takes (TestApproverTokenRuleKeptByTheLedger: the ledger's rule).
+		{"no token, no configuration", []string{"--principal", "boss"}, "require_approver_token"},
 		{"an agent's token", []string{"--config", cfg, "--token", agentTok}, "role approver"},
 	} {
 		r := runCLI(t, 20*time.Second, slices.Concat(cmd, c.args)...)

@@ -209,8 +209,13 @@ func benchHTTPServer(t *testing.T, dir string, extra ...string) (base, token str
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	base, pid = httpServerProcess(t, addr, filepath.Join(dir, "ledger.db"), tokens,
+	db := filepath.Join(dir, "ledger.db")
+	base, _ = httpServerProcess(t, addr, db, tokens,
 		append([]string{"--outbox-dir", filepath.Join(dir, "outbox")}, extra...)...)
+	pid, ok := ownerPID(db) // which serves HTTP for the process
+	if !ok {
+		t.Fatal("no owner of the ledger")
+	}
 	return base, token, pid
 }
 

@@ -138,13 +138,18 @@ func TestApproverTokenRuleKeptByTheLedger(t *testing.T) {
 	o := placeOrder(t, agent, "cust-rule")
 	key := newKey()
 	id := agent.mustHold(t, "cancel_order", cancelArgs(key, o.OrderID, 1)).Approval.ApprovalID
+	// No owner from now on: a command run in one takes its configuration.
+	agent.Close()
+	stopOwner(t, db)
 
 	// No --config: the ledger still says a token is needed.
 	bare := runCLI(t, 20*time.Second, "approvals", "approve", id, "--db", db, "--tenant", aprTenant, "--principal", "boss")
 	if bare.Code == 0 || !strings.Contains(bare.Stderr, "requires approver tokens") {
 		t.Fatalf("approve with no config and no token: exit %d, want refused by the ledger's rule\nstdout: %s\nstderr: %s", bare.Code, bare.Stdout, bare.Stderr)
 	}
-	agent.mustBeState(t, key, "awaiting_approval")
+	if r := runCLI(t, 20*time.Second, "ops", "show", key, "--db", db, "--tenant", aprTenant); !strings.Contains(r.Stdout, "awaiting_approval") {
+		t.Fatalf("after the refused approval: %s", r.Stdout)
+	}
 
 	off := []string{"approvals", "require-token", "off", "--db", db, "--tenant", aprTenant, "--tokens", tokens}
 	if r := runCLI(t, 20*time.Second, append(off, "--principal", "boss")...); r.Code == 0 {
@@ -162,5 +167,6 @@ func TestApproverTokenRuleKeptByTheLedger(t *testing.T) {
 	if ok.Code != 0 {
 		t.Fatalf("approve after the rule was lifted: exit %d\nstderr: %s", ok.Code, ok.Stderr)
 	}
+	agent = startServer(t, mcpGoModern, serverConfig{DB: db, Tenant: aprTenant, Principal: "alice-assistant"})
 	agent.mustBeState(t, key, "succeeded")
 }

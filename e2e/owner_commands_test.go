@@ -34,8 +34,8 @@ func TestCommandsRunInTheOwner(t *testing.T) {
 	key := newKey()
 	s.mustSucceed(t, "create_order", uniqueOrder(key, "cli-owner"))
 	held := s.callTool(t, "create_order", orderArgs(newKey(), "cli-big", coffee, map[string]any{"items": []map[string]any{{"sku": "big", "quantity": 10, "unit_price_minor": 9000}}}))
-	if held.Status != "pending_approval" || held.Approval == nil {
-		t.Fatalf("a large order: %v, want pending_approval", held)
+	if held.Status != "awaiting_approval" || held.Approval == nil {
+		t.Fatalf("a large order: %v, want awaiting_approval", held)
 	}
 
 	show := runCLI(t, 20*time.Second, "ops", "show", key, "--db", db, "--json")
@@ -126,6 +126,7 @@ func TestHTTPFrontsAndOwnerKilled(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		outcomes []outcome
+		repeated int
 		wg       sync.WaitGroup
 	)
 	aKilled, ownerKilled := make(chan struct{}), make(chan struct{})
@@ -158,6 +159,9 @@ func TestHTTPFrontsAndOwnerKilled(t *testing.T) {
 						return
 					}
 					// Repeat the same call on the surviving process.
+					mu.Lock()
+					repeated++
+					mu.Unlock()
 					time.Sleep(200 * time.Millisecond)
 					if again, err := tryHTTPSession(t, b.base, tok); err == nil {
 						s = again
@@ -188,6 +192,7 @@ func TestHTTPFrontsAndOwnerKilled(t *testing.T) {
 	if !ok || second == first {
 		t.Fatalf("owner after the kill: %d (%v), before %d: want a new one", second, ok, first)
 	}
+	t.Logf("%d calls repeated with their key after the kills", repeated)
 	if len(outcomes) != callers*perCaller {
 		t.Fatalf("%d outcomes, want %d", len(outcomes), callers*perCaller)
 	}

@@ -224,6 +224,10 @@ func (s *Ledger) buffered() {
 	}
 }
 
+// FlushAudit commits the audit entries buffered so far (Audit), so that
+// what reads the audit log next sees every call answered before.
+func (s *Ledger) FlushAudit() error { return s.flushAudit() }
+
 func (s *Ledger) flushAudit() error {
 	if s.readOnly {
 		return nil
