@@ -835,8 +835,9 @@ func TestFaultStaleInProgress(t *testing.T) {
 	run := newFaultRun(t, api, nil)
 	db := newLedger(t)
 	// The first server's claims hold a 3s lease: long enough to observe.
-	// Each server has its leases and its wait of its own: they share the
-	// file itself (--own-ledger), not one owner's configuration.
+	// Each server has its leases and its wait of its own, so each opens
+	// the file itself (--own-ledger), one after the other: one process at
+	// a time has the file.
 	s := startAPIServer(t, mcpGoModern, api, serverConfig{DB: db}, "--lease", "3s", "--own-ledger")
 	key := run.track("", newKey(), "create_order")
 	args := faOrder(key, "cust-fault-stale-ip")
@@ -857,6 +858,7 @@ func TestFaultStaleInProgress(t *testing.T) {
 			t.Errorf("duplicate while the dead owner's lease lives: want in_progress, got %s", e)
 		}
 	}
+	s2.Close()
 	// A duplicate that waits across the expiry (--wait 5s).
 	s3 := startAPIServer(t, mcpGoLegacy, api, serverConfig{DB: db}, "--wait", "5s", "--lease", "30s", "--own-ledger")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -868,20 +870,20 @@ func TestFaultStaleInProgress(t *testing.T) {
 		t.Errorf("a duplicate waiting across the lease expiry: %s", w)
 	}
 	h.Release()
-	if r := s2.mustSucceed(t, "reconcile_operation", map[string]any{"operation_key": key}); r.orderID() == "" {
+	if r := s3.mustSucceed(t, "reconcile_operation", map[string]any{"operation_key": key}); r.orderID() == "" {
 		t.Errorf("reconcile after the lease expired: %s", r)
 	}
-	st := waitStatus(t, s2, key, 6*time.Second, "succeeded")
+	st := waitStatus(t, s3, key, 6*time.Second, "succeeded")
 	if st.Attempts != 1 {
 		t.Errorf("status after reconciliation: %+v", st)
 	}
-	if r := s2.mustSucceed(t, "create_order", args); !r.Replayed || r.orderID() != st.DownstreamRef {
+	if r := s3.mustSucceed(t, "create_order", args); !r.Replayed || r.orderID() != st.DownstreamRef {
 		t.Errorf("replay: %s", r)
 	}
 	if n := api.WritesFor(idemKey("", key)); n != 1 {
 		t.Errorf("the API received %d requests, want 1", n)
 	}
-	run.finish(1, s2)
+	run.finish(1, s3)
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -95,23 +96,29 @@ func (c *claimer) complete(result string) error {
 // during the wait, the waiting duplicate answers with its saved result,
 // replayed, and nothing runs twice.
 //
-// The in_progress record comes from testdata/claimer, a second process on
-// the same ledger file using the ledger's own Claim/Complete (the path of a
-// downstream that runs outside the ledger transaction): `idemgate serve`
-// with the embedded order store claims and executes in one transaction, so
-// it never leaves an in_progress record another call could observe.
+// The in_progress record is the first call's, held by the HTTP order API
+// (a downstream that runs outside the ledger transaction): `idemgate
+// serve` with the embedded order store claims and executes in one
+// transaction, so it never leaves an in_progress record another call
+// could observe.
 func TestProgressWhileInProgress(t *testing.T) {
 	forEachFlavor(t, allFlavors, func(t *testing.T, f flavor) {
 		t.Parallel()
+		api := newFakeAPI(t)
 		db := filepath.Join(t.TempDir(), "ledger.db")
-		customer := "cust-progress"
-		args := orderArgs(newKey(), customer, coffee, nil)
-		cl := startClaimer(t, db, "create_order", args)
-		s := startServer(t, f, serverConfig{DB: db, Args: []string{"--wait", "1500ms"}})
+		args := orderArgs(newKey(), "cust-progress", coffee, nil)
+		key := args["operation_key"].(string)
+		// The API's answer and the lease outlast the test's holds.
+		s := startAPIServer(t, f, api, serverConfig{DB: db}, "--wait", "1500ms", "--orders-api-timeout", "30s", "--lease", "30s")
 		ctx := testContext(t)
 
-		if st, _, found := s.status(t, args["operation_key"].(string)); !found || st.State != "in_progress" {
-			t.Fatalf("get_operation_status of the claimed key: found=%v %+v", found, st)
+		// The first call is held by the API once it has placed the order.
+		h := api.InjectHold(fault{Kind: HoldAfterCommit, Match: matchCreate})
+		first := make(chan error, 1)
+		go func() { _, err := s.call(ctx, "create_order", args); first <- err }()
+		h.Wait(t, 5*time.Second)
+		if st, _, found := s.status(t, key); !found || st.State != "in_progress" {
+			t.Fatalf("get_operation_status of the running key: found=%v %+v", found, st)
 		}
 
 		// 1. Nobody finishes: the duplicate waits out --wait and says so.
@@ -138,8 +145,8 @@ func TestProgressWhileInProgress(t *testing.T) {
 			}
 		}
 
-		// 2. The executor finishes during the wait: the duplicate gets its
-		// result.
+		// 2. The first call finishes during the wait: the duplicate gets
+		// its result.
 		token2 := "finish-" + f.Name
 		type answer struct {
 			e   envelope
@@ -151,23 +158,23 @@ func TestProgressWhileInProgress(t *testing.T) {
 			ch <- answer{e, err}
 		}()
 		time.Sleep(600 * time.Millisecond)
-		result := `{"order":{"order_id":"ord_from_claimer","version":1}}`
-		if err := cl.complete(result); err != nil {
+		h.Release()
+		if err := <-first; err != nil {
 			t.Fatal(err)
 		}
 		a := <-ch
 		if a.err != nil {
 			t.Fatal(a.err)
 		}
-		if a.e.IsError || a.e.Status != "succeeded" || !a.e.Replayed || !jsonEqual(a.e.Result, []byte(result)) {
+		if a.e.IsError || a.e.Status != "succeeded" || !a.e.Replayed || a.e.orderID() == "" {
 			t.Errorf("duplicate waiting for an operation that then finished: %s", a.e)
 		}
 		if len(eventsFor(s, token2)) == 0 {
 			t.Errorf("no progress notification for token %q while waiting", token2)
 		}
-		// The duplicates ran nothing: the embedded store has no order.
-		if n := s.orderCount(t, customer); n != 0 {
-			t.Errorf("list_orders count %d, want 0 (the claimer's executor made no embedded order)", n)
+		// The duplicates ran nothing: the API received one request.
+		if n := api.WritesFor(idemKey("", key)); n != 1 {
+			t.Errorf("the API received %d requests, want 1", n)
 		}
 	})
 }
@@ -204,9 +211,15 @@ func TestLeaseExpiryFencing(t *testing.T) {
 	if e.Replayed || e.Attempts != 2 || e.orderID() == "" {
 		t.Errorf("call after the lease expired: want a fresh run as attempt 2, got %s", e)
 	}
+	// The old executor opens the file once the server has let it go.
+	s.Close()
+	stopOwner(t, db)
 	if err := cl.complete(`{"order":{"order_id":"ord_stale"}}`); err == nil {
 		t.Errorf("a completion from the expired lease's executor was accepted")
+	} else if strings.Contains(err.Error(), "open in another process") {
+		t.Fatalf("the old executor could not open the ledger: %v", err)
 	}
+	s = startServer(t, mcpGoModern, serverConfig{DB: db})
 	again := s.mustSucceed(t, "create_order", args)
 	if !again.Replayed || again.orderID() != e.orderID() || !jsonEqual(again.Result, e.Result) {
 		t.Errorf("replay after the stale completion: %s\nwant %s", again, e.Result)
@@ -217,11 +230,11 @@ func TestLeaseExpiryFencing(t *testing.T) {
 }
 
 // TestProgressBinaryOnly records what cannot be tested with the binary
-// alone; TestProgressWhileInProgress covers the behaviour with a second
-// executor process.
+// alone; TestProgressWhileInProgress covers the behaviour with the HTTP
+// order API.
 func TestProgressBinaryOnly(t *testing.T) {
 	t.Skip("idemgate serve with the embedded order store claims, executes and completes an operation in ONE bbolt " +
 		"write transaction, so no in_progress record is ever visible to another call (not even after SIGKILL: the " +
 		"transaction is lost whole). The binary alone cannot provoke a waiting duplicate; TestProgressWhileInProgress " +
-		"holds the record in_progress from testdata/claimer (ledger Claim/Complete in a second process) instead.")
+		"holds the record in_progress with a call the HTTP order API holds instead.")
 }

@@ -95,9 +95,7 @@ func (s *Ledger) ExpireLeases(ctx context.Context) (int, error) {
 // records are slow to rewrite, a cold page cache), and sweepScan the
 // index entries it reads past (tombstones due by the wall clock but not
 // yet by the trusted time). The target is a claim never waiting
-// more than 20 ms because of a sweep. (The mark does not cross the
-// bbolt backend's socket: a process that forwards its transactions to the
-// file's writer has its sweep committed as its claims are.)
+// more than 20 ms because of a sweep.
 //
 // Measured on a 2-core machine (BenchmarkSweepClaimWait, 1M due records
 // under random keys, 2 callers claiming throughout; the floor is as many

@@ -16,8 +16,7 @@ import (
 // watchers in every other process too. A waiter re-reads the record when
 // woken, and also on a slow safety poll (WaitPoll), which covers what a
 // notice cannot: a change made by another process over a backend that
-// does not carry notices (processes sharing one bbolt file), or a notice
-// lost without the backend noticing.
+// does not carry notices, or a notice lost without the backend noticing.
 
 // Notifier is a Backend shared by several processes that tells each of
 // them about the changes the others commit. Its transactions implement

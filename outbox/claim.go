@@ -36,12 +36,11 @@ import (
 // delivery is a network call that must not run inside one (it would hold
 // a connection per message, and here the ledger's writer lock, for as
 // long as a gateway takes); and a claim is written through ledger.Store,
-// so it works the same on every backend — processes sharing a bbolt file
-// get it too. Its cost is one more write per delivery pass that has
-// something to deliver (not per message; an idle pass writes nothing),
-// which Run has carried by the ledger's next write — a call's commit
-// while calls are being made — and commits alone only when none comes
-// within carryWait (claimCarried).
+// so it works the same on every backend. Its cost is one more write per
+// delivery pass that has something to deliver (not per message; an idle
+// pass writes nothing), which Run has carried by the ledger's next write
+// — a call's commit while calls are being made — and commits alone only
+// when none comes within carryWait (claimCarried).
 
 // collClaims holds the live claims: message_id → until (8 bytes BE unix
 // ns, by the ledger's clock) followed by the claiming deliverer's id.

@@ -177,12 +177,13 @@ func TestSessionsBoundedMemory(t *testing.T) {
 }
 
 // TestSessionsSharedLedger: a session created through one registry is
-// known to another on the same ledger file, and ended for both.
+// known to another on the same ledger (as two HTTP servers on one
+// PostgreSQL ledger share it), and ended for both.
 func TestSessionsSharedLedger(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "l.db")
-	a := NewSessions(mustOpenPath(t, path), SessionConfig{}, nil, nil)
-	b := NewSessions(mustOpenPath(t, path), SessionConfig{}, nil, nil)
+	store := mustOpenPath(t, filepath.Join(t.TempDir(), "l.db"))
+	a := NewSessions(store, SessionConfig{}, nil, nil)
+	b := NewSessions(store, SessionConfig{}, nil, nil)
 	var freed []string
 	a.free = func(id string) { freed = append(freed, id) }
 	r, err := a.Create(ctx, "tok", alice, "claude", "2")

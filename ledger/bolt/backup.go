@@ -11,16 +11,12 @@ import (
 )
 
 // Backup writes a consistent copy of the ledger to dst: the state of one
-// read transaction (bbolt Tx.WriteTo), taken while other processes keep
-// serving; it holds the file only as a reader does (a shared turn). The
+// read transaction (bbolt Tx.WriteTo), taken while f keeps serving. The
 // copy is written to a temporary file beside dst, synced, and renamed into
 // place, so dst is either absent or complete; an existing dst is never
 // overwritten. It returns the number of bytes written.
 func (f *File) Backup(dst string) (int64, error) {
 	s := f.be
-	if s == nil {
-		return 0, errors.New("backup: this process forwards to another that holds the ledger; back up from a read-only open (idemgate backup)")
-	}
 	if _, err := os.Lstat(dst); err == nil {
 		return 0, fmt.Errorf("backup %s: %w; choose a new name", dst, ErrExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {

@@ -1,10 +1,15 @@
-// Package bolt is the ledger's bbolt backend: one file, shared safely by
-// every process that opens it. It keeps the ledger's collections as bbolt
-// buckets (see schema.go), commits concurrent writers' transactions
-// together (group commit: one fsync for many claims), hands the file over
-// between processes under a lock file (handle, fileLock), and refuses
-// empty, foreign and damaged files with one actionable line. The rules
-// are in package ledger; this package stores bytes.
+// Package bolt is the ledger's bbolt backend: one file, opened by one
+// process at a time. It keeps the ledger's collections as bbolt buckets
+// (see schema.go), commits concurrent writers' transactions together
+// (group commit: one fsync for many claims), and refuses a file another
+// process has open (ErrLocked), as well as empty, foreign and damaged
+// files, with one actionable line. The rules are in package ledger; this
+// package stores bytes.
+//
+// bbolt's own lock (flock on the ledger file) is the only lock: exclusive
+// for a writable open, shared for a read-only one, held from open to
+// Close. Processes that serve one ledger together do so through one
+// process that owns the file (package owner), at the level of tool calls.
 package bolt
 
 import (
@@ -19,9 +24,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	bolterr "go.etcd.io/bbolt/errors"
 
 	"idemgate/ledger"
 )
@@ -32,17 +39,23 @@ import (
 // together; reads never write, so a replay costs no fsync.
 type File struct {
 	*ledger.Ledger
-	be *backend // the file, where this process opened it (nil for a forwarder)
-	sh *shared  // a writable open: the writer or a forwarder to it
+	be *backend
 }
 
-// backend implements ledger.Backend on a bbolt file.
+// backend implements ledger.Backend on a bbolt file held open from open
+// to Close.
 type backend struct {
-	h        *handle
+	db       *bbolt.DB
 	path     string
+	file     os.FileInfo // the file opened, to see it removed or replaced (see commit)
 	readOnly bool
-	users    *os.File // held shared while open (see usersLock)
-	unUsers  sync.Once
+	deep     int64 // open's deepLimit: damaged checks a file this small in full
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	active int   // transactions running (Close waits for them)
+	closed bool  // after Close, every transaction is ErrClosed
+	broken error // a damage found in full after a transaction met it: every transaction fails with it
 
 	healthMu   sync.Mutex
 	lastCommit commitResult // the newest commit's outcome (see Health)
@@ -62,13 +75,12 @@ type backend struct {
 
 // CommitStats counts this process's commits of a ledger file: the
 // read-write transactions committed, the transaction functions they
-// committed (Functions/Commits is the group commit's batch size; a
-// forwarded transaction is one function, however many claims its
-// forwarder ran in it), the pages they wrote (bbolt's write count: one per
-// page or run of overflow pages, the freelist and the meta page included)
-// and the time their writes took (bbolt's write time: the pages written,
-// fdatasync, the meta page written, fdatasync again). Tests pin the pages
-// a create costs with it.
+// committed (Functions/Commits is the group commit's batch size), the
+// pages they wrote (bbolt's write count: one per page or run of overflow
+// pages, the freelist and the meta page included) and the time their
+// writes took (bbolt's write time: the pages written, fdatasync, the meta
+// page written, fdatasync again). Tests pin the pages a create costs with
+// it.
 //
 // BehindBackground counts the transaction functions that waited for a
 // background transaction (the retention sweep's, see update) to commit,
@@ -86,22 +98,8 @@ type CommitStats struct {
 	BehindBackgroundMax time.Duration
 }
 
-// CommitStats returns what this process's commits of f wrote so far. A
-// process that forwards its transactions to another process (the file's
-// writer) commits nothing itself: its stats stay zero until it becomes
-// the writer.
-func (f *File) CommitStats() CommitStats {
-	be := f.be
-	if f.sh != nil {
-		f.sh.mu.Lock()
-		be = f.sh.local
-		f.sh.mu.Unlock()
-	}
-	if be == nil {
-		return CommitStats{}
-	}
-	return be.commitStats()
-}
+// CommitStats returns what f's commits wrote so far.
+func (f *File) CommitStats() CommitStats { return f.be.commitStats() }
 
 func (s *backend) commitStats() CommitStats {
 	s.statsMu.Lock()
@@ -117,29 +115,53 @@ var (
 // maxBatch bounds the claims committed in one transaction.
 const maxBatch = 256
 
+// ErrLocked is returned by Open, OpenExisting, OpenReadOnly and Compact
+// when another process has the ledger file open (for writing; or at all,
+// for a writable open) for longer than the open waits (see Wait).
+var ErrLocked = errors.New("the ledger file is open in another process")
+
+// DefaultWait is how long an open waits for a file another process has
+// open, unless told otherwise (Wait): long enough for a process that is
+// closing the file, short enough for a command at the terminal.
+const DefaultWait = time.Second
+
+// An OpenOption changes how Open, OpenExisting and OpenReadOnly open the
+// file.
+type OpenOption func(*openOptions)
+
+type openOptions struct{ wait time.Duration }
+
+// Wait bounds how long the open waits while another process has the
+// file open, before it returns ErrLocked (default DefaultWait). A
+// process that takes over a ledger from one that may still be finishing
+// its calls (a new owner after the old one) waits longer: 30 s, say.
+func Wait(d time.Duration) OpenOption { return func(o *openOptions) { o.wait = d } }
+
 // Open opens the ledger file at path for reading and writing, creating
 // a new ledger only where no file exists (the parent directory must
 // exist). It refuses an empty file (ErrEmptyFile), a file that is not an
-// idemgate ledger (ErrNotLedger) and a damaged one (ErrDamaged), each with
-// one line naming the file and what to do. The file may be opened by
-// several processes at once; each sees every other's committed writes.
-func Open(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadWrite, true, deepCheckLimit)
+// idemgate ledger (ErrNotLedger), a damaged one (ErrDamaged) and one that
+// another process has open (ErrLocked), each with one line naming the
+// file and what to do. The file stays open, and locked against every
+// other process, until Close.
+func Open(path string, opts ledger.Options, o ...OpenOption) (*File, error) {
+	return open(path, opts, openReadWrite, true, deepCheckLimit, o...)
 }
 
 // OpenExisting is Open for an existing ledger only: where no file
 // exists it returns ErrNoLedger and creates nothing (the commands that
 // change a ledger but should never start one: approvals, resolve, outbox).
-func OpenExisting(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadWrite, false, deepCheckLimit)
+func OpenExisting(path string, opts ledger.Options, o ...OpenOption) (*File, error) {
+	return open(path, opts, openReadWrite, false, deepCheckLimit, o...)
 }
 
 // OpenReadOnly opens an existing ledger for reading only: the file is
 // opened O_RDONLY and never written (it may be read-only, in a read-only
 // directory). Every write returns ErrReadOnly; audit entries of calls are
-// dropped.
-func OpenReadOnly(path string, opts ledger.Options) (*File, error) {
-	return open(path, opts, openReadOnly, false, deepCheckLimit)
+// dropped. Read-only opens share the file with each other, not with a
+// writable one (ErrLocked).
+func OpenReadOnly(path string, opts ledger.Options, o ...OpenOption) (*File, error) {
+	return open(path, opts, openReadOnly, false, deepCheckLimit, o...)
 }
 
 // Init creates a new, empty ledger at path. It never touches an
@@ -165,19 +187,11 @@ const (
 	openReadOnly  openMode = true
 )
 
-// open opens the store. The first open of the file in this process runs
-// the full page check (deepCheck) when the file is at most deepLimit bytes
-// (0: never); the exported openers pass deepCheckLimit, and tests a limit
-// of their own.
-func open(path string, opts ledger.Options, mode openMode, mayCreate bool, deepLimit int64) (*File, error) {
-	if mode == openReadWrite {
-		sh, err := openShared(path, mayCreate, deepLimit)
-		if err != nil {
-			return nil, err
-		}
-		return &File{Ledger: ledger.New(sh, opts), be: sh.local, sh: sh}, nil
-	}
-	be, err := openBackend(path, mode, mayCreate, deepLimit)
+// open opens the store. It runs the full page check (deepCheck) when the
+// file is at most deepLimit bytes (0: never); the exported openers pass
+// deepCheckLimit, and tests a limit of their own.
+func open(path string, opts ledger.Options, mode openMode, mayCreate bool, deepLimit int64, o ...OpenOption) (*File, error) {
+	be, err := openBackend(path, mode, mayCreate, deepLimit, o...)
 	if err != nil {
 		return nil, err
 	}
@@ -186,38 +200,157 @@ func open(path string, opts ledger.Options, mode openMode, mayCreate bool, deepL
 
 // openBackend opens the file as a ledger.Backend (open puts the ledger on
 // it); deepLimit is open's.
-func openBackend(path string, mode openMode, mayCreate bool, deepLimit int64) (*backend, error) {
-	if !mayCreate {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, noLedgerError(path) // before any lock file is created beside it
-		}
+func openBackend(path string, mode openMode, mayCreate bool, deepLimit int64, o ...OpenOption) (*backend, error) {
+	oo := openOptions{wait: DefaultWait}
+	for _, f := range o {
+		f(&oo)
 	}
-	be := &backend{readOnly: mode == openReadOnly, path: path}
-	users, err := usersLock(path, be.readOnly)
+	readOnly := mode == openReadOnly
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		if !mayCreate {
+			return nil, noLedgerError(path)
+		}
+		if err := createLedger(path); err != nil && !errors.Is(err, ErrExists) {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	db, fi, err := openDB(path, readOnly, oo.wait, lockedTodo)
 	if err != nil {
 		return nil, err
 	}
-	be.users = users
-	h, err := newHandle(path, be.readOnly, mayCreate, func(db *bbolt.DB, first bool) error {
-		if !first {
-			return openSchema(path, db, be.readOnly, 0)
-		}
-		return openSchema(path, db, be.readOnly, deepLimit)
-	})
-	if err != nil {
-		releaseUsers(users)
+	if err := openSchema(path, db, readOnly, deepLimit); err != nil {
+		db.Close()
 		return nil, err
 	}
-	be.h = h
-	// Open once now so a bad path, a foreign file or a newer schema fails
-	// here, not at the first tool call.
-	if _, err := h.acquire(); err != nil {
-		h.close()
-		releaseUsers(users)
-		return nil, err
-	}
-	h.release()
+	be := &backend{db: db, path: path, file: fi, readOnly: readOnly, deep: deepLimit}
+	be.cond = sync.NewCond(&be.mu)
 	return be, nil
+}
+
+// lockedTodo is what to do about a ledger another process has open.
+const lockedTodo = "one process at a time opens a ledger file: stop the other process (an idemgate serve --own-ledger, an idemgate compact, or the ledger's owner, idemgate __owner), or run the command through the owner"
+
+// lockedError is ErrLocked naming path, how long the open waited and
+// what to do (todo).
+func lockedError(path string, wait time.Duration, todo string) error {
+	return &fileError{kind: ErrLocked, path: path, detail: "waited " + wait.String(), todo: todo}
+}
+
+// lockPoll is how often a waiting open tries the lock again.
+const lockPoll = 10 * time.Millisecond
+
+// lockFile opens the existing file at path and locks it, shared for a
+// read-only open and exclusive otherwise, waiting up to wait (then
+// ErrLocked, with todo). The lock is bbolt's own: bbolt locks the same
+// descriptor again when it opens the file, which does not wait. When the
+// name was given to a new file while this waited (compact swaps one in),
+// the new file is opened and locked instead.
+func lockFile(path string, readOnly bool, wait time.Duration, todo string) (*os.File, error) {
+	flag, how := os.O_RDWR, syscall.LOCK_EX
+	if readOnly {
+		flag, how = os.O_RDONLY, syscall.LOCK_SH
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		f, err := os.OpenFile(path, flag, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, noLedgerError(path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for {
+			err = flock(f, how|syscall.LOCK_NB)
+			if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(lockPoll)
+		}
+		if err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, lockedError(path, wait, todo)
+			}
+			return nil, fmt.Errorf("ledger: lock %s: %w", path, err)
+		}
+		held, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		if now, err := os.Stat(path); err == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		f.Close()
+	}
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// openDB opens the existing ledger file at path with bbolt, once it holds
+// the file's lock (lockFile, with wait and todo), and after checking the
+// file before bbolt maps it (precheck). It returns the file's identity
+// too (os.SameFile), and turns bbolt's refusals of a file into
+// ErrNotLedger and ErrDamaged.
+//
+// The freelist stays synced (no NoFreelistSync): that would save one page
+// of a commit's thirty-odd, but every open of a file written so then
+// rebuilds the freelist by reading every page of the file (170 ms
+// measured for a ledger of 100 000 creates, 600 MB; proportionally more
+// at a million).
+func openDB(path string, readOnly bool, wait time.Duration, todo string) (*bbolt.DB, os.FileInfo, error) {
+	var (
+		file *os.File
+		fi   os.FileInfo
+	)
+	opts := &bbolt.Options{Timeout: time.Second, ReadOnly: readOnly, PreLoadFreelist: true,
+		OpenFile: func(name string, _ int, _ os.FileMode) (*os.File, error) {
+			f, err := lockFile(name, readOnly, wait, todo)
+			if err != nil {
+				return nil, err
+			}
+			if err := precheck(name); err != nil {
+				f.Close()
+				return nil, err
+			}
+			if fi, err = f.Stat(); err != nil {
+				f.Close()
+				return nil, err
+			}
+			file = f
+			return f, nil
+		}}
+	var db *bbolt.DB
+	err := guard(path, func() error {
+		var err error
+		db, err = bbolt.Open(path, 0o600, opts)
+		return err
+	})
+	if err == nil {
+		return db, fi, nil
+	}
+	if db == nil && file != nil {
+		file.Close() // bbolt panicked half-way: release the lock
+	}
+	var fe *fileError
+	switch {
+	case errors.As(err, &fe):
+		return nil, nil, err
+	case errors.Is(err, bolterr.ErrInvalid) || errors.Is(err, bolterr.ErrVersionMismatch):
+		return nil, nil, notLedgerError(path, err.Error())
+	case errors.Is(err, bolterr.ErrChecksum):
+		return nil, nil, damagedError(path, err.Error())
+	}
+	return nil, nil, fmt.Errorf("ledger: open %s: %w", path, err)
 }
 
 // deepCheckLimit bounds the file size for which the first open in a
@@ -369,15 +502,62 @@ func openSchema(path string, db *bbolt.DB, readOnly bool, deepLimit int64) error
 	})
 }
 
+// acquire returns the database for one transaction, or why there is
+// none (ErrClosed, a damage found in full); the caller calls release
+// once the transaction has ended.
+func (s *backend) acquire() (*bbolt.DB, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, ledger.ErrClosed
+	case s.broken != nil:
+		return nil, s.broken
+	}
+	s.active++
+	return s.db, nil
+}
+
+func (s *backend) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active--; s.active == 0 {
+		s.cond.Broadcast() // wakes Close
+	}
+}
+
+// damaged runs after a transaction met a damaged page (ErrDamaged): a
+// file within open's deepLimit is then checked in full, as an open is,
+// and when that finds the damage every later transaction fails with it;
+// a bigger file is served as before, each transaction that reaches the
+// page failing alike.
+func (s *backend) damaged() {
+	fi, err := os.Stat(s.path)
+	if err != nil || fi.Size() > s.deep {
+		return
+	}
+	found := precheck(s.path)
+	if found == nil {
+		if problems := deepCheck(s.path, s.db, 1); len(problems) > 0 {
+			found = problems[0]
+		}
+	}
+	if found != nil {
+		s.mu.Lock()
+		s.broken = found
+		s.mu.Unlock()
+	}
+}
+
 func (s *backend) view(fn func(*bbolt.Tx) error) error {
-	db, err := s.h.acquire()
+	db, err := s.acquire()
 	if err != nil {
 		return err
 	}
-	defer s.h.release()
+	defer s.release()
 	err = guard(s.path, func() error { return db.View(fn) })
 	if errors.Is(err, ErrDamaged) {
-		s.h.damaged()
+		s.damaged()
 	}
 	return err
 }
@@ -509,7 +689,12 @@ func (s *backend) noteBehind(began time.Time) {
 }
 
 func (s *backend) commit(batch []*gcJob) {
-	db, err := s.h.acquire()
+	db, err := s.acquire()
+	if err == nil {
+		if err = s.stillThere(); err != nil {
+			s.release()
+		}
+	}
 	if err != nil {
 		for _, b := range batch {
 			b.err = err
@@ -517,7 +702,7 @@ func (s *backend) commit(batch []*gcJob) {
 		s.noteCommit(err, 0)
 		return
 	}
-	defer s.h.release()
+	defer s.release()
 	alloc, err := s.guardedUpdate(db, len(batch), func(tx *bbolt.Tx) error {
 		for _, b := range batch {
 			if b.err = b.run(tx, s.path); b.err != nil {
@@ -581,7 +766,7 @@ func (s *backend) guardedUpdate(db *bbolt.DB, funcs int, fn func(*bbolt.Tx) erro
 		})
 	})
 	if errors.Is(err, ErrDamaged) {
-		s.h.damaged()
+		s.damaged()
 	}
 	var alloc int64
 	if last != nil {
@@ -609,11 +794,30 @@ func (s *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 // ReadOnly implements ledger.Backend.
 func (s *backend) ReadOnly() bool { return s.readOnly }
 
-// Close implements ledger.Backend: it closes the file.
+// Close implements ledger.Backend: it waits for the running
+// transactions and closes the file, which gives up its lock.
 func (s *backend) Close() error {
-	err := s.h.close()
-	s.unUsers.Do(func() { err = errors.Join(err, releaseUsers(s.users)) })
-	return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for s.active > 0 {
+		s.cond.Wait()
+	}
+	return s.db.Close()
+}
+
+// stillThere returns ErrNoLedger when the ledger's name no longer names
+// the file this process has open (it was removed or replaced): a commit
+// there would be lost with the process, so none is made.
+func (s *backend) stillThere() error {
+	if now, err := os.Stat(s.path); err == nil && os.SameFile(s.file, now) {
+		return nil
+	}
+	return &fileError{kind: ErrNoLedger, path: s.path, detail: "removed or replaced while this process had it open",
+		todo: "stop this process; restore the ledger from a backup if it was removed by mistake"}
 }
 
 // btx adapts a bbolt transaction to ledger.BTx.

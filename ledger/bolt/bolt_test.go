@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"idemgate/ledger"
 	"idemgate/ledger/ledgertest"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -380,64 +378,6 @@ func TestBoltSweepForgetsIssuedKeyCompletedAtSameInstant(t *testing.T) {
 	}
 	if issuedLeft {
 		t.Errorf("the issued key outlived its retention: its expiry entry was overwritten by the record's compaction entry")
-	}
-}
-
-// TestBoltTwoStoresOneFile: two stores on one file in one process behave
-// like two processes (each has its own lock file descriptors): 2×16
-// goroutines with the same claim, one effect.
-func TestBoltTwoStoresOneFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	stores := []*File{mustOpenPath(t, path, ledger.Options{}), mustOpenPath(t, path, ledger.Options{})}
-	ctx := context.Background()
-	c := newClaim("t1", "create_order", "fp-1")
-	ap := &applier{}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	var mu sync.Mutex
-	kinds := map[ledger.DecisionKind]int{}
-	for i := range 32 {
-		wg.Go(func() {
-			<-start
-			d, err := stores[i%2].Execute(ctx, c, ap.succeed(`{"one":1}`))
-			if err != nil {
-				t.Errorf("Execute: %v", err)
-				return
-			}
-			mu.Lock()
-			kinds[d.Kind]++
-			mu.Unlock()
-		})
-	}
-	close(start)
-	wg.Wait()
-	if kinds[ledger.DecisionExecuted] != 1 || kinds[ledger.DecisionReplay] != 31 {
-		t.Errorf("decisions = %v, want 1 executed and 31 replays", kinds)
-	}
-	for i, s := range stores {
-		if got := len(effects(t, s)); got != 1 {
-			t.Errorf("store %d sees %d effects, want 1", i, got)
-		}
-	}
-	if ap.n() != 1 {
-		t.Errorf("apply ran %d times, want 1", ap.n())
-	}
-	if _, err := stores[0].VerifyAudit(ctx); err != nil {
-		t.Errorf("VerifyAudit: %v", err)
-	}
-}
-
-// TestBoltLockFilesBesideLedger documents where the turn-taking lock files
-// live: next to the ledger file, so every process opening the same path
-// finds the same locks.
-func TestBoltLockFilesBesideLedger(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "ledger.db")
-	mustOpenPath(t, path, ledger.Options{})
-	for _, suffix := range []string{".lock", ".wait"} {
-		if _, err := os.Stat(path + suffix); err != nil {
-			t.Errorf("lock file %s: %v", path+suffix, err)
-		}
 	}
 }
 

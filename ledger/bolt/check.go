@@ -220,9 +220,9 @@ func precheck(path string) error {
 //   - Other transactions are served: a group commit that failed on the
 //     damage runs its members again one by one (backend.commit), so only
 //     those whose reads or writes reach the page fail. The file is then
-//     reopened (handle.damaged) and checked in full again if it is within
-//     deepCheckLimit, which refuses the whole file; a bigger file is served
-//     as before, each transaction that reaches the page failing alike.
+//     checked in full again if it is within deepCheckLimit (backend.damaged),
+//     which fails every later transaction; a bigger file is served as
+//     before, each transaction that reaches the page failing alike.
 //
 // Not guaranteed: damage that still looks like a sound page (a valid
 // header, elements within the page) raises no panic and is read as data.
@@ -347,19 +347,19 @@ const maxProblems = 50
 // page consistency check (Tx.Check, every page), then every operation
 // record and audit entry must decode. It never writes. A file that cannot
 // be opened at all is returned as the error; problems found inside an
-// opened file are in the report.
-func Check(path string) (CheckReport, error) {
+// opened file are in the report. o are OpenReadOnly's options.
+func Check(path string, o ...OpenOption) (CheckReport, error) {
 	var rep CheckReport
-	s, err := open(path, ledger.Options{}, openReadOnly, false, 0) // deepCheck below reports every problem
+	s, err := open(path, ledger.Options{}, openReadOnly, false, 0, o...) // deepCheck below reports every problem
 	if err != nil {
 		return rep, err
 	}
 	defer s.Close()
-	db, err := s.be.h.acquire()
+	db, err := s.be.acquire()
 	if err != nil {
 		return rep, err
 	}
-	defer s.be.h.release()
+	defer s.be.release()
 	rep.Problems = deepCheck(path, db, maxProblems)
 	if len(rep.Problems) > 0 {
 		return rep, nil

@@ -6,11 +6,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
-	bolterr "go.etcd.io/bbolt/errors"
 
 	"idemgate/ledger"
 )
@@ -18,58 +16,19 @@ import (
 // Compaction: bbolt never shrinks a file (freed pages are reused, not
 // returned), so a ledger that once held more — records past retention,
 // pruned audit entries — keeps its size. Compact copies the live data into
-// a new file (bbolt.Compact) and swaps it in.
-//
-// Every process that opens the ledger holds <file>.users shared until it
-// closes the ledger (usersLock); Compact takes it exclusively, so it runs
-// only while no other process has the ledger open, and a process that
-// starts meanwhile is refused (ErrCompacting) rather than left waiting.
+// a new file (bbolt.Compact) and swaps it in, holding the ledger's lock
+// (exclusive) until the swap is done: no other process has the ledger
+// open meanwhile, and one that waited for it opens the new file.
 
-var (
-	// ErrInUse is returned by Compact when another process has the ledger
-	// open.
-	ErrInUse = errors.New("the ledger is open in another process")
-	// ErrCompacting is returned by Open (and its variants) while
-	// idemgate compact rewrites the file.
-	ErrCompacting = errors.New("the ledger is being compacted")
-)
-
-// usersLock opens <path>.users and holds it shared: the mark that this
-// process has the ledger open. A reader creates no file: where the lock
-// file does not exist (or cannot be opened), it goes without.
-func usersLock(path string, readOnly bool) (*os.File, error) {
-	var f *os.File
-	var err error
-	if readOnly {
-		if f, err = os.Open(path + ".users"); err != nil {
-			return nil, nil
-		}
-	} else if f, err = os.OpenFile(path+".users", os.O_CREATE|os.O_RDWR, 0o600); err != nil {
-		return nil, fmt.Errorf("ledger: lock file beside %s: %w", path, err)
-	}
-	if err := flock(f, syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, &fileError{kind: ErrCompacting, path: path, todo: "idemgate compact is rewriting it; try again when it has finished"}
-		}
-		return nil, fmt.Errorf("ledger: lock %s.users: %w", path, err)
-	}
-	return f, nil
-}
-
-// releaseUsers gives up the mark usersLock took (nil: none was taken).
-func releaseUsers(f *os.File) error {
-	if f == nil {
-		return nil
-	}
-	return f.Close() // closing the only descriptor releases the flock
-}
+// compactTodo is what to do about a ledger another process has open when
+// compact wants it to itself.
+const compactTodo = "compact in place needs the file to itself: stop the servers, consoles and commands using it (or run idemgate compact --out FILE for a compacted copy), then compact again"
 
 // CompactOptions say where the compacted copy goes.
 type CompactOptions struct {
 	// Out, when set, is a new file the compacted copy is written to; the
-	// ledger itself is left as it is (and may be in use meanwhile: it is
-	// read like a backup, while other processes wait for their turn).
+	// ledger itself is left as it is (it is read as a read-only open
+	// reads it: beside other readers, not while a process writes it).
 	// When empty, the ledger is compacted in place.
 	Out string
 	// NoBackup drops the old file after an in-place compaction. By
@@ -77,6 +36,9 @@ type CompactOptions struct {
 	// time>, hard-linked before the swap: nothing is ever lost to a
 	// compaction that went wrong.
 	NoBackup bool
+	// Wait bounds how long Compact waits while another process has the
+	// ledger open (then ErrLocked); 0 is DefaultWait.
+	Wait time.Duration
 }
 
 // CompactResult is what Compact did.
@@ -102,10 +64,11 @@ const compactTxSize = 64 << 20
 // place, and the directory is synced: at every moment the destination is
 // either absent (Out) or a complete ledger, the old one or the new one.
 //
-// In place (Out empty), it refuses with ErrInUse while any other process
-// has the ledger open (a server, the console, a command), and holds off
-// new ones until the swap is done (they get ErrCompacting). With Out it
-// never changes the ledger and refuses an existing Out (ErrExists).
+// In place (Out empty), it refuses with ErrLocked while any other process
+// has the ledger open (a server, the console, a command), and keeps new
+// ones waiting until the swap is done. With Out it never changes the
+// ledger and refuses an existing Out (ErrExists); it reads the ledger as
+// a read-only open does.
 func Compact(path string, opts CompactOptions) (CompactResult, error) {
 	res := CompactResult{Path: path}
 	fi, err := os.Stat(path)
@@ -116,30 +79,15 @@ func Compact(path string, opts CompactOptions) (CompactResult, error) {
 	}
 	res.Before = fi.Size()
 	if opts.Out != "" {
-		return compactTo(path, opts.Out, res)
+		return compactTo(path, opts.Out, opts.Wait, res)
 	}
-	users, err := os.OpenFile(path+".users", os.O_CREATE|os.O_RDWR, 0o600)
+	wait := opts.Wait
+	if wait == 0 {
+		wait = DefaultWait
+	}
+	src, _, err := openDB(path, false, wait, compactTodo)
 	if err != nil {
-		return res, fmt.Errorf("compact: lock file beside %s: %w", path, err)
-	}
-	defer users.Close()
-	if err := flock(users, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return res, &fileError{kind: ErrInUse, path: path, todo: "stop the servers, consoles and commands using it (or run idemgate compact --out FILE for a compacted copy), then compact again"}
-		}
-		return res, fmt.Errorf("compact: lock %s.users: %w", path, err)
-	}
-	if err := precheck(path); err != nil {
 		return res, err
-	}
-	// bbolt's own lock on the file: a process of a build without the
-	// users lock still holding it is refused here, not overwritten.
-	src, err := bbolt.Open(path, 0, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
-	if errors.Is(err, bolterr.ErrTimeout) {
-		return res, &fileError{kind: ErrInUse, path: path, todo: "another program holds it open; stop it, then compact again"}
-	}
-	if err != nil {
-		return res, fmt.Errorf("compact: open %s: %w", path, err)
 	}
 	defer src.Close()
 	if err := openSchema(path, src, true, deepCheckLimit); err != nil {
@@ -173,25 +121,24 @@ func Compact(path string, opts CompactOptions) (CompactResult, error) {
 }
 
 // compactTo writes the compacted copy of the ledger at path to out,
-// reading it as a reader does (other processes keep their turns).
-func compactTo(path, out string, res CompactResult) (CompactResult, error) {
+// reading it as a read-only open does.
+func compactTo(path, out string, wait time.Duration, res CompactResult) (CompactResult, error) {
 	res.Path = out
 	if _, err := os.Lstat(out); err == nil {
 		return res, fmt.Errorf("compact --out %s: %w; choose a new name", out, ErrExists)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return res, fmt.Errorf("compact --out %s: %w", out, err)
 	}
-	f, err := OpenReadOnly(path, ledger.Options{})
+	var o []OpenOption
+	if wait > 0 {
+		o = append(o, Wait(wait))
+	}
+	f, err := OpenReadOnly(path, ledger.Options{}, o...)
 	if err != nil {
 		return res, err
 	}
 	defer f.Close()
-	db, err := f.be.h.acquire()
-	if err != nil {
-		return res, err
-	}
-	tmp, keys, err := compactInto(db, filepath.Dir(out), filepath.Base(out), 0o600)
-	f.be.h.release()
+	tmp, keys, err := compactInto(f.be.db, filepath.Dir(out), filepath.Base(out), 0o600)
 	if err != nil {
 		return res, err
 	}

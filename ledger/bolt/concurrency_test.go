@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"idemgate/ledger"
 	"idemgate/ledger/ledgertest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -277,5 +278,42 @@ func waitQueued(t *testing.T, s *backend, normal, background int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("queued %d + %d background; want %d + %d", n, b, normal, background)
 		}
+	}
+}
+
+// TestCommitStatsCountsFunctions: CommitStats counts every transaction
+// function committed, in fewer commits than functions when they run
+// concurrently (group commit).
+func TestCommitStatsCountsFunctions(t *testing.T) {
+	s := mustOpen(t, ledger.Options{})
+	ctx := context.Background()
+	s0 := s.CommitStats()
+	const n = 24
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			errs <- s.be.Update(ctx, func(tx ledger.BTx) error {
+				b, err := tx.Data("stats_test", true)
+				if err != nil {
+					return err
+				}
+				return b.Put([]byte(strconv.Itoa(i)), []byte("v"))
+			})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s1 := s.CommitStats()
+	if fns := s1.Functions - s0.Functions; fns != n {
+		t.Errorf("Functions grew by %d, want %d", fns, n)
+	}
+	if c := s1.Commits - s0.Commits; c < 1 || c > n {
+		t.Errorf("Commits grew by %d, want 1..%d", c, n)
 	}
 }

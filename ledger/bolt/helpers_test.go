@@ -82,6 +82,18 @@ func mustOpenPath(t testing.TB, path string, opts ledger.Options) *File {
 	return s
 }
 
+// mustOpenPathReadOnly opens the bbolt store at path read-only and closes
+// it when the test ends.
+func mustOpenPathReadOnly(t testing.TB, path string) *File {
+	t.Helper()
+	s, err := OpenReadOnly(path, ledger.Options{})
+	if err != nil {
+		t.Fatalf("OpenReadOnly(%s): %v", path, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // testActor is the actor of tenant.
 func testActor(tenant string) ledger.Actor {
 	return ledger.Actor{Tenant: tenant, Principal: "agent-" + tenant, Role: "agent", ClientName: "ledger-test", ClientVersion: "1"}

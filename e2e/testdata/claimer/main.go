@@ -14,6 +14,10 @@
 // with that result and prints {"state":"succeeded"} (or {"error":…} when
 // the ledger refuses the completion); end of input exits
 // without completing (the record stays in_progress until its lease ends).
+//
+// One process at a time opens a ledger file: the claimer closes it once it
+// has claimed, so a server can open it, and opens it again to complete
+// (waiting up to 5 s for it).
 package main
 
 import (
@@ -58,12 +62,14 @@ func run(db, tenant, tool, args string, lease time.Duration) error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
 	actor := ledger.Actor{Tenant: tenant, Principal: "claimer", Role: "agent"}
 	d, err := store.Claim(ctx, ledger.Claim{
 		Actor: actor, Key: req.OperationKey, Tool: req.Tool, Fingerprint: req.Fingerprint,
 		OnLeaseExpiry: ledger.StateRetryable,
 	})
+	if cerr := store.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return err
 	}
@@ -80,9 +86,7 @@ func run(db, tenant, tool, args string, lease time.Duration) error {
 		cmd, rest, _ := strings.Cut(in.Text(), " ")
 		switch cmd {
 		case "complete":
-			rec, err := store.Complete(ctx, actor, d.Record.Key, d.Record.Generation, ledger.Outcome{
-				State: ledger.StateSucceeded, Result: json.RawMessage(rest), Summary: "completed by claimer", DownstreamRef: "claimer",
-			})
+			rec, err := complete(ctx, db, lease, actor, d.Record, json.RawMessage(rest))
 			if err != nil { // e.g. a stale generation after the lease ran out
 				if err := out.Encode(map[string]any{"error": err.Error()}); err != nil {
 					return err
@@ -97,4 +101,17 @@ func run(db, tenant, tool, args string, lease time.Duration) error {
 		}
 	}
 	return in.Err()
+}
+
+// complete opens the ledger again and completes rec as succeeded with
+// result.
+func complete(ctx context.Context, db string, lease time.Duration, actor ledger.Actor, rec *ledger.Record, result json.RawMessage) (*ledger.Record, error) {
+	store, err := bolt.Open(db, ledger.Options{Lease: lease}, bolt.Wait(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return store.Complete(ctx, actor, rec.Key, rec.Generation, ledger.Outcome{
+		State: ledger.StateSucceeded, Result: result, Summary: "completed by claimer", DownstreamRef: "claimer",
+	})
 }
