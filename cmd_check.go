@@ -39,7 +39,15 @@ func checkCmd(args []string, stdout, stderr io.Writer) error {
 	if err := t.run(context.Background(), stdout, stderr); err != nil {
 		return err
 	}
-	rep, err := bolt.Check(*db)
+	var (
+		rep bolt.CheckReport
+		err error
+	)
+	if owned != nil {
+		rep, err = owned.store.(*bolt.File).Check()
+	} else {
+		rep, err = bolt.Check(*db)
+	}
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ func compactCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("compact", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	db := dbFlag(fs)
-	out := fs.String("out", "", "write the compacted ledger to this new file and leave the ledger as it is (may run while servers use it; they wait while it reads)")
+	out := fs.String("out", "", "write the compacted ledger to this new file and leave the ledger as it is (it reads the file, so not while the ledger's owner serves it: then idemgate backup COPY and compact --db COPY instead)")
 	noBackup := fs.Bool("no-backup", false, "after compacting in place, delete the old file instead of keeping it beside the ledger as FILE.pre-compact-TIME")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,13 +36,11 @@ func compactCmd(args []string, stdout, stderr io.Writer) error {
 	if postgres.IsURL(*db) {
 		return errors.New("compact rewrites a ledger file; PostgreSQL reclaims a database's space itself: autovacuum makes deleted rows' space reusable, and VACUUM FULL idemgate_kv (which locks the table while it runs) returns it to the system")
 	}
-	if *out == "" {
-		// In place, compact needs the file to itself: the owner that
-		// serves the stdio clients of this ledger must go first.
-		if place, err := owner.PlaceOf(*db); err == nil {
-			if pid, ok := owner.PID(place); ok {
-				return fmt.Errorf("ledger %s: its owner, process %d, serves it to the stdio servers of its MCP clients, and compact needs the file to itself: stop the owner (kill %d; it also exits a minute after its last client leaves) and compact again, or run idemgate compact --out FILE for a compacted copy", *db, pid, pid)
-			}
+	// Compact reads the file (and in place replaces it): the owner that
+	// holds it for the ledger's clients must go first.
+	if place, err := owner.PlaceOf(*db); err == nil {
+		if pid, ok := owner.PID(place); ok {
+			return fmt.Errorf("ledger %s: its owner, process %d, holds it for its clients, and compact needs the file: stop the owner (kill %d; it also exits a minute after its last client leaves) and compact again, or, for a compacted copy while it serves, run idemgate backup COPY and then idemgate compact --db COPY", *db, pid, pid)
 		}
 	}
 	res, err := bolt.Compact(*db, bolt.CompactOptions{Out: *out, NoBackup: *noBackup})

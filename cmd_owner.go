@@ -17,6 +17,7 @@ import (
 
 	"idemgate/approvals"
 	"idemgate/ledger"
+	"idemgate/ledger/bolt"
 	"idemgate/owner"
 	"idemgate/server"
 	"idemgate/tools"
@@ -29,6 +30,11 @@ const ownerArg = "__owner"
 // ownerIdleDefault is how long an owner stays with no client before it
 // exits (env IDEMGATE_OWNER_IDLE).
 const ownerIdleDefault = time.Minute
+
+// ownerTakeOver bounds how long a new owner waits for the ledger while
+// the owner before it, which no longer answers, finishes its calls and
+// closes it.
+const ownerTakeOver = 30 * time.Second
 
 // maxOwnerClients bounds the clients one owner serves at once (each a
 // stdio serve, with up to --workers calls of its own); one more is
@@ -138,15 +144,6 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ln, err := owner.Listen(place)
-	if errors.Is(err, owner.ErrOwned) {
-		fmt.Fprintln(stderr, owner.Elsewhere)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
 	logFile, err := openOwnerLog(place.Log)
 	if err != nil {
 		return err
@@ -158,7 +155,28 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	lf.mayCreate = true
 	observers := &auditObservers{}
 	lf.observe = observers.observe
-	store, svc, err := lf.openService(o.outbox, o.wait, logger)
+	// The ledger's lock makes this process its owner. Another owner may
+	// hold it: one that answers (started beside this one) keeps it; one
+	// that is leaving (it no longer answers) is waited for.
+	lf.wait = 250 * time.Millisecond
+	var (
+		store ledger.Store
+		svc   *tools.Service
+	)
+	for deadline := time.Now().Add(ownerTakeOver); ; {
+		store, svc, err = lf.openService(o.outbox, o.wait, logger)
+		if !errors.Is(err, bolt.ErrLocked) {
+			break
+		}
+		if c, derr := owner.Dial(place, time.Second); derr == nil {
+			c.Close()
+			fmt.Fprintln(stderr, owner.Elsewhere)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("for %s: %w", ownerTakeOver, err)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -174,6 +192,11 @@ func ownerCmd(args []string, stderr io.Writer) error {
 			logger.Error("shutdown", "err", cerr)
 		}
 	}()
+	ln, err := owner.Listen(place)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // before the ledger closes
 	if err := startLoops(bg, o, store, svc, logFile, logger); err != nil {
 		return err
 	}
@@ -192,7 +215,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	go func() { stopping <- srv.quiet(ctx, ledgerFile) }()
 	go func() {
 		<-ctx.Done()
-		ln.StopAccepting()
+		ln.Close()
 	}()
 	var conns sync.WaitGroup
 	go func() {
@@ -210,7 +233,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	}()
 	why := <-stopping
 	logger.Info("owner exiting", "why", why)
-	ln.StopAccepting() // the lock is given up last (deferred), once the ledger is closed
+	ln.Close() // the ledger is closed last (deferred): a new owner finds no socket of this one
 	stop()
 	conns.Wait()
 	bg.Stop()

@@ -108,6 +108,9 @@ type settings struct {
 	// serve (and init) do; every other command refuses a missing ledger
 	// rather than start an empty one that remembers no key.
 	mayCreate bool
+	// wait bounds how long an open waits for a ledger file another
+	// process has open (0: bolt.DefaultWait).
+	wait time.Duration
 	// hosted: the command runs in the owner of its ledger file, whose
 	// ledger and service its opens return (see throughOwner).
 	hosted *ownedLedger
@@ -367,12 +370,12 @@ func (l *settings) open() (ledger.Store, error) {
 		return asPG(postgres.OpenExisting(l.db, l.ledgerOptions()))
 	}
 	if !l.mayCreate {
-		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions()))
+		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions(), l.boltWait()...))
 	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
-	return asStore(bolt.Open(l.db, l.ledgerOptions()))
+	return asStore(bolt.Open(l.db, l.ledgerOptions(), l.boltWait()...))
 }
 
 // openReadOnly opens an existing ledger for reading only: the file is
@@ -393,7 +396,15 @@ func (l *settings) openReadOnly() (ledger.Store, error) {
 	if postgres.IsURL(l.db) {
 		return asPG(postgres.OpenReadOnly(l.db, l.ledgerOptions()))
 	}
-	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions()))
+	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions(), l.boltWait()...))
+}
+
+// boltWait is the option of l.wait, if set.
+func (l *settings) boltWait() []bolt.OpenOption {
+	if l.wait > 0 {
+		return []bolt.OpenOption{bolt.Wait(l.wait)}
+	}
+	return nil
 }
 
 // asStore returns f as a ledger.Store: nil (not a nil *bolt.File) on error.

@@ -32,7 +32,7 @@ func TestCompactAndAuditPrune(t *testing.T) {
 
 	r = runCLI(t, 30*time.Second, "compact", "--db", db)
 	pid, _ := ownerPID(db)
-	if r.Code != 1 || !strings.Contains(r.Stderr, fmt.Sprintf("its owner, process %d", pid)) || !strings.Contains(r.Stderr, "compact needs the file to itself") {
+	if r.Code != 1 || !strings.Contains(r.Stderr, fmt.Sprintf("its owner, process %d", pid)) || !strings.Contains(r.Stderr, "compact needs the file: stop the owner") {
 		t.Fatalf("compact while a server holds the ledger = exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := getOrder(t, s, orders[0].OrderID); got.OrderID != orders[0].OrderID {

@@ -33,8 +33,7 @@ type fakeOwner struct {
 func newFakeOwner(t *testing.T) *fakeOwner {
 	t.Helper()
 	dir := t.TempDir()
-	p := Place{Ledger: filepath.Join(dir, "l.db"), Socket: filepath.Join(dir, "o.sock"),
-		Lock: filepath.Join(dir, "o.lock"), Log: filepath.Join(dir, "o.log")}
+	p := Place{Ledger: filepath.Join(dir, "l.db"), Socket: filepath.Join(dir, "o.sock"), Log: filepath.Join(dir, "o.log")}
 	ln, err := Listen(p)
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,6 @@ const maxSocketPath = 103
 type Place struct {
 	Ledger string // the ledger file, absolute
 	Socket string // the owner's socket (mode 0600)
-	Lock   string // held (flock) by the owner for as long as it listens
 	Log    string // the owner's log, once it has started
 }
 
@@ -60,7 +59,7 @@ func PlaceOf(db string) (Place, error) {
 		return Place{}, fmt.Errorf("the socket for ledger %s would be %s, longer than a unix socket path may be (%d bytes): set XDG_RUNTIME_DIR to a short directory of yours, or keep the ledger in a shorter path", abs, base, maxSocketPath)
 	}
 	stem := strings.TrimSuffix(strings.TrimSuffix(base, ".sock"), ".owner")
-	return Place{Ledger: abs, Socket: base, Lock: stem + ".owner.lock", Log: stem + ".owner.log"}, nil
+	return Place{Ledger: abs, Socket: base, Log: stem + ".owner.log"}, nil
 }
 
 // runtimeDir returns $XDG_RUNTIME_DIR/idemgate, creating it (mode 0700),

@@ -54,7 +54,7 @@ func TestPlaceOfInRuntimeDir(t *testing.T) {
 	ledger := filepath.Join(realDir(t), "ledger.db")
 	sum := sha256.Sum256([]byte(ledger))
 	stem := filepath.Join(xdg, "idemgate", "ledger.db-"+hex.EncodeToString(sum[:8]))
-	want := Place{Ledger: ledger, Socket: stem + ".owner.sock", Lock: stem + ".owner.lock", Log: stem + ".owner.log"}
+	want := Place{Ledger: ledger, Socket: stem + ".owner.sock", Log: stem + ".owner.log"}
 	if got := mustPlace(t, ledger); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
@@ -96,7 +96,7 @@ func TestPlaceOfBesideTheLedger(t *testing.T) {
 		xdgs["another user's"] = notMine
 	}
 	ledger := filepath.Join(dir, "ledger.db")
-	want := Place{Ledger: ledger, Socket: ledger + ".owner.sock", Lock: ledger + ".owner.lock", Log: ledger + ".owner.log"}
+	want := Place{Ledger: ledger, Socket: ledger + ".owner.sock", Log: ledger + ".owner.log"}
 	for name, xdg := range xdgs {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("XDG_RUNTIME_DIR", xdg)
@@ -116,7 +116,7 @@ func TestPlaceOfLedgerNamedSock(t *testing.T) {
 	t.Setenv("XDG_RUNTIME_DIR", "")
 	ledger := filepath.Join(realDir(t), "ledger.sock")
 	p := mustPlace(t, ledger)
-	if p.Socket == p.Ledger || p.Lock == p.Ledger || p.Log == p.Ledger {
+	if p.Socket == p.Ledger || p.Log == p.Ledger {
 		t.Errorf("the place of ledger %s is %+v", ledger, p)
 	}
 }

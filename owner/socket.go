@@ -9,79 +9,35 @@ import (
 	"time"
 )
 
-// ErrOwned is Listen's error when another process owns the ledger.
-var ErrOwned = errors.New("another process owns this ledger")
-
 // ErrNoOwner is Dial's error when no owner listens.
 var ErrNoOwner = errors.New("no owner listens")
 
-// leaveTimeout bounds the wait of a new owner for one that is leaving.
-const leaveTimeout = 30 * time.Second
-
-// Listener is an owner's socket, with the lock that makes it the only one.
+// Listener is an owner's socket.
 type Listener struct {
 	*net.UnixListener
-	lock *os.File
 }
 
-// Listen makes this process the owner of p's ledger: it takes p's lock,
-// removes a socket a dead owner left, and listens (mode 0600). When
-// another process holds the lock and answers on the socket, the error is
-// ErrOwned; an owner that no longer answers (it is leaving) is waited for,
-// up to leaveTimeout.
+// Listen listens on p's socket (mode 0600), replacing one a dead owner
+// left. The caller must hold p's ledger open: bbolt's exclusive lock on
+// the file makes it the ledger's only owner, and only the holder of that
+// lock removes or creates the socket. Close stops listening and removes
+// the socket; the caller closes the ledger after it, so that a process
+// that opens the ledger next finds no socket of the old owner's.
 func Listen(p Place) (*Listener, error) {
-	lock, err := os.OpenFile(p.Lock, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("owner lock: %w", err)
-	}
-	deadline := time.Now().Add(leaveTimeout)
-	for {
-		err := lockExclusive(lock)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrOwned) {
-			lock.Close()
-			return nil, fmt.Errorf("owner lock %s: %w", p.Lock, err)
-		}
-		if c, derr := Dial(p, time.Second); derr == nil || time.Now().After(deadline) {
-			if c != nil {
-				c.Close()
-			}
-			lock.Close()
-			return nil, ErrOwned
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// Only the lock's holder removes or creates the socket.
 	if err := os.Remove(p.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		lock.Close()
 		return nil, fmt.Errorf("owner socket: %w", err)
 	}
 	ln, err := listenPrivate(p.Socket)
 	if err != nil {
-		lock.Close()
 		return nil, fmt.Errorf("owner socket: %w", err)
 	}
-	return &Listener{UnixListener: ln, lock: lock}, nil
-}
-
-// StopAccepting stops listening and removes the socket; the lock stays
-// held until Close, so that no other owner opens the ledger while this
-// one still closes it.
-func (l *Listener) StopAccepting() error { return l.UnixListener.Close() }
-
-// Close stops listening, removes the socket and gives the lock up, in
-// that order: a process that takes the lock next finds no socket of ours.
-func (l *Listener) Close() error {
-	err := l.UnixListener.Close()
-	l.lock.Close()
-	return err
+	return &Listener{UnixListener: ln}, nil
 }
 
 // Stop ends the owner of p's ledger, if one runs, with SIGTERM (it
 // answers the calls in flight first), and waits up to timeout until it
-// has let the ledger go (its lock is free).
+// has let the ledger go: the file is unlocked (or, when p names no
+// ledger, the owner no longer answers).
 func Stop(p Place, timeout time.Duration) error {
 	pid, ok := PID(p)
 	if !ok {
@@ -91,7 +47,7 @@ func Stop(p Place, timeout time.Duration) error {
 		return nil // already gone
 	}
 	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
-		if lockFree(p.Lock) {
+		if p.Ledger != "" && unlocked(p.Ledger) || p.Ledger == "" && !answers(p) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -100,15 +56,24 @@ func Stop(p Place, timeout time.Duration) error {
 	}
 }
 
-// lockFree reports whether no process holds the lock at path (taking and
-// at once giving it back).
-func lockFree(path string) bool {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+// unlocked reports whether no process holds the file at path locked
+// (flock; taking the lock and at once giving it back).
+func unlocked(path string) bool {
+	f, err := os.Open(path)
 	if err != nil {
 		return true
 	}
 	defer f.Close() // gives a lock taken back
 	return lockExclusive(f) == nil
+}
+
+// answers reports whether an owner answers on p's socket.
+func answers(p Place) bool {
+	c, err := Dial(p, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
 }
 
 // Accept waits for the next client; a client of another user is refused

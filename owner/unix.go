@@ -3,7 +3,6 @@
 package owner
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -18,14 +17,10 @@ func ownedByMe(fi fs.FileInfo) bool {
 	return ok && int(st.Uid) == os.Getuid()
 }
 
-// lockExclusive takes the flock of f without waiting; ErrOwned when another
-// process holds it.
+// lockExclusive takes the flock of f without waiting; an error when
+// another process holds it.
 func lockExclusive(f *os.File) error {
-	err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		return ErrOwned
-	}
-	return err
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }
 
 // listenPrivate listens on a unix socket at path that only this user may

@@ -349,17 +349,25 @@ const maxProblems = 50
 // be opened at all is returned as the error; problems found inside an
 // opened file are in the report. o are OpenReadOnly's options.
 func Check(path string, o ...OpenOption) (CheckReport, error) {
-	var rep CheckReport
-	s, err := open(path, ledger.Options{}, openReadOnly, false, 0, o...) // deepCheck below reports every problem
+	s, err := open(path, ledger.Options{}, openReadOnly, false, 0, o...) // Check reports every problem
 	if err != nil {
-		return rep, err
+		return CheckReport{}, err
 	}
 	defer s.Close()
-	db, err := s.be.acquire()
+	return s.Check()
+}
+
+// Check checks all of the open ledger f as the function Check checks a
+// file: in read transactions beside f's calls (the owner of a ledger runs
+// `idemgate check` so).
+func (f *File) Check() (CheckReport, error) {
+	var rep CheckReport
+	path := f.be.path
+	db, err := f.be.acquire()
 	if err != nil {
 		return rep, err
 	}
-	defer s.be.release()
+	defer f.be.release()
 	rep.Problems = deepCheck(path, db, maxProblems)
 	if len(rep.Problems) > 0 {
 		return rep, nil
