@@ -166,7 +166,7 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	for deadline := time.Now().Add(ownerTakeOver); ; {
 		store, svc, err = lf.openService(o.outbox, o.wait, logger)
 		if !errors.Is(err, bolt.ErrLocked) {
-			break
+			break // opened, or a reason no wait mends (another user's file)
 		}
 		if c, derr := owner.Dial(place, time.Second); derr == nil {
 			c.Close()

@@ -25,6 +25,7 @@ import (
 	"idemgate/ledger/postgres"
 	"idemgate/orders"
 	"idemgate/outbox"
+	"idemgate/owner"
 	"idemgate/schemas"
 	"idemgate/tools"
 )
@@ -370,12 +371,12 @@ func (l *settings) open() (ledger.Store, error) {
 		return asPG(postgres.OpenExisting(l.db, l.ledgerOptions()))
 	}
 	if !l.mayCreate {
-		return asStore(bolt.OpenExisting(l.db, l.ledgerOptions(), l.boltWait()...))
+		return l.asFile(bolt.OpenExisting(l.db, l.ledgerOptions(), l.boltWait()...))
 	}
 	if err := os.MkdirAll(filepath.Dir(l.db), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger directory: %w", err)
 	}
-	return asStore(bolt.Open(l.db, l.ledgerOptions(), l.boltWait()...))
+	return l.asFile(bolt.Open(l.db, l.ledgerOptions(), l.boltWait()...))
 }
 
 // openReadOnly opens an existing ledger for reading only: the file is
@@ -396,7 +397,7 @@ func (l *settings) openReadOnly() (ledger.Store, error) {
 	if postgres.IsURL(l.db) {
 		return asPG(postgres.OpenReadOnly(l.db, l.ledgerOptions()))
 	}
-	return asStore(bolt.OpenReadOnly(l.db, l.ledgerOptions(), l.boltWait()...))
+	return l.asFile(bolt.OpenReadOnly(l.db, l.ledgerOptions(), l.boltWait()...))
 }
 
 // boltWait is the option of l.wait, if set.
@@ -405,6 +406,17 @@ func (l *settings) boltWait() []bolt.OpenOption {
 		return []bolt.OpenOption{bolt.Wait(l.wait)}
 	}
 	return nil
+}
+
+// asFile is asStore, saying so when the ledger file is held because it is
+// another user's (every process of one ledger runs as one user).
+func (l *settings) asFile(f *bolt.File, err error) (ledger.Store, error) {
+	if errors.Is(err, bolt.ErrLocked) {
+		if uerr := owner.CheckFileUser(l.db, "ledger "+l.db+", which another process has open,"); uerr != nil {
+			return nil, uerr
+		}
+	}
+	return asStore(f, err)
 }
 
 // asStore returns f as a ledger.Store: nil (not a nil *bolt.File) on error.

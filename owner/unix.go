@@ -96,3 +96,13 @@ func userName(uid int) string {
 // detached is how an owner is started: in a session of its own, so it
 // survives the process group of the client that started it.
 func detached() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
+
+// CheckFileUser refuses a file of another user (what says which file, in
+// words): a ledger another user's process holds, for one.
+func CheckFileUser(path, what string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	return checkOwner(fi, what)
+}
