@@ -300,7 +300,8 @@ func atMost(v, limit float64) string  { return yesNo(v > 0 && v <= limit) }
 func atLeast(v, limit float64) string { return yesNo(v >= limit) }
 
 // markdown is the table, the run's floors and how long it took; records
-// is 0 for a run of the owner's rows alone (TestBenchmarkOwnerRows).
+// is 0 for a run of some rows alone (TestBenchmarkOwnerRows,
+// TestBenchmarkPostgresReplicas).
 func (b *allBench) markdown(records int) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n| row | figure | floor | ratio | target | met? |\n|---|---|---|---|---|---|\n")
@@ -308,7 +309,7 @@ func (b *allBench) markdown(records int) string {
 		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.figure, r.floor, r.ratio, r.target, r.met)
 	}
 	if records == 0 {
-		fmt.Fprintf(&sb, "\nOne run of TestBenchmarkOwnerRows: %s per bench run, %s in all.\n", b.dur, time.Since(b.started).Round(time.Second))
+		fmt.Fprintf(&sb, "\nOne run of %s: %s per bench run, %s in all.\n", b.t.Name(), b.dur, time.Since(b.started).Round(time.Second))
 		return sb.String()
 	}
 	fmt.Fprintf(&sb, "\nOne run of TestBenchmarkAllRows: %d records for the rows at size, %s per bench run, %s in all.\n", records, b.dur, time.Since(b.started).Round(time.Second))

@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"idemgate/ledger/postgres/pgtest"
+	"idemgate/loadgen"
+)
+
+// TestBenchmarkPostgresReplicas measures the rows of issue 20: creates/s of
+// 1, 2 and 4 `serve --http` replicas on one PostgreSQL database, 64 HTTP
+// clients in all (each replica its share, one `idemgate bench` process per
+// replica, new keys only), with no added delay and with a proxy that
+// delays each direction between the replicas and PostgreSQL by
+// IDEMGATE_BENCH_PG_DELAY (default 0.5ms; the proxy's measured mean is
+// printed: Go's timers wake about a millisecond late at the least on some
+// machines). Each configuration runs on a new database. Run it with
+// IDEMGATE_BENCH_PG=1 (see BENCHMARKS.md).
+func TestBenchmarkPostgresReplicas(t *testing.T) {
+	if os.Getenv("IDEMGATE_BENCH_PG") != "1" {
+		t.Skip("set IDEMGATE_BENCH_PG=1 to measure PostgreSQL replicas (see BENCHMARKS.md)")
+	}
+	delay := 500 * time.Microsecond
+	if v := os.Getenv("IDEMGATE_BENCH_PG_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Second {
+			t.Fatalf("IDEMGATE_BENCH_PG_DELAY %q: want a duration of 0-1s", v)
+		}
+		delay = d
+	}
+	b := newAllBench(t, envInt(t, "IDEMGATE_BENCH_SECONDS", 10))
+	var base float64 // one replica, no delay
+	for _, d := range []time.Duration{0, delay} {
+		var one float64
+		for _, n := range []int{1, 2, 4} {
+			name := fmt.Sprintf("%d replica(s), %s added each way", n, d)
+			total, mean, err := b.replicas(n, d)
+			if err != nil {
+				b.failed(name, "—", err)
+				continue
+			}
+			if d > 0 {
+				name += fmt.Sprintf(" (measured %s)", mean.Round(10*time.Microsecond))
+			}
+			switch {
+			case n == 1 && d == 0:
+				base, one = total, total
+				b.add(allRow{name + ": creates/s", rate(total), "—", "—", "—", "—"})
+			case n == 1:
+				one = total
+				b.add(allRow{name + ": creates/s", rate(total), rate(base) + " with no delay", times(total / base), "≥ 0.7 × with no delay", atLeast(total/base, 0.7)})
+			default:
+				b.add(allRow{name + ": creates/s", rate(total), rate(one) + " for one replica", times(total / one), "≥ 0.9 × one replica", atLeast(total/one, 0.9)})
+			}
+		}
+	}
+	fmt.Println(b.markdown(0))
+}
+
+// replicas runs n replicas on a new database behind a proxy adding d each
+// way, and one bench process per replica, 64/n clients each, new keys
+// only; it returns the creates/s summed and the proxy's mean delay.
+func (b *allBench) replicas(n int, d time.Duration) (float64, time.Duration, error) {
+	t := b.t
+	db := pgtest.NewDatabase(t)
+	proxy := pgtest.NewDelayProxy(t, db, d)
+	dir := filepath.Join(b.dir, fmt.Sprintf("pg-%d-%s", n, d))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, 0, err
+	}
+	tokens := filepath.Join(dir, "tokens.json")
+	tok := addToken(t, tokens, "bench-agent", "acme", "agent")
+	var servers []*httpProc
+	for range n {
+		servers = append(servers, startHTTP(t, proxy.URL(), tokens, 0, "--workers", "64", "--outbox-dir", filepath.Join(dir, "outbox")))
+	}
+	reps := make([]*loadgen.Report, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Go(func() {
+			reps[i], errs[i] = b.bench(fmt.Sprintf("pg-%d-%s-%d", n, d, i), "--url", s.base+"/mcp", "--token", tok,
+				"--clients", strconv.Itoa(64/n), "--dup-ratio", "0", "--mix", "create_order=1", "--duration", b.dur, "--drain-timeout", "0")
+		})
+	}
+	wg.Wait()
+	total := 0.0
+	for i := range n {
+		if errs[i] != nil {
+			return 0, 0, errs[i]
+		}
+		total += reps[i].Throughput
+	}
+	for _, s := range servers {
+		s.cmd.Process.Signal(os.Interrupt)
+		<-s.exited
+	}
+	return total, proxy.MeanDelay(), nil
+}
