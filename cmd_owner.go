@@ -330,15 +330,22 @@ func (s *ownerServer) isLeaving() bool {
 }
 
 // leaveIfAlone starts the owner's exit when the client asking is its only
-// one, and reports whether it is leaving.
+// one, within a second (a client that restarts with another configuration
+// comes while its earlier connection is still closing), and reports
+// whether it is leaving.
 func (s *ownerServer) leaveIfAlone() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.leaving && s.clients == 1 {
-		s.leaving = true
-		s.leave <- "a client of another build or configuration came, and no other client was connected"
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		if !s.leaving && s.clients == 1 {
+			s.leaving = true
+			s.leave <- "a client of another build or configuration came, and no other client was connected"
+		}
+		leaving := s.leaving
+		s.mu.Unlock()
+		if leaving || time.Now().After(deadline) {
+			return leaving
+		}
 	}
-	return s.leaving
 }
 
 // note counts a client that came (+1) or left (-1).
