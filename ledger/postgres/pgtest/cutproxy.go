@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	neturl "net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,16 +49,10 @@ func (m CutMode) String() string {
 // The clients must not ask for TLS (sslmode=disable, as Cluster.URL says).
 // Its methods are safe for concurrent use.
 type CutProxy struct {
-	ln     net.Listener
-	target string // host:port of the server
-	url    string // the database's URL with the proxy's address
-
+	*proxy
 	mu    sync.Mutex
 	armed *cutSpec // nil: forward everything
 	cuts  int
-	conns map[net.Conn]struct{} // both ends of every open proxied connection
-	done  bool
-	wg    sync.WaitGroup // one per accepted connection, and the accept loop
 }
 
 // cutSpec is what Arm asked for.
@@ -75,25 +68,11 @@ type cutSpec struct {
 // use it, so that they are stopped first).
 func NewCutProxy(t testing.TB, url string) *CutProxy {
 	t.Helper()
-	u, err := neturl.Parse(url)
-	if err != nil || u.Host == "" {
-		t.Fatalf("pgtest: NewCutProxy: not a URL with a host: %q", url)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &CutProxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
-	u.Host = ln.Addr().String()
-	p.url = u.String()
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
+	p := &CutProxy{}
+	p.proxy = newProxy(t, "NewCutProxy", url)
+	p.start(p.serve)
 	return p
 }
-
-// URL is the database's URL through the proxy.
-func (p *CutProxy) URL() string { return p.url }
 
 // Arm makes the proxy cut the next COMMIT, in mode, of a transaction
 // whose messages (queries and their parameters, since BEGIN) contain
@@ -149,52 +128,6 @@ func (p *CutProxy) take(tx []byte) (CutMode, bool) {
 	return mode, true
 }
 
-func (p *CutProxy) close() {
-	p.mu.Lock()
-	p.done = true
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.ln.Close()
-	p.wg.Wait()
-}
-
-// track registers c as open (false once the proxy is closing: c is then
-// closed at once).
-func (p *CutProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		c.Close()
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *CutProxy) untrack(c net.Conn) {
-	c.Close()
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-}
-
-func (p *CutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			continue
-		}
-		p.wg.Add(1)
-		go p.serve(c)
-	}
-}
-
 // maxTxBytes bounds what the proxy keeps of one transaction's messages to
 // match Arm's strings against (a long transaction is matched on its
 // beginning).
@@ -203,13 +136,8 @@ const maxTxBytes = 4 << 20
 // serve proxies one client connection until either side closes it or the
 // proxy cuts it. It returns once both of its directions have stopped.
 func (p *CutProxy) serve(client net.Conn) {
-	defer p.wg.Done()
-	defer p.untrack(client)
-	server, err := net.Dial("tcp", p.target)
-	if err != nil {
-		return
-	}
-	if !p.track(server) {
+	server, ok := p.dial()
+	if !ok {
 		return
 	}
 	defer p.untrack(server)

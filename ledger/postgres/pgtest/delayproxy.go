@@ -2,7 +2,6 @@ package pgtest
 
 import (
 	"net"
-	neturl "net/url"
 	"sync"
 	"testing"
 	"time"
@@ -14,14 +13,9 @@ import (
 // delay), without bounding the throughput: what a side sends is read at
 // once and written delay later, in order.
 type DelayProxy struct {
-	ln     net.Listener
-	target string
-	url    string
+	*proxy
 	delay  time.Duration
 	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	done   bool
-	wg     sync.WaitGroup
 	total  time.Duration // held, over every chunk
 	chunks int64
 }
@@ -32,84 +26,24 @@ type DelayProxy struct {
 // when the test ends.
 func NewDelayProxy(t testing.TB, url string, delay time.Duration) *DelayProxy {
 	t.Helper()
-	u, err := neturl.Parse(url)
-	if err != nil || u.Host == "" {
-		t.Fatalf("pgtest: NewDelayProxy: not a URL with a host: %q", url)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &DelayProxy{ln: ln, target: u.Host, delay: delay, conns: map[net.Conn]struct{}{}}
-	u.Host = ln.Addr().String()
-	p.url = u.String()
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
+	p := &DelayProxy{delay: delay}
+	p.proxy = newProxy(t, "NewDelayProxy", url)
+	p.start(p.serve)
 	return p
-}
-
-// URL is the database's URL through the proxy.
-func (p *DelayProxy) URL() string { return p.url }
-
-func (p *DelayProxy) close() {
-	p.mu.Lock()
-	p.done = true
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.ln.Close()
-	p.wg.Wait()
-}
-
-func (p *DelayProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		c.Close()
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *DelayProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			continue
-		}
-		p.wg.Add(1)
-		go p.serve(c)
-	}
 }
 
 // serve proxies one connection until either side closes it.
 func (p *DelayProxy) serve(client net.Conn) {
-	defer p.wg.Done()
-	server, err := net.Dial("tcp", p.target)
-	if err != nil {
-		client.Close()
+	server, ok := p.dial()
+	if !ok {
 		return
 	}
-	if !p.track(server) {
-		client.Close()
-		return
-	}
+	defer p.untrack(server)
 	var both sync.WaitGroup
 	both.Add(2)
 	go func() { defer both.Done(); p.pipe(client, server) }()
 	go func() { defer both.Done(); p.pipe(server, client) }()
 	both.Wait()
-	p.mu.Lock()
-	delete(p.conns, client)
-	delete(p.conns, server)
-	p.mu.Unlock()
 }
 
 // pipe copies from src to dst, each chunk delay after it was read; at
