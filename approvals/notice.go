@@ -72,8 +72,8 @@ type Notice struct {
 	// customer cust-42" (OrderChange.Headline), or for an operation
 	// without an order the tool and who asked.
 	Headline string `json:"headline"`
-	// Text is the notice for a person, as chat tools' incoming webhooks
-	// take it (Slack, Mattermost, Rocket.Chat read a "text" field): the
+	// Text is the notice for a person, in the field Slack- and
+	// Mattermost-style incoming webhooks post ("text"): the
 	// headline, the change in the order's words (OrderChange.Words, else
 	// Summary), who asked, why and until when, and ConsoleURL on the last
 	// line. At most NoticeSummaryMax bytes of change, "…" when cut.
