@@ -13,8 +13,8 @@ import (
 	"idemgate/tools"
 )
 
-// An approval as the approver reads it (docs/console.md, "The approval
-// card"). Decisions where the issue was silent:
+// An approval as the approver reads it (docs/console.md, Approvals: "the
+// card"). Decisions the design left open:
 //   - A cancel's agent reason is read from the structured diff
 //     (cancel_reason, which approvals.CancelDiff records); approvals asked
 //     before it was recorded show none rather than read the diff's text.
