@@ -57,9 +57,14 @@ func UpdateDiff(kind, id string, version int, before, after map[string]any) Diff
 	return Diff{Changes: changes, Text: b.String()}
 }
 
-// CancelDiff shows the resource being cancelled and its status change.
+// CancelDiff shows the resource being cancelled: its status change and,
+// when reason is not empty, its cancel_reason set to reason (the agent's
+// reason, which approvers read on the approval).
 func CancelDiff(kind, id string, version int, resource map[string]any, reason string) Diff {
 	changes := []Change{{Path: "status", Before: resource["status"], After: "cancelled"}}
+	if reason != "" {
+		changes = append(changes, Change{Path: "cancel_reason", Before: resource["cancel_reason"], After: reason})
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "cancel %s %s (version %d): status %s → cancelled\n", kind, id, version, show(resource["status"]))
 	if reason != "" {

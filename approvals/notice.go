@@ -68,6 +68,16 @@ type Notice struct {
 	// ConsoleURL opens the approval in the console: the configured public
 	// URL followed by ConsolePath(ApprovalID).
 	ConsoleURL string `json:"console_url"`
+	// Headline says what waits in words: "Change order ord_1 for
+	// customer cust-42" (OrderChange.Headline), or for an operation
+	// without an order the tool and who asked.
+	Headline string `json:"headline"`
+	// Text is the notice for a person, in the field Slack- and
+	// Mattermost-style incoming webhooks post ("text"): the
+	// headline, the change in the order's words (OrderChange.Words, else
+	// Summary), who asked, why and until when, and ConsoleURL on the last
+	// line. At most NoticeSummaryMax bytes of change, "…" when cut.
+	Text string `json:"text"`
 }
 
 // Total is an amount in minor units of an ISO 4217 currency.
@@ -84,7 +94,7 @@ func NewNotice(rec *ledger.Record, noticeID string, total *Total, consoleURL str
 	if a == nil {
 		a = &ledger.Approval{}
 	}
-	return Notice{
+	n := Notice{
 		Type: NoticeType, Version: NoticeVersion, NoticeID: noticeID,
 		ApprovalID: a.ID, Tenant: rec.Tenant, RequestedBy: a.RequestedBy,
 		RequestedAt: a.CreatedAt.UTC(), ExpiresAt: a.ExpiresAt.UTC(),
@@ -94,6 +104,32 @@ func NewNotice(rec *ledger.Record, noticeID string, total *Total, consoleURL str
 		Total:      total,
 		ConsoleURL: strings.TrimRight(consoleURL, "/") + ConsolePath(a.ID),
 	}
+	n.Headline, n.Text = noticeText(rec, n)
+	return n
+}
+
+// noticeText is the headline and the text of notice n of rec's approval.
+func noticeText(rec *ledger.Record, n Notice) (headline, text string) {
+	a := rec.Approval
+	words := n.Summary
+	headline = rec.Tool + " requested by " + n.RequestedBy
+	if oc, ok := DescribeOrder(rec.Tool, a.Diff, a.Resource); ok {
+		headline = oc.Headline()
+		words = cut(oc.Words(), NoticeSummaryMax)
+		if _, rest, ok := strings.Cut(words, "\n"); ok {
+			words = rest // the headline is the first line already
+		} else {
+			words = ""
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Approval needed: %s", headline)
+	if words != "" {
+		fmt.Fprintf(&b, "\n%s", words)
+	}
+	fmt.Fprintf(&b, "\nAsked by %s; held: %s. Expires %s.", n.RequestedBy, Why(n.Rule, n.Reason, n.EarlierOperationKey), n.ExpiresAt.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "\nApprove or reject: %s", n.ConsoleURL)
+	return headline, b.String()
 }
 
 // cut is s if it fits in n bytes, else its start (at a character

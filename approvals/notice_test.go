@@ -24,6 +24,8 @@ func TestNoticeShape(t *testing.T) {
 			CreatedAt: at, ExpiresAt: at.Add(24 * time.Hour),
 		},
 	}
+	create := CreateDiff("order", map[string]any{"customer_id": "cust-42", "currency": "EUR", "items": []any{map[string]any{"sku": "TEA-001", "quantity": 100, "unit_price_minor": 1500}}, "total_minor": 150000})
+	rec.Approval.Diff, _ = json.Marshal(create.Changes)
 	n := NewNotice(rec, "msg_42", &Total{AmountMinor: 150000, Currency: "EUR"}, "https://gate.example.com/base/")
 	got, err := json.Marshal(n)
 	if err != nil {
@@ -34,7 +36,11 @@ func TestNoticeShape(t *testing.T) {
 		`"tool":"create_order","operation_key":"0b9f7a52-3c1e-4d57-9a53-2f1c6a8e4d10",` +
 		`"rule":"amount_threshold","reason":"the order total 150000 (minor units) is at or above the approval threshold 100000",` +
 		`"summary":"create order:\n  + total_minor: 150000","total":{"amount_minor":150000,"currency":"EUR"},` +
-		`"console_url":"https://gate.example.com/base/ui/approvals/apr_1"}`
+		`"console_url":"https://gate.example.com/base/ui/approvals/apr_1",` +
+		`"headline":"Place an order for customer cust-42",` +
+		`"text":"Approval needed: Place an order for customer cust-42\nline TEA-001: 100 × 15.00 EUR\nTotal: 1500.00 EUR\n` +
+		`Asked by alice; held: the order total 150000 (minor units) is at or above the approval threshold 100000. Expires 2026-12-02 08:30 UTC.\n` +
+		`Approve or reject: https://gate.example.com/base/ui/approvals/apr_1"}`
 	if string(got) != want {
 		t.Errorf("notice JSON\n got %s\nwant %s", got, want)
 	}
@@ -54,6 +60,9 @@ func TestNoticeShape(t *testing.T) {
 	}
 	if m["console_url"] != "http://127.0.0.1:8080/ui/approvals/apr_1" {
 		t.Errorf("console_url = %v", m["console_url"])
+	}
+	if text, _ := m["text"].(string); !strings.Contains(text, "the same request as the earlier operation k-earlier") || !strings.HasSuffix(text, "\nApprove or reject: http://127.0.0.1:8080/ui/approvals/apr_1") {
+		t.Errorf("a suspected duplicate's text does not name the earlier key or end in the link:\n%s", text)
 	}
 }
 

@@ -158,7 +158,7 @@ func TestDiffs(t *testing.T) {
 		t.Errorf("UpdateDiff text %q lacks the order or version", d.Text)
 	}
 	c := CancelDiff("order", "ord_1", 2, map[string]any{"status": "placed", "customer_id": "c1"}, "asked")
-	if len(c.Changes) != 1 || c.Changes[0].After != "cancelled" || !strings.Contains(c.Text, "customer_id") || !strings.Contains(c.Text, "asked") {
+	if len(c.Changes) != 2 || c.Changes[0].After != "cancelled" || c.Changes[1].Path != "cancel_reason" || c.Changes[1].After != "asked" || !strings.Contains(c.Text, "customer_id") || !strings.Contains(c.Text, "asked") {
 		t.Errorf("CancelDiff = %+v", c)
 	}
 	n := CreateDiff("order", map[string]any{"customer_id": "c1", "currency": "EUR"})

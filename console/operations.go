@@ -23,13 +23,15 @@ type opsPage struct {
 
 	Op       *ledger.Record
 	Customer string // of Op's order (customerOf)
-	Result   string
-	Args     string
-	Messages []*outbox.Message
-	Audit    []ledger.AuditEntry
-	AuditN   int
-	Answer   *outcome
-	Dead     []*outbox.Message
+	// ResultSummary is the result in words (summarize), Result its JSON.
+	ResultSummary string
+	Result        string
+	Args          string
+	Messages      []*outbox.Message
+	Audit         []ledger.AuditEntry
+	AuditN        int
+	Answer        *outcome
+	Dead          []*outbox.Message
 	// DeadScanned is how many outbox messages the dead-letter list read;
 	// DeadTruncated, that it stopped at its bound with messages left.
 	DeadScanned   int
@@ -175,6 +177,7 @@ func (c *Console) showOperation(w http.ResponseWriter, r *http.Request, id Ident
 	}
 	p := opsPage{page: page{Title: "Operation " + key, Who: &id, Nav: "operations"}, Op: rec, Answer: answer,
 		Customer: customerOf(rec), Result: pretty(rec.Result), Args: pretty(rec.Args)}
+	_, p.ResultSummary = summarize(rec.Tool, rec.Result)
 	_ = c.cfg.Store.View(r.Context(), func(tx ledger.Tx) error {
 		p.Messages, _ = outbox.OfOperation(tx, id.Tenant, key, rec.Incarnation)
 		return nil

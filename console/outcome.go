@@ -9,9 +9,11 @@ import (
 // it shows it.
 type outcome struct {
 	// Heading says what happened to this approver's action — not the
-	// operation's state alone: "Approved: the order was placed", "Not
-	// approved: you requested this operation; another approver must
-	// decide", "Already decided by boss2 at …: succeeded".
+	// operation's state alone: "Approved: the order was placed",
+	// "Refused: you requested this operation; another approver must
+	// decide", "Already decided by boss2 at …: succeeded". A decision
+	// that was not applied never has a heading starting "Approved" or
+	// "Rejected".
 	Heading string
 	// Took is true when this approver's decision was applied; false when
 	// it was refused or came too late (the heading then says why).
@@ -21,16 +23,10 @@ type outcome struct {
 	Replayed bool
 	Code     string
 	Message  string
-	Result   string
-	Key      string
-}
-
-// done says what an approved operation of tool did once it succeeded.
-var done = map[string]string{
-	"create_order":      "the order was placed",
-	"update_order":      "the order was changed",
-	"cancel_order":      "the order was cancelled",
-	"send_notification": "the notification was queued for delivery",
+	// Summary is the result in words (summarize), Result its JSON.
+	Summary string
+	Result  string
+	Key     string
 }
 
 // headingOf says what became of decision (approve or reject) by this
@@ -39,10 +35,6 @@ var done = map[string]string{
 // status, whether it was replayed, the error's code and the approval's
 // record — never a message's text.
 func headingOf(decision tools.Decision, resp *tools.Response, tool string) (heading string, took bool) {
-	not := "Not approved"
-	if decision == tools.Reject {
-		not = "Not rejected"
-	}
 	code := ""
 	if resp.Error != nil {
 		code = resp.Error.Code
@@ -61,20 +53,22 @@ func headingOf(decision tools.Decision, resp *tools.Response, tool string) (head
 		}
 		return "Already decided by " + by + at + ": " + string(resp.Status), false
 	case resp.Replayed && a != nil && a.Status == ledger.ApprovalExpired:
-		return not + ": this approval had already expired; nothing ran", false
+		return "Too late: this approval had already expired; nothing ran", false
 	case resp.Replayed:
 		// Settled while pending (reconciled or resolved by hand).
 		return "Already settled without this approval: " + string(resp.Status), false
 	case code == string(tools.CodeForbidden) && resp.Status == ledger.StateAwaitingApproval:
-		return not + ": you requested this operation; another approver must decide", false
+		return "Refused: you requested this operation; another approver must decide", false
 	case code == string(tools.CodeApprovalRequired) && resp.Status == ledger.StateRejected:
-		return not + ": this approval expired before your decision; nothing ran", false
+		return "Too late: this approval expired before your decision; nothing ran", false
 	case decision == tools.Reject && resp.Status == ledger.StateRejected:
 		return "Rejected: nothing ran", true
 	case decision == tools.Approve && resp.Status == ledger.StateSucceeded:
-		what := done[tool]
-		if what == "" {
-			what = "the operation succeeded"
+		what := "the operation succeeded"
+		if verb := done[tool]; verb != "" {
+			what = "the order was " + verb
+		} else if tool == "send_notification" {
+			what = "the notification was queued for delivery"
 		}
 		return "Approved: " + what, true
 	case decision == tools.Approve && resp.Status == ledger.StateFailed:
@@ -87,5 +81,5 @@ func headingOf(decision tools.Decision, resp *tools.Response, tool string) (head
 	if code == "" {
 		code = string(resp.Status)
 	}
-	return not + ": " + code, false
+	return "Refused: " + code, false
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -34,24 +33,67 @@ type page struct {
 	HistoryScanned int
 }
 
-// approvalItem is one approval as the pages show it.
+// approvalItem is one approval as the pages show it: what the operation
+// does in the order's words (approvals.DescribeOrder over the approval's
+// structured diff and resource), who asked for whom, why, and for a
+// suspected duplicate the earlier operation beside it.
 type approvalItem struct {
 	tools.ApprovalView
-	Changes []changeRow
-	Total   string // the order's total, "" when the diff does not show one
-	Order   []changeRow
+	// Headline says what the operation does: "Change order ord_1 for
+	// customer cust-42"; for an operation without an order, its tool.
+	Headline string
+	// Order is the diff in the order's terms; nil for an operation
+	// without an order (a notification), whose Rows are the structured
+	// diff's paths.
+	Order *approvals.OrderChange
+	Rows  []changeRow
+	// Lines are the order's lines before the operation (a change's, a
+	// cancel's: what is cancelled) or a create's new lines.
+	Lines []lineRow
+	// Total is the order's total after the operation (a create's, a
+	// change's new total) or, for a cancel, the total cancelled;
+	// TotalBefore and Difference are a change's.
+	Total, TotalBefore, Difference string
+	// Why is why it waits (approvals.Why); AgentReason is the reason the
+	// agent gave (a cancel's).
+	Why, AgentReason string
+	// OnBehalfOf and Model are whom the requester acted for and the model
+	// driving it, from the audit entry of the call that asked (Stated:
+	// only the client said so).
+	OnBehalfOf, Model string
+	Stated            bool
+	// Mine: the session's principal asked for this operation, and so may
+	// not decide it.
+	Mine bool
 	// Earlier is the operation a suspected duplicate resembles.
 	Earlier *earlierOp
-	Waiting string // how long it has waited
-	Left    string // how long until it expires
+	// RawDiff and RawResource are the structured diff and the resource as
+	// indented JSON, behind a disclosure.
+	RawDiff, RawResource string
+	Waiting              string // how long it has waited
+	Left                 string // how long until it expires
 }
 
 type changeRow struct{ Path, Before, After string }
 
+type lineRow struct{ SKU, Quantity, UnitPrice, Amount string }
+
+// earlierOp is the earlier operation a suspected duplicate resembles, as
+// it stands now, beside the request held.
 type earlierOp struct {
-	Key, State, Tool, Result string
-	When                     time.Time
-	Missing                  bool
+	Key, State, Tool string
+	When             time.Time
+	Missing          bool
+	// Apart is how long before the held request the earlier one was
+	// first seen; Same says the two requests are identical (equal
+	// fingerprints: the same tool and arguments).
+	Apart string
+	Same  bool
+	// Order is the order the earlier operation wrote (nil: none yet),
+	// Summary its outcome in words, Result its result as JSON.
+	Order   *resultOrder
+	Summary string
+	Result  string
 }
 
 func parsePages() map[string]*template.Template {
@@ -230,6 +272,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, id Identity) {
 		tool = a.Tool
 	}
 	out.Heading, out.Took = headingOf(decision, resp, tool)
+	_, out.Summary = summarize(tool, resp.Result)
 	status := http.StatusOK
 	if resp.IsError && !(decision == tools.Reject && resp.Status == ledger.StateRejected) {
 		status = http.StatusConflict
@@ -278,41 +321,6 @@ func derefTime(p *time.Time, or time.Time) time.Time {
 	return *p
 }
 
-// item prepares one approval for the pages: its diff as rows, the order
-// it is for, the order's total, and the earlier operation of a suspected
-// duplicate — all from the approvals API's structured fields.
-func (c *Console) item(r *http.Request, id Identity, a tools.ApprovalView) approvalItem {
-	now := c.cfg.Now()
-	it := approvalItem{ApprovalView: a, Waiting: roughly(now.Sub(a.CreatedAt)), Left: roughly(a.ExpiresAt.Sub(now))}
-	var changes []approvals.Change
-	if len(a.Diff) > 0 && json.Unmarshal(a.Diff, &changes) == nil {
-		for _, ch := range changes {
-			it.Changes = append(it.Changes, changeRow{ch.Path, show(ch.Before), show(ch.After)})
-		}
-	}
-	// The order a change or a cancel is for, field by field, as it was.
-	var order map[string]any
-	if len(a.Resource) > 0 && json.Unmarshal(a.Resource, &order) == nil {
-		for _, k := range slices.Sorted(maps.Keys(order)) {
-			it.Order = append(it.Order, changeRow{Path: k, Before: show(order[k])})
-		}
-	}
-	if t := a.Total; t != nil {
-		it.Total = money(t.AmountMinor, t.Currency)
-	}
-	if a.EarlierOperationKey != "" {
-		e := &earlierOp{Key: a.EarlierOperationKey}
-		rec, err := c.cfg.Store.Get(r.Context(), id.Tenant, a.EarlierOperationKey)
-		if err != nil || rec == nil {
-			e.Missing = true
-		} else {
-			e.State, e.Tool, e.When, e.Result = string(rec.State), rec.Tool, rec.FirstSeenAt, pretty(rec.Result)
-		}
-		it.Earlier = e
-	}
-	return it
-}
-
 // show renders a diff value on one line: "—" for none.
 func show(v any) string {
 	if v == nil {
@@ -338,20 +346,4 @@ func pretty(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return b.String()
-}
-
-// noMinorUnit are the currencies whose amounts have no decimals.
-var noMinorUnit = map[string]bool{"JPY": true, "KRW": true, "VND": true, "CLP": true, "ISK": true, "UGX": true, "XAF": true, "XOF": true}
-
-// money shows an amount in minor units with its currency: "37.00 EUR",
-// "1200 JPY".
-func money(minor int64, currency string) string {
-	if noMinorUnit[strings.ToUpper(currency)] {
-		return fmt.Sprintf("%d %s", minor, currency)
-	}
-	sign, n := "", uint64(minor)
-	if minor < 0 {
-		sign, n = "-", uint64(-minor) // -MinInt64 wraps to its own magnitude as uint64
-	}
-	return fmt.Sprintf("%s%d.%02d %s", sign, n/100, n%100, currency)
 }

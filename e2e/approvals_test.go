@@ -313,8 +313,9 @@ func TestApprovalCancelFlow(t *testing.T) {
 				a.Rule != "always_approve" || a.ResourceVersion != 1 {
 				t.Errorf("pending approval = %+v", a)
 			}
-			if len(a.Diff) != 1 || a.Diff[0].Path != "status" || a.Diff[0].Before != "placed" || a.Diff[0].After != "cancelled" {
-				t.Errorf("diff = %+v, want exactly [{status placed cancelled}]", a.Diff)
+			if len(a.Diff) != 2 || a.Diff[0].Path != "status" || a.Diff[0].Before != "placed" || a.Diff[0].After != "cancelled" ||
+				a.Diff[1].Path != "cancel_reason" || a.Diff[1].Before != nil || a.Diff[1].After != "customer asked" {
+				t.Errorf("diff = %+v, want exactly [{status placed cancelled} {cancel_reason <nil> customer asked}]", a.Diff)
 			}
 			if a.DiffText == "" || !strings.Contains(a.DiffText, o.OrderID) || !strings.Contains(a.DiffText, "customer asked") {
 				t.Errorf("diff_text does not show the order and the reason: %q", a.DiffText)

@@ -169,6 +169,22 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	}
 }
 
+// screenshotOf saves the element css as name.png (see the file comment).
+func screenshotOf(t *testing.T, ctx context.Context, css, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS(css)))
+	if err != nil {
+		t.Fatalf("browser: screenshot %s of %s: %v", name, css, err)
+	}
+	dir := t.TempDir()
+	if os.Getenv("IDEMGATE_UPDATE_SCREENSHOTS") == "1" {
+		dir = filepath.Join(moduleRoot, "docs", "console")
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // loginWithToken logs the browser in with token at base's console.
 func loginWithToken(t *testing.T, ctx context.Context, base, token string) {
 	t.Helper()
@@ -260,8 +276,8 @@ func TestConsoleApproveCancel(t *testing.T) {
 	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
 		t.Fatalf("outcome = %q, want succeeded\n%s", got, bodyText(t, ctx))
 	}
-	if res := textOf(t, ctx, "#outcome-result"); !strings.Contains(res, `"cancelled"`) || !strings.Contains(res, o.OrderID) {
-		t.Errorf("the outcome page does not show the cancelled order: %s", res)
+	if res := textOf(t, ctx, "#outcome-summary"); !strings.Contains(res, "Order "+o.OrderID+" cancelled") {
+		t.Errorf("the outcome page does not say the order was cancelled: %s", res)
 	}
 	screenshot(t, ctx, "outcome")
 
@@ -691,9 +707,9 @@ func TestConsoleTwoBrowsersApproveAtOnce(t *testing.T) {
 
 // TestConsoleOutcomeHeadings: the page after a decision is headed by what
 // became of this approver's action, not by the operation's state alone.
-// An approver who requested an operation and presses Approve reads that
-// it was not approved and why (before: "Approved: awaiting_approval"
-// above the refusal); an approver whose Approve runs the operation reads
+// An approver who requested an operation sees no decide buttons on it,
+// and one who posts a decision anyway reads that it was refused and why,
+// never a heading that says Approved; an approver whose Approve runs the operation reads
 // what it did; one who presses Approve on a page opened before another
 // approver decided reads who decided, when, and the outcome.
 func TestConsoleOutcomeHeadings(t *testing.T) {
@@ -722,8 +738,22 @@ func TestConsoleOutcomeHeadings(t *testing.T) {
 		)
 		return textOf(t, ctx, "#outcome h1"), textOf(t, ctx, "#outcome-status")
 	}
-	if h, st := approve(b1, "boss", byBoss); h != "Not approved: you requested this operation; another approver must decide" || st != "awaiting_approval" {
-		t.Errorf("boss approving his own request: heading %q, status %q; want %q and awaiting_approval\n%s", h, st, "Not approved: you requested this operation; another approver must decide", bodyText(t, b1))
+	// boss's own request shows no decide buttons and says why; a decision
+	// posted anyway (a page kept from before, a hand-made form) is refused
+	// under a heading that does not say Approved.
+	do(t, b1, "boss opens his own request", chromedp.Navigate(base+"/ui/approvals/"+byBoss), chromedp.WaitVisible(chromedp.CSS("#apr-"+byBoss+" .own-request")))
+	if n, err := chromedp.Run(b1, chromedp.Evaluate[int](`document.querySelectorAll("#apr-`+byBoss+` button").length`)); err != nil || n != 0 {
+		t.Errorf("the requester sees %d buttons on his own request (%v), want none", n, err)
+	}
+	if got := textOf(t, b1, "#apr-"+byBoss+" .own-request"); !strings.Contains(got, "You asked for this operation") {
+		t.Errorf("the requester's card says %q, want why he may not decide", got)
+	}
+	if _, err := chromedp.Run(b1, chromedp.Evaluate[bool](`(function(){var f=document.createElement("form");f.method="post";f.action="/ui/approvals/`+byBoss+`/decide";var i=document.createElement("input");i.name="decision";i.value="approve";f.appendChild(i);document.body.appendChild(f);f.submit();return true})()`)); err != nil {
+		t.Fatalf("browser: post an approve of boss's own request: %v", err)
+	}
+	do(t, b1, "the answer to boss's own approve", chromedp.WaitVisible(chromedp.CSS("#outcome h1")))
+	if h, st := textOf(t, b1, "#outcome h1"), textOf(t, b1, "#outcome-status"); h != "Refused: you requested this operation; another approver must decide" || st != "awaiting_approval" || strings.Contains(strings.ToLower(h), "approved") {
+		t.Errorf("boss approving his own request: heading %q, status %q; want %q and awaiting_approval\n%s", h, st, "Refused: you requested this operation; another approver must decide", bodyText(t, b1))
 	}
 	screenshot(t, b1, "outcome-own-request")
 	if h, st := approve(b1, "boss", byAlice); h != "Approved: the order was cancelled" || st != "succeeded" {
@@ -815,9 +845,10 @@ func TestConsoleResolveUnknown(t *testing.T) {
 }
 
 // TestConsoleSuspectedDuplicate: an order that repeats an earlier one
-// under a new key is held as a suspected duplicate; the console shows it
-// beside the earlier operation (its key, state and result, naming the
-// earlier order) with the new order's fields and total; rejecting it runs
+// under a new key is held as a suspected duplicate; the console heads it
+// as a second order that looks like the earlier order, and shows it side
+// by side with the earlier operation (its key, when, its state and its
+// order), saying the two requests are identical; rejecting it runs
 // nothing (the customer keeps one order).
 func TestConsoleSuspectedDuplicate(t *testing.T) {
 	ctx := newBrowser(t)
@@ -843,7 +874,27 @@ func TestConsoleSuspectedDuplicate(t *testing.T) {
 	if got := textOf(t, ctx, card+" .total"); !strings.Contains(got, "37.00 EUR") {
 		t.Errorf("total = %q, want 37.00 EUR", got)
 	}
+	for css, want := range map[string]string{
+		card + " header .headline": "Place a second order for customer cust-dup that looks like order " + first.orderID(),
+		card + " .earlier-key":     firstKey,
+		card + " .earlier-order":   first.orderID(),
+	} {
+		if got := textOf(t, ctx, css); got != want {
+			t.Errorf("%s = %q, want %q", css, got, want)
+		}
+	}
+	if got := textOf(t, ctx, card+" .reason"); !strings.Contains(got, firstKey) {
+		t.Errorf("the reason %q does not name the earlier key", got)
+	}
+	if got := textOf(t, ctx, card+" .same"); !strings.Contains(got, "identical") {
+		t.Errorf("the card does not say what is identical: %q", got)
+	}
 	screenshot(t, ctx, "suspected-duplicate")
+	do(t, ctx, "phone width", chromedp.EmulateViewport(390, 844), chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" .earlier")))
+	if bad := cutOff(t, ctx); bad != "" {
+		t.Errorf("the side-by-side comparison at phone width is cut off:\n%s", bad)
+	}
+	do(t, ctx, "desktop width", chromedp.EmulateViewport(1100, 900), chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" button.reject")))
 	do(t, ctx, "reject it",
 		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "the customer ordered once"),
 		chromedp.Click(chromedp.CSS(card+" button.reject")),
@@ -1277,4 +1328,112 @@ func TestConsolePhoneAndKeyboard(t *testing.T) {
 			t.Errorf("at phone width %s is %d px wide, want no sideways scrolling (at most 390)", p.path, w)
 		}
 	}
+}
+
+// cutOff lists the elements of the page's main part that reach past the
+// viewport's sides or scroll sideways inside (a <pre> or table cut off),
+// with every disclosure opened first: "" when none does.
+func cutOff(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(function(){
+		document.querySelectorAll("main details").forEach(function(d){ d.open = true; });
+		var bad = [], w = document.documentElement.clientWidth;
+		document.querySelectorAll("main *").forEach(function(e){
+			var r = e.getBoundingClientRect();
+			if (r.width === 0 && r.height === 0) return;
+			var name = e.tagName.toLowerCase() + (e.className ? "." + e.className : "");
+			if (r.right > w + 0.5 || r.left < -0.5) bad.push(name + " spans " + Math.round(r.left) + ".." + Math.round(r.right) + " px");
+			if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== "visible") bad.push(name + " scrolls sideways (" + e.scrollWidth + " in " + e.clientWidth + " px)");
+		});
+		return bad.join("\n");
+	})()`))
+	if err != nil {
+		t.Fatalf("browser: measure the page: %v", err)
+	}
+	return s
+}
+
+// TestConsoleApproverCard: the approver reads what changes in the order's
+// own words. A held update_order that raises a line's quantity from 2 to
+// 5 shows one row for it (TEA-001 quantity, 2, 5), the totals before and
+// after in euros with the difference, the order's id and customer on the
+// card's head with the agent's user and model (from its token); a held
+// cancel_order shows the agent's reason and what it cancels. At a phone's
+// width (390 px), with every disclosure open, nothing is cut off and the
+// page does not scroll sideways. Approving the change shows the outcome
+// in words.
+func TestConsoleApproverCard(t *testing.T) {
+	ctx := newBrowser(t)
+	dir := t.TempDir()
+	tokens, toks := consoleTokens(t, dir)
+	r := runCLI(t, 10*time.Second, "tokens", "add", "--tokens", tokens, "--principal", "desk-agent", "--tenant", aprTenant, "--role", "agent",
+		"--on-behalf-of", "maria.k@shop.example", "--model", "claude-sonnet-4")
+	if r.Code != 0 {
+		t.Fatalf("tokens add: exit %d: %s", r.Code, r.Stderr)
+	}
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+	agent := httpSession(t, base, strings.TrimSpace(r.Stdout))
+	tea := []item{{"TEA-001", 2, 1250}}
+	o := resultOrder(t, agent.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-42", tea, map[string]any{"notify_customer": false})))
+	change := agent.mustHold(t, "update_order", map[string]any{"operation_key": newKey(), "order_id": o.OrderID, "expected_version": 1,
+		"changes": map[string]any{"items": []map[string]any{{"sku": "TEA-001", "quantity": 5, "unit_price_minor": 1250}}}}).Approval.ApprovalID
+	o2 := resultOrder(t, agent.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-43", coffee, map[string]any{"notify_customer": false})))
+	cancel := agent.mustHold(t, "cancel_order", cancelArgs(newKey(), o2.OrderID, 1)).Approval.ApprovalID
+
+	loginWithToken(t, ctx, base, toks["boss"])
+	card := "#apr-" + change
+	do(t, ctx, "see the change", chromedp.WaitVisible(chromedp.CSS(card+" table.diff")))
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("`+card+` table.diff tbody tr").length`)); err != nil || n != 1 {
+		t.Errorf("the quantity change has %d rows (%v), want one", n, err)
+	}
+	for css, want := range map[string]string{
+		card + " table.diff tbody tr td.path":   "TEA-001 quantity",
+		card + " table.diff tbody tr td.before": "2",
+		card + " table.diff tbody tr td.after":  "5",
+		card + " .total-before":                 "25.00 EUR",
+		card + " .total":                        "62.50 EUR",
+		card + " .total-diff":                   "+37.50 EUR",
+		card + " header .headline":              "Change order " + o.OrderID + " for customer cust-42",
+		card + " header .order-id":              o.OrderID,
+		card + " header .customer":              "cust-42",
+		card + " header .requester":             "desk-agent",
+		card + " header .on-behalf-of":          "maria.k@shop.example",
+		card + " header .model":                 "claude-sonnet-4",
+		"#apr-" + cancel + " header .headline":  "Cancel order " + o2.OrderID + " for customer cust-43",
+		"#apr-" + cancel + " .agent-reason":     "customer asked",
+		"#apr-" + cancel + " .total":            "37.00 EUR",
+	} {
+		if got := textOf(t, ctx, css); got != want {
+			t.Errorf("%s = %q, want %q", css, got, want)
+		}
+	}
+	if got := textOf(t, ctx, "#apr-"+cancel+" details.lines"); !strings.Contains(got, "coffee-1kg") || !strings.Contains(got, "18.50 EUR") {
+		t.Errorf("the cancel does not show the lines it cancels:\n%s", got)
+	}
+	screenshotOf(t, ctx, card, "approval-card")
+
+	do(t, ctx, "phone width", chromedp.EmulateViewport(390, 844), chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" button.approve")))
+	if bad := cutOff(t, ctx); bad != "" {
+		t.Errorf("at phone width these are cut off:\n%s", bad)
+	}
+	if w := pageWidth(t, ctx); w > 390 {
+		t.Errorf("at phone width the approvals are %d px wide, want no sideways scrolling (at most 390)", w)
+	}
+	do(t, ctx, "close the disclosures", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS(card+" button.approve")))
+	screenshotOf(t, ctx, card, "approval-card-phone")
+
+	do(t, ctx, "approve the change",
+		chromedp.Click(chromedp.CSS(card+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-summary")),
+	)
+	if h := textOf(t, ctx, "#outcome h1"); h != "Approved: the order was changed" {
+		t.Errorf("heading %q", h)
+	}
+	if got, want := textOf(t, ctx, "#outcome-summary"), "Order "+o.OrderID+" changed for customer cust-42: 1 line, total 62.50 EUR (version 2)"; got != want {
+		t.Errorf("outcome summary %q, want %q", got, want)
+	}
+	if bad := cutOff(t, ctx); bad != "" {
+		t.Errorf("the outcome at phone width is cut off:\n%s", bad)
+	}
+	screenshot(t, ctx, "outcome-phone")
 }

@@ -47,6 +47,8 @@ type notice struct {
 		Currency    string `json:"currency"`
 	} `json:"total"`
 	ConsoleURL string `json:"console_url"`
+	Headline   string `json:"headline"`
+	Text       string `json:"text"`
 }
 
 // noticePost is one POST the receiver got.
@@ -233,6 +235,13 @@ func TestNotifyApprovalRequested(t *testing.T) {
 	}
 	if !strings.Contains(n.Summary, "create order") || !strings.Contains(n.Summary, "espresso-machine") {
 		t.Errorf("summary does not show the order: %q", n.Summary)
+	}
+	// The text a chat tool's incoming webhook shows: the change in words
+	// and the link on the last line.
+	if !strings.HasPrefix(n.Headline, "Place an order for customer ") || !strings.HasPrefix(n.Text, "Approval needed: "+n.Headline+"\n") ||
+		!strings.Contains(n.Text, "line espresso-machine") || !strings.Contains(n.Text, "Total: 1500.00 EUR") ||
+		!strings.HasSuffix(n.Text, "\nApprove or reject: "+base+"/ui/approvals/"+aprID) {
+		t.Errorf("headline %q, text:\n%s", n.Headline, n.Text)
 	}
 	if n.RequestedAt.IsZero() || !n.ExpiresAt.After(n.RequestedAt) || n.ExpiresAt.Sub(n.RequestedAt) != 24*time.Hour {
 		t.Errorf("requested_at %s, expires_at %s: want the default 24h approval", n.RequestedAt, n.ExpiresAt)

@@ -101,7 +101,7 @@ func TestCancelNeedsApprovalThenRuns(t *testing.T) {
 		}
 	}
 	json.Unmarshal(list.Result, &l)
-	if len(l.Approvals) != 1 || l.Approvals[0].ApprovalID != held.Approval.ID || len(l.Approvals[0].Diff) != 1 || l.Approvals[0].Diff[0].Path != "status" {
+	if len(l.Approvals) != 1 || l.Approvals[0].ApprovalID != held.Approval.ID || len(l.Approvals[0].Diff) != 2 || l.Approvals[0].Diff[0].Path != "status" || l.Approvals[0].Diff[1].Path != "cancel_reason" || l.Approvals[0].Diff[1].After != "customer asked" {
 		t.Fatalf("pending = %s", list.Result)
 	}
 
