@@ -9,12 +9,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 	collmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	colltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -382,4 +385,54 @@ func exportAuditTraces(t *testing.T, db string) []auditTraceLine {
 		out = append(out, l)
 	}
 	return out
+}
+
+// TestTracesOverHTTP: over Streamable HTTP a request without a
+// traceparent in _meta is traced under its traceparent header — the
+// handshake and the tools/call alike —, and an embedded create_order's
+// transaction is its ledger execute span.
+func TestTracesOverHTTP(t *testing.T) {
+	rcv := newOTLPReceiver(t)
+	setOTLPEnv(t, rcv)
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens.json")
+	token := addToken(t, tokens, "agent-http", "t-http", "agent")
+	base := httpServer(t, filepath.Join(dir, "ledger.db"), tokens)
+
+	const traceID = "7bf92f3577b34da6a3ce929d0e0e4739"
+	tr, err := transport.NewStreamableHTTP(base+"/mcp", transport.WithHTTPHeaders(map[string]string{
+		"Authorization": "Bearer " + token, "Traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.NewClient(tr)
+	t.Cleanup(func() { c.Close() })
+	ctx := testContext(t)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Initialize(ctx, mcp.InitializeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	s := &session{t: t, flavor: mcpGoModern, mc: c}
+	s.mustSucceed(t, "create_order", orderArgs(newKey(), "cust-http", []item{{"sku-1", 1, 100}}, nil))
+
+	spans := waitTrace(t, rcv, traceID, "tools/call create_order", "ledger execute")
+	call := spanNamed(spans, "tools/call create_order")
+	var handshake []string // initialize, or server/discover in the 2026-07-28 era
+	for _, sp := range spans {
+		if m := attrMap(sp.Attributes)["mcp.method.name"]; m != "" && m != "tools/call" {
+			handshake = append(handshake, sp.Name)
+		}
+	}
+	if len(handshake) == 0 {
+		t.Errorf("no span of the client's handshake in trace %s", traceID)
+	}
+	// (No mcp.session.id: the 2026-07-28 era has no sessions.)
+	if a := attrMap(call.Attributes); a["network.transport"] != "tcp" || a["idemgate.decision"] != "executed" {
+		t.Errorf("server span over HTTP: network.transport %q, decision %q", a["network.transport"], a["idemgate.decision"])
+	}
+	if got, want := hex.EncodeToString(spanNamed(spans, "ledger execute").ParentSpanId), hex.EncodeToString(call.SpanId); got != want {
+		t.Errorf("ledger execute's parent %s, want the server span %s", got, want)
+	}
 }

@@ -44,7 +44,7 @@ const (
 
 // requestTelemetry traces one server's requests.
 type requestTelemetry struct {
-	tracer   trace.Tracer
+	tracer   trace.Tracer // nil: metrics only
 	prop     propagation.TextMapPropagator
 	duration mcpconv.ServerOperationDuration
 }
@@ -60,7 +60,8 @@ type requestTelemetry struct {
 type requestSlot struct {
 	header  http.Header // the HTTP request's headers; nil on stdio
 	mu      sync.Mutex
-	span    trace.Span // nil until started; nil again once ended
+	open    bool       // started and not yet ended
+	span    trace.Span // nil unless traced
 	started time.Time
 	attrs   []attribute.KeyValue // the metric's attributes
 }
@@ -95,6 +96,9 @@ func requestSpan(ctx context.Context) context.Context {
 	}
 	s.mu.Lock()
 	span := s.span
+	if !s.open {
+		span = nil
+	}
 	s.mu.Unlock()
 	if span == nil {
 		return ctx
@@ -169,9 +173,12 @@ func (tel *requestTelemetry) start(ctx context.Context, id any, method mcp.MCPMe
 	if sid := sessionID(ctx); sid != "" {
 		spanAttrs = append(spanAttrs, semconv.McpSessionID(sid))
 	}
-	_, span := tel.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(spanAttrs...))
+	var span trace.Span
+	if tel.tracer != nil {
+		_, span = tel.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(spanAttrs...))
+	}
 	s.mu.Lock()
-	s.span, s.started, s.attrs = span, time.Now(), metricAttrs
+	s.open, s.span, s.started, s.attrs = true, span, time.Now(), metricAttrs
 	s.mu.Unlock()
 }
 
@@ -184,18 +191,22 @@ func (tel *requestTelemetry) end(ctx context.Context, failed []attribute.KeyValu
 		return
 	}
 	s.mu.Lock()
-	span, started, attrs := s.span, s.started, s.attrs
-	s.span = nil
+	open, span, started, attrs := s.open, s.span, s.started, s.attrs
+	s.open, s.span = false, nil
 	s.mu.Unlock()
-	if span == nil {
+	if !open {
 		return
 	}
 	if len(failed) > 0 {
-		span.SetAttributes(failed...)
-		span.SetStatus(codes.Error, msg)
 		attrs = append(attrs[:len(attrs):len(attrs)], failed...)
 	}
-	span.End()
+	if span != nil {
+		if len(failed) > 0 {
+			span.SetAttributes(failed...)
+			span.SetStatus(codes.Error, msg)
+		}
+		span.End()
+	}
 	tel.duration.Inst().Record(ctx, time.Since(started).Seconds(), metric.WithAttributes(attrs...))
 }
 

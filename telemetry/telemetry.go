@@ -29,7 +29,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // Scope is the instrumentation scope of idemgate's spans and metrics.
@@ -41,7 +40,7 @@ const Scope = "idemgate"
 type Provider struct {
 	tp     *sdktrace.TracerProvider // nil: traces off
 	mp     *sdkmetric.MeterProvider // nil: metrics off
-	tracer trace.Tracer
+	tracer trace.Tracer             // nil: traces off
 	meter  metric.Meter
 	prop   propagation.TextMapPropagator
 }
@@ -100,8 +99,6 @@ func FromEnv(ctx context.Context, getenv func(string) string, version string) (*
 		// read by the SDK.
 		p.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 		p.tracer = p.tp.Tracer(Scope, trace.WithInstrumentationVersion(version))
-	} else {
-		p.tracer = tracenoop.NewTracerProvider().Tracer(Scope)
 	}
 	if metrics {
 		exp, err := metricExporter(ctx, protocol(getenv, "METRICS"))
@@ -164,7 +161,8 @@ func metricExporter(ctx context.Context, proto string) (sdkmetric.Exporter, erro
 	return nil, fmt.Errorf("%w, got %q", errProtocol, proto)
 }
 
-// Tracer is the tracer of idemgate's spans; nil when p is nil.
+// Tracer is the tracer of idemgate's spans; nil when p is nil or traces
+// are off (only metrics are exported).
 func (p *Provider) Tracer() trace.Tracer {
 	if p == nil {
 		return nil
@@ -191,20 +189,15 @@ func (p *Provider) Propagator() propagation.TextMapPropagator {
 
 // Transport wraps rt, an HTTP client's transport to a downstream, so that
 // each request is a client span and carries the trace to the downstream
-// (traceparent, tracestate); rt itself when p is nil.
+// (traceparent, tracestate); rt itself when p is nil or traces are off.
 func (p *Provider) Transport(rt http.RoundTripper) http.RoundTripper {
-	if p == nil {
+	if p == nil || p.tp == nil {
 		return rt
 	}
-	opts := []otelhttp.Option{otelhttp.WithPropagators(p.prop), otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
+	return otelhttp.NewTransport(rt, otelhttp.WithTracerProvider(p.tp), otelhttp.WithPropagators(p.prop),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
 		// The HTTP conventions' span name without a URL template: the method.
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method })}
-	if p.tp != nil {
-		opts = append(opts, otelhttp.WithTracerProvider(p.tp))
-	} else {
-		opts = append(opts, otelhttp.WithTracerProvider(tracenoop.NewTracerProvider()))
-	}
-	return otelhttp.NewTransport(rt, opts...)
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }))
 }
 
 // Shutdown exports what is buffered and stops the exporters, within ctx;

@@ -50,6 +50,12 @@ func TestFromEnv(t *testing.T) {
 			if got := p.mp != nil; got != tc.metrics {
 				t.Errorf("metrics on %v, want %v", got, tc.metrics)
 			}
+			if got := p.Tracer() != nil; got != tc.traces {
+				t.Errorf("a tracer %v, want %v", got, tc.traces)
+			}
+			if rt := http.DefaultTransport; (p.Transport(rt) != rt) != tc.traces {
+				t.Errorf("the transport wrapped: %v, want %v", p.Transport(rt) != rt, tc.traces)
+			}
 		})
 	}
 }
