@@ -28,8 +28,8 @@ import (
 // the transport does) and delivers what a decision queued. The console's
 // one background task, verifying the audit chain once at its start, runs
 // in bg, which the caller joins before closing store (closeAfter).
-func newConsole(bg *loops, publicURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
-	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL, Guard: guard.For(server.AuthConsoleLogin)}
+func newConsole(bg *loops, publicURL, traceURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
+	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL, TraceURL: traceURL, Guard: guard.For(server.AuthConsoleLogin)}
 	if tokens != nil {
 		cfg.Lookup = func(token string) (console.Identity, bool) {
 			id, ok, err := tokens.Lookup(token)
@@ -141,7 +141,7 @@ func consoleCmd(ctx context.Context, args []string, stderr io.Writer) (err error
 		}
 	}()
 	publicURL := lf.file.Console.PublicURL
-	c := newConsole(bg, publicURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl)
+	c := newConsole(bg, publicURL, lf.file.Console.TraceURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl)
 	mux := http.NewServeMux()
 	mux.Handle("/ui", c)
 	mux.Handle("/ui/", c)

@@ -152,6 +152,14 @@ func ownerCmd(args []string, stderr io.Writer) error {
 	// Until it is ready the owner's log goes to the starting client too.
 	out := &startingLog{log: logFile, starter: stderr}
 	logger := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: o.level}))
+	// The tools run here: so do their spans and metrics, configured by
+	// the environment of the client that started this owner.
+	tel, stopTelemetry, err := startTelemetry(logger)
+	if err != nil {
+		return usageError{err}
+	}
+	defer stopTelemetry()
+	lf.tel = tel
 	lf.mayCreate = true
 	observers := &auditObservers{}
 	lf.observe = observers.observe

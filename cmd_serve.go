@@ -91,6 +91,14 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		metrics = server.NewMetrics()
 		lf.observe = metrics.ObserveAudit
 	}
+	if owned == nil { // in the owner, the owner's service traces
+		tel, stopTelemetry, err := startTelemetry(logger)
+		if err != nil {
+			return usageError{err}
+		}
+		defer stopTelemetry()
+		lf.tel = tel
+	}
 	lf.mayCreate = true // a server starts a new ledger where none exists
 	store, svc, err := lf.openService(o.outbox, o.wait, logger)
 	if err != nil {
@@ -121,7 +129,7 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: o.httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: o.bodyTimeout, Guard: guard, Screen: svc.Screen,
-			UI: newConsole(bg, lf.file.Console.PublicURL, store, svc, tokens, guard, logger, false, nil),
+			UI: newConsole(bg, lf.file.Console.PublicURL, lf.file.Console.TraceURL, store, svc, tokens, guard, logger, false, nil),
 			Health: func(ctx context.Context) (bool, any, any) {
 				h := store.Health(ctx)
 				status := "ok"

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,6 +28,7 @@ import (
 	"idemgate/outbox"
 	"idemgate/owner"
 	"idemgate/schemas"
+	"idemgate/telemetry"
 	"idemgate/tools"
 )
 
@@ -62,8 +64,12 @@ type fileConfig struct {
 	} `toml:"approvals"`
 	// Console.PublicURL is where people reach the console (the base of
 	// the links in approvers' notices).
+	// Console.TraceURL is the team's trace viewer, with {trace_id} (and
+	// optionally {span_id}) where a trace's id goes: the console links an
+	// operation's history to its traces.
 	Console struct {
 		PublicURL string `toml:"public_url"`
+		TraceURL  string `toml:"trace_url"`
 	} `toml:"console"`
 	// Audit.Retention is the age past which `idemgate audit prune`
 	// archives and removes audit entries (unset: keep them all).
@@ -105,6 +111,9 @@ type settings struct {
 	readOnlySink bool // the service delivers nothing (a read-only command)
 	// segments is the segments sink service opened, if any (for metrics).
 	segments *outbox.SegmentSink
+	// tel is the process's telemetry (OTEL_*), given to the tool service
+	// and its downstreams' transports; nil: off.
+	tel *telemetry.Provider
 	// mayCreate lets open create a new ledger where no file exists: only
 	// serve (and init) do; every other command refuses a missing ledger
 	// rather than start an empty one that remembers no key.
@@ -225,6 +234,11 @@ func (l *settings) load() error {
 		}
 		c.Console.PublicURL = u
 	}
+	if t := c.Console.TraceURL; t != "" {
+		if u, err := url.Parse(strings.NewReplacer("{trace_id}", "0", "{span_id}", "0").Replace(t)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || !strings.Contains(t, "{trace_id}") {
+			errs = append(errs, fmt.Errorf("[console] trace_url %q: want an http(s) URL with {trace_id} where a trace's id goes", t))
+		}
+	}
 	if c.Approvals.NotifyWebhook != "" && c.Console.PublicURL == "" {
 		errs = append(errs, errors.New("[approvals] notify_webhook needs [console] public_url (or --public-url): each notice links to the approval's console page"))
 	}
@@ -302,11 +316,14 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		return nil, err
 	}
 	opts := tools.Options{WaitInProgress: wait, OutboxDir: outboxDir, Logger: logger, Policy: &l.file.Policy,
-		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration}
+		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration, Telemetry: l.tel}
 	if u := l.file.OrdersAPI.URL; u != "" {
 		api, err := orders.NewAPI(u, l.file.OrdersAPI.Timeout.Duration, l.file.OrdersAPI.SafeRetry)
 		if err != nil {
 			return nil, usageError{err}
+		}
+		if l.tel != nil {
+			api.WrapTransport(l.tel.Transport)
 		}
 		opts.OrdersAPI = api
 	}
@@ -314,6 +331,9 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		sink, err := outbox.NewWebhookSink(u, 10*time.Second)
 		if err != nil {
 			return nil, usageError{err}
+		}
+		if l.tel != nil {
+			sink.WrapTransport(l.tel.Transport)
 		}
 		opts.Sink = sink
 	} else if l.file.Notifications.OutboxFormat == outboxSegments && !l.readOnlySink {
@@ -327,6 +347,9 @@ func (l *settings) service(store ledger.Store, outboxDir string, wait time.Durat
 		sink, err := outbox.NewNoticeSink(u, 10*time.Second, l.file.Approvals.NotifySecret)
 		if err != nil {
 			return nil, usageError{fmt.Errorf("[approvals] notify_webhook: %w", err)}
+		}
+		if l.tel != nil {
+			sink.WrapTransport(l.tel.Transport)
 		}
 		opts.NoticeSink, opts.ConsoleURL = sink, l.file.Console.PublicURL
 	}

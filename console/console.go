@@ -108,7 +108,11 @@ type Config struct {
 	// AfterDecide, when set, runs after each decision (the standalone
 	// console delivers the messages an approved operation queued).
 	AfterDecide func(ctx context.Context)
-	Logger      *slog.Logger
+	// TraceURL, when set, links each audit entry of an operation's
+	// history that names a trace to the team's trace viewer: the URL with
+	// {trace_id} and {span_id} replaced by the entry's (hex).
+	TraceURL string
+	Logger   *slog.Logger
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
 }

@@ -36,6 +36,9 @@ type opsPage struct {
 	// DeadTruncated, that it stopped at its bound with messages left.
 	DeadScanned   int
 	DeadTruncated bool
+	// TraceLink is the trace viewer's URL of an audit entry, "" for one
+	// that names no trace; nil without a configured viewer.
+	TraceLink func(ledger.AuditEntry) string
 }
 
 type opsFilter struct {
@@ -185,7 +188,19 @@ func (c *Console) showOperation(w http.ResponseWriter, r *http.Request, id Ident
 	if p.Audit, p.AuditN, err = c.cfg.Store.AuditForKey(r.Context(), id.Tenant, key, 500); err != nil {
 		c.cfg.Logger.Warn("console: audit for key", "key", key, "err", err)
 	}
+	if tmpl := c.cfg.TraceURL; tmpl != "" {
+		p.TraceLink = func(e ledger.AuditEntry) string { return TraceLink(tmpl, e.Actor.TraceID, e.Actor.SpanID) }
+	}
 	c.renderOps(w, r, status, "operation", p)
+}
+
+// TraceLink is the trace viewer's URL tmpl for a trace and span (hex):
+// {trace_id} and {span_id} replaced; "" when traceID is empty.
+func TraceLink(tmpl, traceID, spanID string) string {
+	if traceID == "" {
+		return ""
+	}
+	return strings.NewReplacer("{trace_id}", url.PathEscape(traceID), "{span_id}", url.PathEscape(spanID)).Replace(tmpl)
 }
 
 // settle reconciles or resolves an unknown operation through the

@@ -213,6 +213,7 @@ type fakeAPI struct {
 	stats     apiStats
 	holds     []*hold
 	keysSeen  []string // Idempotency-Keys of writes, in arrival order (distinct)
+	traces    []string // the traceparent header of every request that had one, in arrival order
 
 	lookupDown bool // every lookup answers 503
 
@@ -242,6 +243,13 @@ func newFakeAPI(t testing.TB) *fakeAPI {
 	f.addr = f.srv.Listener.Addr().String()
 	t.Cleanup(f.close)
 	return f
+}
+
+// Traceparents are the traceparent headers the API received, in order.
+func (f *fakeAPI) Traceparents() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.traces...)
 }
 
 // URL is the base URL to give idemgate (--orders-api).
@@ -598,6 +606,9 @@ func writeErr(w http.ResponseWriter, status int, msg string) {
 func (f *fakeAPI) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.stats.Requests++
+	if tp := r.Header.Get("Traceparent"); tp != "" {
+		f.traces = append(f.traces, tp)
+	}
 	f.mu.Unlock()
 	tenant := r.Header.Get("X-Idemgate-Tenant")
 	path := strings.TrimSuffix(r.URL.Path, "/")

@@ -139,6 +139,11 @@ type Actor struct {
 	// Trace is the W3C traceparent the client sent in _meta, when it is
 	// well-formed.
 	Trace string `json:"trace,omitempty"`
+	// TraceID and SpanID name the OpenTelemetry trace and the server span
+	// of the call (hex), when the server traces its calls: the trace the
+	// traceparent named, or a new one.
+	TraceID string `json:"trace_id,omitempty"`
+	SpanID  string `json:"span_id,omitempty"`
 	// SessionID is the MCP session (Streamable HTTP: Mcp-Session-Id) or,
 	// over stdio, an id the process generates at start.
 	SessionID string `json:"session_id,omitempty"`

@@ -59,6 +59,14 @@ func NewAPI(base string, timeout time.Duration, safeRetry bool) (*API, error) {
 	return &API{base: u, client: &http.Client{Transport: tr, Timeout: timeout}, safeRetry: safeRetry}, nil
 }
 
+// WrapTransport wraps the client's transport with wrap (a tracing
+// transport: see telemetry.Provider.Transport). Call it before the first
+// request; the wrapper must pass each request to the transport it wraps
+// once, and its error back as it is, or the failure classes are lost.
+func (a *API) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	a.client.Transport = wrap(a.client.Transport)
+}
+
 // SafeRetry says the API guarantees that a request repeated with the same
 // Idempotency-Key and body returns the first outcome instead of acting
 // twice. Only then may an operation proven absent by the lookup be re-sent

@@ -94,6 +94,11 @@ func NewNoticeSink(rawURL string, timeout time.Duration, secret string) (*Notice
 	return &NoticeSink{w: w, secret: []byte(secret), Now: time.Now}, nil
 }
 
+// WrapTransport wraps the sink's HTTP transport (WebhookSink.WrapTransport).
+func (n *NoticeSink) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	n.w.WrapTransport(wrap)
+}
+
 // Deliver implements Sink.
 func (n *NoticeSink) Deliver(ctx context.Context, m *Message) error {
 	body := []byte(m.Body)

@@ -120,6 +120,13 @@ func NewWebhookSink(rawURL string, timeout time.Duration) (*WebhookSink, error) 
 	}, nil
 }
 
+// WrapTransport wraps the sink's HTTP transport with wrap (a tracing
+// transport: see telemetry.Provider.Transport). Call it before the first
+// delivery.
+func (w *WebhookSink) WrapTransport(wrap func(http.RoundTripper) http.RoundTripper) {
+	w.client.Transport = wrap(w.client.Transport)
+}
+
 // redactURL keeps the scheme and host of u: paths and queries of webhook
 // URLs often carry secrets, and delivery errors are shown to agents.
 func redactURL(u *url.URL) string {

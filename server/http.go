@@ -106,6 +106,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		// The identity and the session's client were put on the request's
 		// context by requireToken and the session gate.
 		mcpserver.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			ctx = withHTTPSlot(ctx, r.Header) // for the request's span, when traced
 			if id, ok := r.Context().Value(identityKey{}).(Identity); ok {
 				ctx = WithIdentity(ctx, id)
 			}

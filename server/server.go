@@ -113,6 +113,9 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics)
 		s.AddTool(registeredTool(published[spec.Name]), handler(s, svc, id, spec.Name, metrics))
 	}
 	addRequestIDHook(s)
+	if tel := newRequestTelemetry(svc.Telemetry()); tel != nil {
+		tel.addHooks(s)
+	}
 	return s
 }
 
@@ -174,6 +177,10 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 			OnBehalfOf: id.OnBehalfOf, Model: id.Model, SessionID: sessionID(ctx)}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
 		requestOf(&actor, req.Params.Meta)
+		// Traced, the call runs under its request's span, and its audit
+		// entries and answer name that span.
+		ctx = requestSpan(ctx)
+		traceID, spanID := traceOf(ctx, &actor)
 		st := requestStreamOf(ctx)
 		var progress tools.Progress
 		if meta := req.Params.Meta; meta != nil {
@@ -204,7 +211,11 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 			st.settle(ctx)
 		}
 		metrics.observeCall(name, resp, time.Since(started))
-		return toResult(resp), nil
+		r := toResult(resp)
+		if traceID != "" {
+			r.Meta = mcp.NewMetaFromMap(map[string]any{MetaTraceID: traceID, MetaSpanID: spanID})
+		}
+		return r, nil
 	}
 }
 

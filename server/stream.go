@@ -38,6 +38,9 @@ type requestStream struct {
 	// send writes one notification on the request's own stream.
 	send      func(mcp.JSONRPCNotification)
 	cancelled atomic.Bool
+	// slot keeps the request's span while tracing is on (stdio: see
+	// requestSlot).
+	slot requestSlot
 }
 
 type requestStreamKey struct{}

@@ -69,7 +69,7 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 	d, err := s.ledger.Decide(ctx, ledger.DecideRequest{Approver: c.actor, ApprovalID: id, Approve: approve, Comment: comment, Downstream: s.downstream(rec.Tool)}, apply)
 	if err == nil && d.Kind == ledger.DecisionClaimed {
 		// An external downstream: the approval claimed it; call out now.
-		d = s.runClaimed(c.actor, d.Record, run, nil)
+		d = s.runClaimed(ctx, c.actor, d.Record, run, nil)
 	}
 	switch {
 	case err == nil:

@@ -57,10 +57,13 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 	// retryable and be re-run by another duplicate.
 	const rounds = 4
 	for range rounds {
-		d, err := s.ledger.Claim(ctx, claim)
+		lctx, span := s.startSpan(ctx, "ledger claim")
+		d, err := s.ledger.Claim(lctx, claim)
+		endLedgerSpan(span, d, err)
 		if err != nil {
 			return s.ledgerError(c, err)
 		}
+		c.noteBefore(d)
 		if d.Kind == ledger.DecisionApprovalRequested || d.Kind == ledger.DecisionSuspectedDuplicate {
 			s.outbox.Kick() // the approvers' notice is queued
 		}
@@ -74,7 +77,7 @@ func (s *Service) executeExternal(ctx context.Context, c *call, claim ledger.Cla
 		}
 		switch {
 		case d.Kind == ledger.DecisionClaimed:
-			done := s.runClaimed(c.actor, d.Record, run, claim.Answer)
+			done := s.runClaimed(ctx, c.actor, d.Record, run, claim.Answer)
 			if r := c.answered(done); r != nil {
 				return r // the completion's entry carries it
 			}
@@ -144,8 +147,8 @@ func increasing(p Progress) Progress {
 	}
 }
 
-// runClaimed runs a claimed operation to its outcome. The downstream call
-// is detached from the caller's cancellation (a client that gives up does
+// runClaimed runs a claimed operation to its outcome, under the trace of
+// ctx. The downstream call is detached from the caller's cancellation (a client that gives up does
 // not leave the call half-recorded) but bounded by the API timeout; the
 // lease is renewed while it runs. If the lease was lost meanwhile, the
 // completion is refused by the ledger (fencing) and the record as it now
@@ -154,8 +157,9 @@ func increasing(p Progress) Progress {
 // answer, when not nil, is the call's Claim.Answer: the entry that
 // records the outcome is asked to carry the answer to it, and the
 // decision returned says whether it did (Decision.Answered).
-func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner, answer ledger.AnswerFunc) ledger.Decision {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
+func (s *Service) runClaimed(caller context.Context, actor ledger.Actor, rec *ledger.Record, run runner, answer ledger.AnswerFunc) ledger.Decision {
+	detached := context.WithoutCancel(caller)
+	ctx, cancel := context.WithTimeout(detached, s.opts.CallTimeout)
 	defer cancel()
 	renewed := make(chan struct{})
 	go func() { // exits when the call returns or the lease is lost
@@ -192,7 +196,9 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner,
 		out.Answer = &ledger.OutcomeAnswer{For: answer}
 	}
 	taken := func() bool { return out.Answer != nil && out.Answer.Taken }
-	done, err := s.ledger.Complete(context.Background(), actor, rec.Key, rec.Generation, out)
+	lctx, span := s.startSpan(detached, "ledger complete")
+	done, err := s.ledger.Complete(lctx, actor, rec.Key, rec.Generation, out)
+	endRecordSpan(span, done, err)
 	if err == nil {
 		return ledger.Decision{Kind: ledger.DecisionExecuted, Record: done, Answered: taken()}
 	}
@@ -201,11 +207,13 @@ func (s *Service) runClaimed(actor ledger.Actor, rec *ledger.Record, run runner,
 		// went unknown (or on to a re-run approval, or retryable). The
 		// answer that came back is what happened: settle the record with it
 		// rather than let a re-run send the request a second time.
-		settled, serr := s.ledger.Settle(context.Background(), ledger.SettleRequest{
+		lctx, span := s.startSpan(detached, "ledger settle")
+		settled, serr := s.ledger.Settle(lctx, ledger.SettleRequest{
 			Actor: actor, Key: rec.Key, Outcome: out,
 			From: []ledger.State{ledger.StateUnknown, ledger.StateAwaitingApproval, ledger.StateRetryable},
 			Why:  fmt.Sprintf("late answer of attempt %d, after its lease had passed: %s", rec.Attempts, out.State),
 		})
+		endRecordSpan(span, settled, serr)
 		if serr == nil {
 			return ledger.Decision{Kind: ledger.DecisionExecuted, Record: settled, Answered: taken()}
 		}
@@ -320,7 +328,9 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 	req.Outcome.Call = trace.downstreamCall(rec.Attempts)
 	noteOrder(req.Outcome.Call, req.Outcome.Result)
 	auditedAlso(&req.Outcome)
-	settled, err := s.ledger.Settle(ctx, req)
+	lctx, span := s.startSpan(ctx, "ledger settle")
+	settled, err := s.ledger.Settle(lctx, req)
+	endRecordSpan(span, settled, err)
 	if err == nil && req.OnHeld != nil {
 		s.outbox.Kick() // the approvers' notice is queued
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
 	"idemgate/approvals"
@@ -22,6 +23,7 @@ import (
 	"idemgate/orders"
 	"idemgate/outbox"
 	"idemgate/schemas"
+	"idemgate/telemetry"
 )
 
 // Options configure a Service. Zero values take the defaults.
@@ -52,6 +54,12 @@ type Options struct {
 	// links (approvals.CheckPublicURL); required with NoticeSink.
 	ConsoleURL string
 	Logger     *slog.Logger
+	// Telemetry, when set, traces the calls (see trace.go): the server
+	// puts each call under its MCP request's span, and the service adds
+	// its attributes and the spans of the ledger, the wait and the order
+	// API. nil: off, at no cost. The downstreams' HTTP transports are
+	// wrapped by whoever builds them (Telemetry.Transport).
+	Telemetry *telemetry.Provider
 }
 
 // Service runs the tools against one ledger.
@@ -60,6 +68,7 @@ type Service struct {
 	schemas *schemas.Validator
 	opts    Options
 	log     *slog.Logger
+	tracer  trace.Tracer // nil: not traced
 	outbox  *outbox.Deliverer
 	policy  approvals.Policy
 	// orders is where orders live: local (the embedded store, writes in
@@ -140,6 +149,10 @@ type call struct {
 	// early is the answer given to the ledger for its decision's audit
 	// entry (answerFor); nil when none was asked for.
 	early *early
+	// traced is what a traced call notes for its span; nil when the
+	// service does not trace. A pointer: executeExternal works on a copy
+	// of the call.
+	traced *traced
 }
 
 // Progress reports progress of a long call to the client (MCP progress
@@ -185,7 +198,7 @@ func newWith(store ledger.Store, v *schemas.Validator, opts Options, ts []descri
 		return nil, errors.New("tools: NoticeSink needs ConsoleURL, the base of the notices' links")
 	}
 	sink = routeNotices(sink, opts.NoticeSink)
-	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default()}
+	s := &Service{ledger: store, schemas: v, opts: opts, log: opts.Logger, policy: approvals.Default(), tracer: opts.Telemetry.Tracer()}
 	if opts.OrdersAPI != nil {
 		s.orders, s.remote = opts.OrdersAPI, opts.OrdersAPI
 	} else {
@@ -265,7 +278,10 @@ func (s *Service) Call(ctx context.Context, actor ledger.Actor, name string, arg
 		return errorResponse("", ledger.StateRejected, CodeInvalidArguments, fmt.Sprintf("there is no tool named %q", name), NextFixRetry)
 	}
 	c := &call{actor: actor, progress: progress, started: time.Now()}
-	defer s.finish(c, name, t.ReadOnly, &resp)
+	if s.tracer != nil {
+		c.traced = &traced{span: trace.SpanFromContext(ctx)}
+	}
+	defer s.finish(c, name, t.ReadOnly, t.effect != nil, &resp)
 	var req *schemas.Request
 	var err error
 	if t.effect != nil { // retried with the same arguments by design
@@ -327,13 +343,15 @@ func operationKeyOf(args any) string {
 }
 
 // finish ends a call (deferred by Call): a panic becomes an internal-error
-// answer in *resp, and the call is audited with its answer.
-func (s *Service) finish(c *call, name string, readOnly bool, resp **Response) {
+// answer in *resp, and the call is audited with its answer (and its span
+// annotated, when traced).
+func (s *Service) finish(c *call, name string, readOnly, sideEffect bool, resp **Response) {
 	if r := recover(); r != nil {
 		s.log.Error("tool panicked", "tool", name, "panic", r)
 		*resp = internalError("")
 	}
 	s.audit(c, name, readOnly, *resp)
+	c.annotate(sideEffect, *resp)
 }
 
 // keyRefused reports whether the operation key itself was refused
@@ -443,10 +461,13 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 	// Every decision but a busy one (waited for below) is answered as it
 	// is: its audit entry carries the answer.
 	claim.Answer = s.answerFor(c, func(d ledger.Decision) bool { return d.Kind != ledger.DecisionBusy })
-	d, err := s.ledger.Execute(ctx, claim, apply)
+	lctx, span := s.startSpan(ctx, "ledger execute")
+	d, err := s.ledger.Execute(lctx, claim, apply)
+	endLedgerSpan(span, d, err)
 	if err != nil {
 		return s.ledgerError(c, err)
 	}
+	c.noteBefore(d)
 	switch d.Kind {
 	case ledger.DecisionExecuted, ledger.DecisionApprovalRequested, ledger.DecisionSuspectedDuplicate:
 		s.outbox.Kick() // a confirmation, or an approvers' notice, is queued
@@ -471,7 +492,9 @@ func (s *Service) execute(ctx context.Context, c *call, propose func() proposal)
 // that changes the record — on a PostgreSQL ledger, in whichever replica
 // it happens — and re-reads it then, or on the store's slow safety poll;
 // over any other store it re-reads every 20 ms.
-func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) (*ledger.Record, error) {
+func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Record) (_ *ledger.Record, err error) {
+	ctx, span := s.startSpan(ctx, "wait for outcome")
+	defer func() { endRecordSpan(span, rec, err) }()
 	wait := s.opts.WaitInProgress
 	deadline := time.Now().Add(wait)
 	watcher, _ := s.ledger.(ledger.Watcher)
