@@ -3,11 +3,12 @@ package ledger
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
+		"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // The audit log: the hash chain, the per-key index, and reading them.
@@ -24,10 +25,112 @@ func (s *Ledger) appendObserved(tx *ltx, entries ...AuditEntry) error {
 	return nil
 }
 
-// appendAudit adds entries to the hash chain and, unless their record
+// appendAudit adds entries to the audit log: to the journal on a
+// Concurrent backend (journalAudit), else to the hash chain (chainAudit).
+func appendAudit(tx *ltx, entries ...AuditEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	if tx.journal {
+		return journalAudit(tx, entries)
+	}
+	return chainAudit(tx, entries...)
+}
+
+// journalAudit writes entries to the journal, in their order, under keys
+// no other transaction writes: the transaction's order (Ordered) and the
+// entry's index in it. The sealer chains them (sealJournal).
+func journalAudit(tx *ltx, entries []AuditEntry) error {
+	if tx.journaled == 0 {
+		if o, ok := tx.BTx.(Ordered); ok {
+			tx.order = o.TxOrder()
+		} else {
+			tx.order = tx.ledger.txOrder.Add(1)
+		}
+	}
+	j := tx.Bucket(bucketJournal)
+	for _, e := range entries {
+		e.Seq, e.PrevHash, e.Hash = 0, "", ""
+		v, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if err := j.Put(binary.BigEndian.AppendUint32(be64(tx.order), tx.journaled), v); err != nil {
+			return err
+		}
+		tx.journaled++
+	}
+	return nil
+}
+
+// sealBatch bounds the journal entries one sealing transaction chains.
+const sealBatch = 1000
+
+// sealJournal chains the journal's entries into the audit log, oldest
+// first, and deletes them from the journal, sealBatch entries a
+// transaction, until the journal is empty. Sealers of several processes
+// exclude each other by the chain's head, which each reads and writes;
+// a transition never waits for one, since it writes only its own journal
+// keys. Every keyed entry sealed is put in the per-key index (a
+// journaling ledger's records number none).
+func (s *Ledger) sealJournal() error {
+	s.auditMu.Lock()
+	s.unsealed = false
+	if len(s.auditBuf) == 0 && len(s.laterBuf) == 0 {
+		s.bufSince = time.Time{}
+	}
+	s.auditMu.Unlock()
+	for {
+		more := false
+		err := s.b.Update(context.Background(), func(bt BTx) error {
+			more = false
+			tx := &ltx{BTx: bt, ledger: s}
+			j := tx.Bucket(bucketJournal)
+			var keys [][]byte
+			var entries []AuditEntry
+			c := j.Cursor()
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				if len(keys) == sealBatch {
+					more = true
+					break
+				}
+				var e AuditEntry
+				if err := json.Unmarshal(v, &e); err != nil {
+					return fmt.Errorf("ledger: audit journal entry %x: %w", k, err)
+				}
+				keys = append(keys, bytes.Clone(k))
+				entries = append(entries, e)
+			}
+			if len(keys) == 0 {
+				return nil
+			}
+			if err := chainAudit(tx, entries...); err != nil {
+				return err
+			}
+			for _, k := range keys {
+				if err := j.Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			s.auditMu.Lock()
+			s.unsealed = true
+			s.buffered()
+			s.auditMu.Unlock()
+			return err
+		}
+		if !more {
+			return nil
+		}
+	}
+}
+
+// chainAudit adds entries to the hash chain and, unless their record
 // numbers them (keepAuditSeqLocked) or they land near a transition it
 // numbers (nearRecordAudit), to the per-key index; the caller holds tx.
-func appendAudit(tx BTx, entries ...AuditEntry) error {
+func chainAudit(tx BTx, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -87,8 +190,13 @@ const maxRecordAuditSeqs = 16
 // keepAuditSeqLocked numbers e, the next audit entry of the transaction,
 // and records that number in rec (Record.AuditSeqs) instead of in the
 // per-key index; rec must be written in the same transaction, before any
-// other audit entry is appended. The caller holds tx.
-func keepAuditSeqLocked(tx BTx, rec *Record, e *AuditEntry) error {
+// other audit entry is appended. The caller holds tx. On a journaling
+// ledger it numbers nothing: the number is known only when the sealer
+// chains the entry, which puts it in the per-key index.
+func keepAuditSeqLocked(tx *ltx, rec *Record, e *AuditEntry) error {
+	if tx.journal {
+		return nil
+	}
 	var seq uint64
 	if k, _ := tx.Bucket(bucketAudit).Cursor().Last(); len(k) == 8 {
 		seq = beUint64(k)

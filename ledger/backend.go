@@ -56,6 +56,31 @@ func IsBackground(ctx context.Context) bool {
 	return b
 }
 
+// Concurrent is a Backend whose Update transactions run in parallel
+// (PostgreSQL: each one serializable on its own, none waiting for another
+// unless they touch the same keys). On such a backend the ledger keeps no
+// key that every write transaction must write: a transition's audit
+// entries go to a journal (audit_journal) under keys of their own, and the
+// ledger's sealer chains them into the audit log in order, in
+// transactions of its own (see sealJournal). A backend whose Updates run
+// one at a time (bbolt, one writer) is not Concurrent: the entries are
+// chained in the transaction that wrote them.
+type Concurrent interface {
+	Concurrent() bool
+}
+
+// Ordered is a BTx of a Concurrent backend that numbers its
+// transactions: when one transaction reads what another wrote, its number
+// is the greater (PostgreSQL: the transaction id, assigned when the
+// transaction first reads). The sealer chains journaled audit entries in
+// that order, so the entries of one key are chained in the order of its
+// transitions. Without it, the ledger numbers the transactions of its own
+// process in the order they began, which orders them only for a backend
+// used by one process.
+type Ordered interface {
+	TxOrder() uint64
+}
+
 // Clock is a Backend that supplies the ledger's clock. When a backend
 // implements it and Options.Now is not set, the ledger reads every time it
 // uses (claims, leases, expiries, approval TTLs, retention, audit
@@ -122,11 +147,17 @@ var (
 	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
+	bucketJournal    = []byte("audit_journal")     // transaction order (8 bytes BE, see Ordered) index (4 bytes BE) → AuditEntry JSON, not chained yet (Concurrent backends; see sealJournal)
 	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → "": the entries of a key its record does not number or lead to (see Record.AuditSeqs, auditNear); → seqs (8 bytes BE each): the transitions a deleted record numbered, seq the newest (keepRecordAuditLocked)
 	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key, numbered by its record, or near a transition it numbers
 	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
 	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time
 )
+
+// WriteMetaKeys are the meta keys every write transaction reads (the
+// ledger's clocks, see ledgerTime): a backend may read them with its
+// first round trip.
+func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted} }
 
 // Collection names, for backends: every name Bucket is called with.
 var (
@@ -144,7 +175,7 @@ var (
 // Collections lists every collection of the ledger.
 func Collections() []string {
 	var out []string
-	for _, b := range [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey} {
+	for _, b := range [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey, bucketJournal} {
 		out = append(out, string(b))
 	}
 	return out

@@ -7,7 +7,7 @@ import (
 
 // dataTx is the Tx given to downstreams: the backend's data collections.
 type dataTx struct {
-	tx  BTx
+	tx  *ltx
 	now time.Time
 }
 

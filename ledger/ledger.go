@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,6 +21,9 @@ type Ledger struct {
 	b        Backend
 	owner    string // lease owner id of this process's claims
 	readOnly bool
+	// journal: the backend is Concurrent, so transitions journal their
+	// audit entries and the sealer chains them (see sealJournal).
+	journal bool
 
 	auditMu  sync.Mutex
 	auditBuf []AuditEntry
@@ -30,6 +34,12 @@ type Ledger struct {
 	// bufKick wakes the background flush when the buffers go from empty
 	// to not, so an idle ledger's flush sleeps instead of ticking.
 	bufKick chan struct{}
+	// unsealed: this process journaled audit entries since it last
+	// sealed the journal, guarded by auditMu.
+	unsealed bool
+	// txOrder numbers this process's transactions for the journal when
+	// the backend does not (see Ordered).
+	txOrder atomic.Uint64
 
 	clock  clockState
 	watch  watchers     // see wait.go
@@ -48,6 +58,9 @@ func New(b Backend, opts Options) *Ledger {
 		opts.Now = c.Now
 	}
 	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{}), bufKick: make(chan struct{}, 1)}
+	if c, ok := b.(Concurrent); ok && c.Concurrent() {
+		s.journal = true
+	}
 	go s.flushLoop()
 	return s
 }
@@ -64,6 +77,13 @@ const auditFlushInterval = 200 * time.Millisecond
 // the transaction has committed.
 type ltx struct {
 	BTx
+	ledger *Ledger
+	// journal: audit entries go to the journal, not the chain (see
+	// Concurrent); journaled: how many this transaction wrote there,
+	// under its order.
+	journal   bool
+	journaled uint32
+	order     uint64
 	observed []AuditEntry
 	topics   []string        // records written, to wake their watchers (wait.go)
 	topicSet map[string]bool // topics, as a set
@@ -71,7 +91,7 @@ type ltx struct {
 
 // view runs fn in a read-only transaction.
 func (s *Ledger) view(fn func(*ltx) error) error {
-	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx}) })
+	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx, ledger: s, journal: s.journal}) })
 }
 
 // laterWrite is a write queued by Later.
@@ -109,10 +129,11 @@ func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 	}()
 	var observed []AuditEntry
 	var topics []string
+	journaled := false
 	for {
 		err := s.b.Update(ctx, func(bt BTx) error {
-			observed, topics = nil, nil
-			tx := &ltx{BTx: bt}
+			observed, topics, journaled = nil, nil, false
+			tx := &ltx{BTx: bt, ledger: s, journal: s.journal}
 			if err := appendAudit(tx, audits...); err != nil {
 				return err
 			}
@@ -124,7 +145,7 @@ func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 			if err := fn(tx); err != nil {
 				return err
 			}
-			observed, topics = tx.observed, tx.topics
+			observed, topics, journaled = tx.observed, tx.topics, tx.journaled > 0
 			if n, ok := bt.(NotifyTx); ok && len(topics) > 0 {
 				n.Notify(topics) // sent at commit, to the other processes' watchers
 			}
@@ -145,6 +166,12 @@ func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 		break
 	}
 	committed = true
+	if journaled {
+		s.auditMu.Lock()
+		s.unsealed = true
+		s.buffered()
+		s.auditMu.Unlock()
+	}
 	s.wakeAll(topics)
 	for _, l := range laters {
 		l.done(nil)
@@ -156,6 +183,11 @@ func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 	}
 	return nil
 }
+
+// Journaling reports whether transitions journal their audit entries for
+// the sealer to chain (the backend is Concurrent) instead of chaining them
+// themselves.
+func (s *Ledger) Journaling() bool { return s.journal }
 
 // Close flushes buffered audit entries and closes the file.
 func (s *Ledger) Close() error {
@@ -235,10 +267,15 @@ func (s *Ledger) flushAudit() error {
 	s.auditMu.Lock()
 	empty := len(s.auditBuf) == 0 && len(s.laterBuf) == 0
 	s.auditMu.Unlock()
-	if empty {
-		return nil
+	if !empty {
+		if err := s.update(func(*ltx) error { return nil }); err != nil { // commit carries the buffer
+			return err
+		}
 	}
-	return s.update(func(*ltx) error { return nil }) // commit carries the buffer
+	if s.journal {
+		return s.sealJournal()
+	}
+	return nil
 }
 
 // Audit buffers e; it is written with the next write transaction, within
@@ -292,7 +329,10 @@ func (s *Ledger) takeAudit() ([]AuditEntry, []laterWrite) {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
 	b, l := s.auditBuf, s.laterBuf
-	s.auditBuf, s.laterBuf, s.bufSince = nil, nil, time.Time{}
+	s.auditBuf, s.laterBuf = nil, nil
+	if !s.unsealed { // else the flush still has the journal to seal
+		s.bufSince = time.Time{}
+	}
 	return b, l
 }
 

@@ -14,6 +14,16 @@ import (
 
 // The concurrent cases of the contract; run them with -race.
 
+// reruns reports whether s runs on a Concurrent backend, which runs a
+// transaction again when the database refuses it for a conflict with a
+// concurrent one: an apply runs inside the claim's transaction, so there
+// it may run more often than once per key, while its effect is committed
+// once (what the effects and decisions below prove).
+func reruns(s ledger.Store) bool {
+	j, ok := s.(interface{ Journaling() bool })
+	return ok && j.Journaling()
+}
+
 // contractConcurrentSameClaim: 64 goroutines send the same claim at once.
 // The side effect happens once; every caller gets its result.
 func contractConcurrentSameClaim(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
@@ -54,7 +64,9 @@ func contractConcurrentSameClaim(t *testing.T, open func(t *testing.T, o ledger.
 	if executed != 1 || replayed != n-1 {
 		t.Fatalf("executed %d, replayed %d; want 1, %d", executed, replayed, n-1)
 	}
-	e.wantCalls(1)
+	if got := e.ap.n(); got != 1 && !(reruns(e.s) && got > 1) {
+		t.Fatalf("apply ran %d times, want 1", got)
+	}
 	for i := range n {
 		if !bytes.Equal(ds[i].Record.Result, result) {
 			t.Errorf("goroutine %d got Result %s, want the executed %s", i, ds[i].Record.Result, result)
@@ -116,7 +128,7 @@ func contractConcurrentDistinctKeys(t *testing.T, open func(t *testing.T, o ledg
 	if failures.Load() > 0 {
 		t.FailNow()
 	}
-	if got := applies.Load(); got != keys {
+	if got := applies.Load(); got != keys && !(reruns(e.s) && got > keys) {
 		t.Errorf("apply ran %d times, want %d", got, keys)
 	}
 	for i := range keys {
@@ -156,9 +168,10 @@ func runBatchWithOneFailure(t *testing.T, e *env, queued func()) {
 	release := make(chan struct{})
 	blockerDone := make(chan error, 1)
 	inBlocker := make(chan struct{})
+	var entered sync.Once // apply may run again (a concurrent backend's conflict)
 	go func() {
 		_, err := e.s.Execute(e.ctx, newClaim("t1", "create_order", "fp-blocker"), func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-			close(inBlocker)
+			entered.Do(func() { close(inBlocker) })
 			<-release
 			return ledger.Outcome{State: ledger.StateSucceeded}, tx.Put(effectsCollection, rec.Key, []byte("blocker"))
 		})

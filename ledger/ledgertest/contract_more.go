@@ -644,7 +644,8 @@ func contractAuditHistoryOfKey(t *testing.T, open func(t *testing.T, o ledger.Op
 		}
 	}
 	check("succeeded", 38)
-	if rec := mustGet(t, e.s, "t1", c.Key); len(rec.AuditSeqs) == 0 || len(rec.AuditSeqs) > 16 {
+	// A journaling ledger's records number none: the sealer indexes them.
+	if rec := mustGet(t, e.s, "t1", c.Key); (len(rec.AuditSeqs) == 0 && !reruns(e.s)) || len(rec.AuditSeqs) > 16 {
 		t.Errorf("the record numbers %d audit entries, want 1 to 16 (bounded)", len(rec.AuditSeqs))
 	}
 	e.clock.Advance(e.opts.Retention)

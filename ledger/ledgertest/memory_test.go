@@ -28,6 +28,27 @@ func TestMemoryBackendContract(t *testing.T) {
 	})
 }
 
+// journalingMem is the toy backend declared Concurrent, so the whole
+// contract also runs on the ledger's journal and sealer (what a
+// PostgreSQL ledger uses) without a database.
+type journalingMem struct{ *memBackend }
+
+func (journalingMem) Concurrent() bool { return true }
+
+// TestJournalingBackendContract runs the contract on a Concurrent backend:
+// transitions journal their audit entries and the sealer chains them.
+func TestJournalingBackendContract(t *testing.T) {
+	ledgertest.Run(t, func(t *testing.T, o ledger.Options) ledger.Store {
+		s := ledger.New(journalingMem{newMemBackend()}, o)
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		return s
+	})
+}
+
 // memBackend keeps every collection in memory. Update holds the write
 // lock (so Update transactions are serial, hence serializable), View the
 // read lock; a failed Update is undone from its log.

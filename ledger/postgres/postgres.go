@@ -100,9 +100,11 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	neturl "net/url"
 	"strings"
@@ -155,10 +157,6 @@ var ErrReadOnly = errors.New("postgres: the ledger was opened read-only")
 // database is back tells which.
 var ErrCommitUnknown = errors.New("postgres: COMMIT failed and whether the transaction committed could not be read back: its outcome is unknown")
 
-// writerLockKey is the advisory lock every Update takes (see the package
-// documentation).
-const writerLockKey int64 = 0x6964656d77726974 // "idemwrit"
-
 // ClockResync is how often the backend samples the database's clock.
 const ClockResync = 10 * time.Second
 
@@ -209,8 +207,7 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default(),
-		keepWriter: pool.Config().MaxConns >= 2}
+	be := &backend{pool: pool, readOnly: readOnly, known: map[string]bool{}, stop: make(chan struct{}), stall: stallTimeout, local: systemClock(), log: slog.Default()}
 	if err := be.init(ctx, mayMigrate); err != nil {
 		pool.Close()
 		return nil, err
@@ -346,16 +343,7 @@ type backend struct {
 	stopOnce sync.Once
 	listen   listener // the LISTEN connection (notify.go)
 
-	// Group commit (group.go): the queued Updates and whether a leader
-	// runs; the committed transactions and the functions they carried.
-	gcMu                     sync.Mutex
-	gcQueue                  []*gcJob
-	gcRunning                bool
-	wconn                    *pgxpool.Conn // the leader's connection (writerConn); only the leader touches it
-	warm                     warmth        // what the last write transaction read first (beginWrite); the leader's too
-	carry                    carried       // rows the last write transaction knew (carried); the leader's too
-	keepWriter               bool          // the pool has room to keep wconn between batches
-	txCommitted, fnCommitted int64         // under mu
+	conflicts int64 // transactions refused for a conflict (under mu)
 }
 
 var (
@@ -507,38 +495,91 @@ const retryFor = 15 * time.Second
 
 // retry runs attempt until it succeeds, fails for good, or retryFor has
 // passed; attempt reports whether its failure is safe to retry.
+//
+// After a serialization failure or deadlock (conflict) it waits a random
+// few milliseconds, more after each conflict in a row, so that
+// transactions that collided do not collide again; after any other
+// transient failure (the database restarting) it backs off from 20 ms to
+// a second.
 func (b *backend) retry(ctx context.Context, attempt func() (bool, error)) error {
 	deadline := time.Now().Add(retryFor)
 	wait := 20 * time.Millisecond
+	conflicts := 0
 	for {
 		again, err := attempt()
-		if err == nil || !again || b.isClosed() || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		pause := wait
+		if conflict(err) {
+			conflicts++
+			pause = time.Duration(rand.Int64N(int64(min(conflicts, 16)) * int64(2*time.Millisecond)))
+			b.mu.Lock()
+			b.conflicts++
+			b.mu.Unlock()
+		}
+		if err == nil || !again || b.isClosed() || ctx.Err() != nil || time.Now().Add(pause).After(deadline) {
 			return err
 		}
 		select {
-		case <-time.After(wait):
+		case <-time.After(pause):
 		case <-ctx.Done():
 			return err
 		}
-		wait = min(2*wait, time.Second)
+		if !conflict(err) {
+			wait = min(2*wait, time.Second)
+		}
 	}
 }
 
-// update runs the jobs' functions, in order, in one transaction; retry
-// reports whether it failed before COMMIT for a transient reason. When a
-// function fails (its error is in its job) the transaction is rolled back
-// and the error is errMemberFailed.
-func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err error) {
-	c, err := b.writerConn(ctx)
-	if err != nil {
+// conflict reports whether err is the server's refusal of a transaction
+// that collided with a concurrent one (a serialization failure or a
+// deadlock): it did not commit, and may when run again.
+func conflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// Conflicts reports how many transactions of this process the database
+// refused for a conflict with a concurrent one (each was run again).
+func (d *DB) Conflicts() int64 {
+	d.be.mu.Lock()
+	defer d.be.mu.Unlock()
+	return d.be.conflicts
+}
+
+// Update implements ledger.Backend (see the package documentation):
+// one SERIALIZABLE transaction of its own. A transaction that failed
+// before COMMIT was sent for a transient reason (a serialization failure
+// or deadlock with a concurrent Update, the connection lost, the server
+// restarting) did not commit, and is run again (fn with it, as the
+// interface allows) for up to retryFor; a failure of COMMIT itself is
+// read back, never guessed at, unless the server answered it with a
+// serialization failure (then it certainly did not commit).
+func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
+	if b.isClosed() {
+		return ledger.ErrClosed
+	}
+	if b.readOnly {
+		return ErrReadOnly
+	}
+	return b.retry(ctx, func() (bool, error) { return b.update(ctx, fn) })
+}
+
+// Concurrent implements ledger.Concurrent: Updates run in parallel, each
+// serializable (the ledger then journals its audit entries).
+func (b *backend) Concurrent() bool { return true }
+
+// update runs fn in one transaction; retry reports whether it failed
+// before COMMIT for a transient reason. fn's own error is returned as is,
+// after a rollback.
+func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry bool, err error) {
+	var c *pgxpool.Conn
+	if err := b.bounded(ctx, func(ctx context.Context) (err error) {
+		c, err = b.pool.Acquire(ctx)
+		return err
+	}); err != nil {
 		return transient(err), b.txError(err)
 	}
-	defer func() {
-		if err != nil {
-			b.dropWriterConn() // the pool closes it if it is broken
-		}
-	}()
-	tx := &btx{b: b, ctx: ctx, writable: true}
+	defer c.Release() // the pool closes a broken connection
+	tx := &btx{b: b, ctx: ctx, writable: true, marker: uuid.NewString()}
 	err = b.bounded(ctx, func(ctx context.Context) error { return b.beginWrite(ctx, c, tx) })
 	pt := tx.pt
 	committed := false
@@ -550,24 +591,23 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	for _, j := range jobs {
-		j.err = j.run(tx)
-		if tx.err != nil { // a failed read may have misled fn: its error is not the cause
-			return transient(tx.err), b.txError(tx.err)
-		}
-		if j.err != nil {
-			return false, errMemberFailed
-		}
+	ferr := fn(tx)
+	if tx.err != nil { // a failed read may have misled fn: its error is not the cause
+		return transient(tx.err), b.txError(tx.err)
 	}
-	tx.marker = uuid.NewString()
+	if ferr != nil {
+		return false, ferr
+	}
+	tx.final = true
 	if err := tx.flush(); err != nil {
 		return transient(err), b.txError(err)
 	}
 	if err := b.bounded(ctx, pt.Commit); err != nil {
+		if conflict(err) { // the server refused it: certainly not committed
+			return true, b.txError(err)
+		}
 		// The outcome is unknown: read it back rather than guess, on
-		// another connection (this one is suspect, and with a pool of
-		// one the read-back would wait for it).
-		b.dropWriterConn()
+		// another connection (this one is suspect).
 		did, known := b.readBack(ctx, tx.marker)
 		switch {
 		case !known:
@@ -575,223 +615,79 @@ func (b *backend) update(ctx context.Context, jobs []*gcJob) (retry bool, err er
 		case !did:
 			return true, b.txError(err) // certainly not committed: run it again
 		}
-		tx.xid = 0 // committed, but carry nothing from a transaction read back
 	}
 	committed = true
-	b.warm = tx.warmth()
-	b.carry = tx.carryOut()
-	if len(tx.created) > 0 {
-		b.mu.Lock()
-		for _, n := range tx.created {
-			b.known[n] = true
-		}
-		b.mu.Unlock()
+	b.mu.Lock()
+	for _, n := range tx.created {
+		b.known[n] = true
 	}
+	b.mu.Unlock()
 	return false, nil
 }
 
-// beginWrite begins tx, an Update's transaction, and takes the writer
-// lock, in one round trip: BEGIN, the lock and, behind them, the reads
-// the last batch started with (the rows it read from the meta collection,
-// the last rows of the collections whose last row it asked for: the
-// ledger's clocks and the audit chain's head, read by every write) are
-// sent together, and what they read is remembered in tx. A statement
-// runs only after the one before it (one connection), so those reads
-// happen under the lock, as if the functions had made them. A guess that
-// is no longer read costs a lookup, never a wrong answer.
+// beginWrite begins tx, an Update's transaction, in one round trip: BEGIN
+// (SERIALIZABLE), the transaction's id (which orders its journaled audit
+// entries, see TxOrder), an advisory lock on its commit marker (which a
+// read-back waits for, see readBack) and the ledger's meta keys that
+// every write transaction reads (its clocks) are sent together, and what
+// they read is remembered in tx. A transaction sees one snapshot, taken
+// by the first of those statements, so what they read is what fn's own
+// reads would have found.
 func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) error {
 	batch := &pgx.Batch{}
-	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	batch.Queue("SELECT pg_advisory_xact_lock($1)", writerLockKey)
-	carry := b.carry
-	b.carry = carried{}
-	batch.Queue("SELECT txid_current()").QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(&tx.xid); err != nil {
+	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.Serializable})
+	batch.Queue("SELECT txid_current() FROM (SELECT pg_advisory_xact_lock($1)) AS marker_lock", markerLockKey(tx.marker)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&tx.xid)
+	})
+	keys := ledger.WriteMetaKeys()
+	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
+		found := map[string][]byte{}
+		for rows.Next() {
+			var k, v []byte
+			if err := rows.Scan(&k, &v); err != nil {
+				return err
+			}
+			if v == nil {
+				v = []byte{}
+			}
+			found[string(k)] = v
+		}
+		if err := rows.Err(); err != nil {
 			return err
 		}
-		if carry.rows != nil && tx.xid == carry.xid+1 {
-			tx.cache, tx.cached = carry.rows, carry.n
+		for _, k := range keys {
+			if v, ok := found[string(k)]; ok {
+				tx.remember(ledger.MetaCollection, string(k), &v)
+			} else {
+				tx.remember(ledger.MetaCollection, string(k), nil)
+			}
 		}
 		return nil
 	})
-	w := b.warm
-	if len(w.keys) > 0 {
-		keys := make([][]byte, len(w.keys))
-		for i, k := range w.keys {
-			keys[i] = []byte(k)
-		}
-		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
-			found := map[string][]byte{}
-			for rows.Next() {
-				var k, v []byte
-				if err := rows.Scan(&k, &v); err != nil {
-					return err
-				}
-				if v == nil {
-					v = []byte{}
-				}
-				found[string(k)] = v
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			for _, k := range w.keys {
-				if v, ok := found[k]; ok {
-					tx.remember(ledger.MetaCollection, k, &v)
-				} else {
-					tx.remember(ledger.MetaCollection, k, nil)
-				}
-			}
-			return nil
-		})
-	}
-	for _, coll := range w.tails {
-		batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 ORDER BY collection DESC, key DESC LIMIT 1", coll).Query(func(rows pgx.Rows) error {
-			tl := tail{}
-			for rows.Next() {
-				if err := rows.Scan(&tl.k, &tl.v); err != nil {
-					return err
-				}
-				if tl.v == nil {
-					tl.v = []byte{}
-				}
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			if tx.tails == nil {
-				tx.tails = map[string]tail{}
-			}
-			tx.tails[coll] = tl
-			return nil
-		})
-	}
 	br := c.SendBatch(ctx, batch)
 	tx.pt = br.Tx()
 	return br.Close()
 }
 
-// Rows carried from one Update to the next. An Update's memory of rows
-// (btx.cache: what it read under the writer lock and what it wrote) is
-// still the database's state when the next Update of this process takes
-// the lock, provided no other transaction wrote in between. That is
-// known from transaction ids: every writer of idemgate_kv takes the
-// writer lock before it writes (so before it is given an id), and the
-// id, taken right after the lock (beginWrite), is one more than the last
-// Update's only when no transaction at all — of any replica, command or
-// database of the cluster — was given one since. Then the next Update
-// starts with the rows the last carryBatches Updates touched, and the
-// outbox's claim and delivery records find the messages written a few
-// batches before without a round trip each; otherwise it starts empty.
-// A transaction that did not commit cleanly (a member failed, COMMIT
-// read back) carries nothing.
-type carried struct {
-	rows map[string]map[string]cachedRow
-	n    int   // entries in rows
-	xid  int64 // the transaction id of the Update that committed them
-}
-
-// carryBatches is how many consecutive Updates a row is carried for
-// after the last one that read or wrote it; rows whose value is larger
-// than maxCarriedValue are not carried, and when the rest hold more than
-// maxCarriedBytes nothing is (the memory between Updates stays small
-// whatever the values).
-const (
-	carryBatches    = 4
-	maxCarriedValue = 64 << 10
-	maxCarriedBytes = 32 << 20
-)
-
-// carryOut is what a committed Update carries to the next one: its rows
-// touched by the last carryBatches Updates, within the bounds above.
-func (t *btx) carryOut() carried {
-	if t.xid == 0 {
-		return carried{}
+// markerLockKey is the advisory lock key of a transaction's commit marker.
+func markerLockKey(marker string) int64 {
+	id, err := uuid.Parse(marker)
+	if err != nil {
+		return 0
 	}
-	n, size := 0, 0
-	for c, m := range t.cache {
-		for k, r := range m {
-			if r.at <= t.xid-carryBatches || len(r.v) > maxCarriedValue {
-				delete(m, k)
-			} else {
-				n++
-				size += len(c) + len(k) + len(r.v)
-			}
-		}
-		if len(m) == 0 {
-			delete(t.cache, c)
-		}
-	}
-	if size > maxCarriedBytes {
-		return carried{}
-	}
-	return carried{rows: t.cache, n: n, xid: t.xid}
+	return int64(binary.BigEndian.Uint64(id[:8]))
 }
 
-// warmth is what a write transaction started with, for beginWrite to read
-// at the start of the next one.
-type warmth struct {
-	keys  []string // of the meta collection, read from the database
-	tails []string // collections whose last row was asked for
-}
-
-// Bounds on warmth: the meta collection holds a handful of keys, and a
-// transaction that read many is not the common case to prepare for.
-const (
-	maxWarmKeys  = 16
-	maxWarmTails = 4
-)
-
-// warmth reports what t read: the meta keys and the last rows (noteRead,
-// noteTail) it asked for, from the database or from what beginWrite
-// fetched, so that a guess nothing reads any more is dropped.
-func (t *btx) warmth() warmth {
-	return warmth{keys: t.metaRead, tails: t.tailsRead}
-}
-
-// noteRead notes a Get of key in an Update, for warmth.
-func (t *btx) noteRead(coll string, key []byte) {
-	if t.writable && coll == ledger.MetaCollection && len(t.metaRead) < maxWarmKeys && !containsStr(t.metaRead, string(key)) {
-		t.metaRead = append(t.metaRead, string(key))
-	}
-}
-
-// noteTail notes that an Update asked for coll's last row, for warmth.
-func (t *btx) noteTail(coll string) {
-	if t.writable && len(t.tailsRead) < maxWarmTails && !containsStr(t.tailsRead, coll) {
-		t.tailsRead = append(t.tailsRead, coll)
-	}
-}
-
-// writerConn returns the connection the group commit's leader writes on:
-// kept from one batch to the next while writers queue (group.go), so the
-// serial writer does not wait for a connection behind the reads of every
-// client, and acquired from the pool again after a failure or once the
-// queue is empty. Only the leader calls it.
-func (b *backend) writerConn(ctx context.Context) (*pgxpool.Conn, error) {
-	if b.wconn != nil {
-		return b.wconn, nil
-	}
-	err := b.bounded(ctx, func(ctx context.Context) (err error) {
-		b.wconn, err = b.pool.Acquire(ctx)
-		return err
-	})
-	return b.wconn, err
-}
-
-// dropWriterConn gives the writer's connection back to the pool (which
-// closes a broken one). Only the leader calls it.
-func (b *backend) dropWriterConn() {
-	if b.wconn != nil {
-		b.wconn.Release()
-		b.wconn = nil
-	}
-}
+// TxOrder implements ledger.Ordered: the transaction's id, assigned by
+// its first statement, after its snapshot was taken. A transaction that
+// reads another's writes took its snapshot after that one committed, so
+// after that one had its id: its own is the greater.
+func (t *btx) TxOrder() uint64 { return uint64(t.xid) }
 
 // readBack learns whether the transaction that wrote marker committed,
-// after its COMMIT failed: it takes the writer lock (granted only once that
-// transaction has ended, committed or rolled back) and looks for the
-// marker. known is false when the database could not be asked within
+// after its COMMIT failed: it takes the marker's advisory lock (which
+// that transaction holds until it ends, committed or rolled back) and
+// looks for the marker. known is false when the database could not be asked within
 // retryFor.
 func (b *backend) readBack(ctx context.Context, marker string) (committed, known bool) {
 	ctx = context.WithoutCancel(ctx)
@@ -801,7 +697,7 @@ func (b *backend) readBack(ctx context.Context, marker string) (committed, known
 		// stalls must not hold the answer up for longer.
 		actx, cancel := context.WithDeadline(ctx, deadline)
 		err := pgx.BeginFunc(actx, b.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(actx, "SELECT pg_advisory_xact_lock($1)", writerLockKey); err != nil {
+			if _, err := tx.Exec(actx, "SELECT pg_advisory_xact_lock($1)", markerLockKey(marker)); err != nil {
 				return err
 			}
 			return tx.QueryRow(actx, "SELECT EXISTS (SELECT 1 FROM idemgate_commits WHERE id = $1)", marker).Scan(&committed)
@@ -902,11 +798,7 @@ var errViewWrite = errors.New("postgres: write in a read-only transaction")
 // Rows read by Get are remembered (cache), and so is the last row of a
 // collection once a cursor asked for it (tails); both are kept up to date
 // as pending writes are sent. What is remembered stays true for the whole
-// transaction: a View reads one snapshot, and an Update holds the writer
-// lock, which every writer of idemgate_kv takes, so no other transaction
-// changes a row before this one ends. A group commit's functions (several
-// Updates in one transaction) therefore read the ledger's meta keys and the
-// audit chain's head from memory after the first.
+// transaction: a View and an Update each read one snapshot.
 type btx struct {
 	b        *backend
 	ctx      context.Context
@@ -915,15 +807,13 @@ type btx struct {
 	err      error
 	pending  map[string]map[string]*[]byte   // collection → key → value (nil: deleted)
 	created  []string                        // data collections created here
-	marker   string                          // the idemgate_commits row the final flush writes
+	marker   string                          // an Update's idemgate_commits row, written by the final flush
+	final    bool                            // the next flush is the one before COMMIT
 	notices  []string                        // NOTIFY payloads the final flush sends (notify.go)
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
 	xid      int64                           // an Update's transaction id (beginWrite); 0 in a View
 	tails    map[string]tail                 // collection → its last row in the database, when known
-	// What an Update read first, for the next one's beginWrite (warmth).
-	metaRead  []string // meta keys read from the database
-	tailsRead []string // collections whose last row was fetched
 }
 
 // cachedRow is a row of the database as this transaction knows it
@@ -931,7 +821,6 @@ type btx struct {
 type cachedRow struct {
 	v       []byte
 	present bool
-	at      int64 // the Update (its transaction id) that last read or wrote it; 0 in a View
 }
 
 // tail is the last row of a collection in the database (k nil: none).
@@ -960,9 +849,9 @@ func (t *btx) remember(coll, key string, v *[]byte) {
 		t.cached++
 	}
 	if v == nil {
-		m[key] = cachedRow{at: t.xid}
+		m[key] = cachedRow{}
 	} else {
-		m[key] = cachedRow{v: *v, present: true, at: t.xid}
+		m[key] = cachedRow{v: *v, present: true}
 	}
 }
 
@@ -1049,7 +938,7 @@ func (t *btx) flush(colls ...string) error {
 	if t.err != nil {
 		return t.err
 	}
-	if len(t.pending) == 0 && t.marker == "" {
+	if len(t.pending) == 0 && !t.final {
 		return nil
 	}
 	if len(colls) == 0 {
@@ -1078,7 +967,7 @@ func (t *btx) flush(colls ...string) error {
 		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
 			ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value`, ch.colls, ch.keys, ch.values)
 	}
-	if t.marker != "" && len(t.pending) == 0 { // the final flush
+	if t.final && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
 		t.queueNotices(batch)
 	}
@@ -1158,11 +1047,6 @@ func (bk *bucket) Get(key []byte) []byte {
 		return nil
 	}
 	if r, ok := t.cache[bk.coll][string(key)]; ok {
-		t.noteRead(bk.coll, key) // perhaps one beginWrite fetched
-		if r.at != t.xid {       // carried from an earlier Update: still in use
-			r.at = t.xid
-			t.cache[bk.coll][string(key)] = r
-		}
 		if !r.present {
 			return nil
 		}
@@ -1176,7 +1060,6 @@ func (bk *bucket) Get(key []byte) []byte {
 		t.fail(err)
 		return nil
 	}
-	t.noteRead(bk.coll, key)
 	if err != nil { // no such row
 		t.remember(bk.coll, string(key), nil)
 		return nil
@@ -1310,7 +1193,6 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		if t.tails == nil {
 			t.tails = map[string]tail{}
 		}
-		t.noteTail(c.bk.coll)
 		if len(c.rows) == 0 {
 			t.tails[c.bk.coll] = tail{}
 		} else {
@@ -1352,8 +1234,6 @@ func (c *cursor) First() ([]byte, []byte) {
 func (c *cursor) Last() ([]byte, []byte) {
 	if !c.lastKnown() {
 		c.fetch("", nil, true)
-	} else {
-		c.bk.tx.noteTail(c.bk.coll) // perhaps one beginWrite fetched
 	}
 	return c.at()
 }

@@ -121,16 +121,16 @@ func (p *freezeProxy) pipe(dst, src net.Conn) {
 	}
 }
 
-// TestFrozenWriterReleasesTheLock: replica A's write transaction, holding
-// the writer lock every replica takes, goes silent mid-transaction (a
-// proxy between A and PostgreSQL stops forwarding, closing nothing).
-// Replica B's write, queued behind A's lock, goes through within a bound
-// — the server ends A's session once it has sat idle in its transaction
-// for idle_in_transaction_session_timeout — and A itself gives up on the
-// silent connection after its stall timeout instead of hanging: its
-// Update either committed (once) or reports an error and wrote nothing.
-// Once the network is back, A writes again without being reopened.
-func TestFrozenWriterReleasesTheLock(t *testing.T) {
+// TestFrozenWriterStopsNoOne: replica A's write transaction goes silent
+// mid-transaction (a proxy between A and PostgreSQL stops forwarding,
+// closing nothing). Replica B's writes go on meanwhile, at once: no lock
+// of A's stands in their way (the server ends A's session once it has sat
+// idle in its transaction for idle_in_transaction_session_timeout). A
+// itself gives up on the silent connection after its stall timeout
+// instead of hanging: its Update either committed (once) or reports an
+// error and wrote nothing. Once the network is back, A writes again
+// without being reopened.
+func TestFrozenWriterStopsNoOne(t *testing.T) {
 	c := pgtest.Require(t)
 	url := pgtest.NewDatabase(t)
 	p := newFreezeProxy(t, fmt.Sprintf("127.0.0.1:%d", c.Port()))
@@ -154,7 +154,7 @@ func TestFrozenWriterReleasesTheLock(t *testing.T) {
 	go func() {
 		aDone <- a.Update(ctx, func(tx ledger.Tx) error {
 			if runs.Add(1) == 1 {
-				close(inside) // the writer lock is held: update took it before fn
+				close(inside) // the transaction has begun
 				<-frozen
 			}
 			if _, err := tx.Get("effects", "x"); err != nil { // a round trip through the frozen proxy
@@ -171,22 +171,20 @@ func TestFrozenWriterReleasesTheLock(t *testing.T) {
 	p.freeze()
 	close(frozen)
 
-	// B's write waits for A's lock, and gets it once the server has ended
-	// A's idle session: within the idle timeout (10 s) and a margin.
+	// B writes at once, several times, while A's transaction is frozen.
 	bStart := time.Now()
 	bctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
-	err = b.Update(bctx, func(tx ledger.Tx) error { return tx.Put("effects", "b", []byte("B")) })
+	for i := range 10 {
+		err = b.Update(bctx, func(tx ledger.Tx) error { return tx.Put("effects", fmt.Sprintf("b%d", i), []byte("B")) })
+		if err != nil {
+			t.Fatalf("B's write beside a frozen writer: %v (after %s)", err, time.Since(bStart))
+		}
+	}
 	waited := time.Since(bStart)
-	t.Logf("B's write waited %s behind the frozen writer", waited.Round(time.Millisecond))
-	if err != nil {
-		t.Fatalf("B's write behind a frozen writer: %v (after %s)", err, waited)
-	}
-	if waited > 20*time.Second {
-		t.Errorf("B's write waited %s behind a frozen writer, want at most the idle-in-transaction bound (10 s) and a margin", waited)
-	}
-	if waited < 5*time.Second {
-		t.Errorf("B's write waited only %s: A's frozen transaction did not hold the writer lock, the test proves nothing", waited)
+	t.Logf("B's 10 writes took %s beside the frozen writer", waited.Round(time.Millisecond))
+	if waited > 2*time.Second {
+		t.Errorf("B's 10 writes took %s beside a frozen writer: they waited for it", waited)
 	}
 
 	// A gives up on its own: a stalled round trip (3 s here), then reruns
@@ -215,8 +213,8 @@ func TestFrozenWriterReleasesTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, aWrote := got["a"]
-	if got["b"] != "B" || got["a2"] != "A" || aWrote != (aErr == nil) {
-		t.Errorf("committed %v; A's frozen Update said %v: want b and a2, and a exactly when A said it committed", got, aErr)
+	if got["b9"] != "B" || got["a2"] != "A" || aWrote != (aErr == nil) {
+		t.Errorf("committed %v; A's frozen Update said %v: want b0…b9 and a2, and a exactly when A said it committed", got, aErr)
 	}
 }
 
