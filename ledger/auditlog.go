@@ -3,7 +3,7 @@ package ledger
 import (
 	"bytes"
 	"context"
-		"encoding/binary"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"

@@ -84,9 +84,9 @@ type ltx struct {
 	journal   bool
 	journaled uint32
 	order     uint64
-	observed []AuditEntry
-	topics   []string        // records written, to wake their watchers (wait.go)
-	topicSet map[string]bool // topics, as a set
+	observed  []AuditEntry
+	topics    []string        // records written, to wake their watchers (wait.go)
+	topicSet  map[string]bool // topics, as a set
 }
 
 // view runs fn in a read-only transaction.
