@@ -19,9 +19,8 @@ import (
 // The schema's migrations, one file per version: NNNN_name.sql, applied in
 // order, each in its own transaction with the row that records it in
 // idemgate_schema_version. One that changes rows of idemgate_kv must
-// first take the writer lock (SELECT pg_advisory_xact_lock of
-// writerLockKey), as every writer of that table does: running replicas'
-// memory of rows (carried, in postgres.go) relies on it.
+// run SERIALIZABLE, as every writer of that table does (running
+// replicas' claims rely on it).
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS

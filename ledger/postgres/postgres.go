@@ -14,55 +14,47 @@
 //
 // # Transactions and the atomic claim
 //
-// Update begins a READ COMMITTED transaction and first takes one
-// transaction-scoped advisory lock (pg_advisory_xact_lock) shared by every
-// process on the database: writers are serialised, globally. Each statement
-// after the lock sees every Update committed before (the lock is released
-// only after the commit is visible), and no other writer commits until this
-// one ends — so a read-check-write (the claim: read the key's record, write
-// in_progress) is never interleaved with another, which is what makes a
-// claim exactly-once across replicas. The lock is taken rather than
-// relying on SERIALIZABLE because every ledger write appends to the one
-// hash-chained audit log (its last sequence number is read and the next
-// written), so any two write transactions conflict anyway: under
-// SERIALIZABLE they would abort and retry; under the lock they queue. The
-// cost: write transactions do not run in parallel, so write throughput is
-// bounded by the round trips of the serial part times the latency to the
-// database. To keep it high a process commits its concurrent Updates
-// together (group commit, group.go: one lock, one COMMIT and one WAL
-// flush for up to 128 of them) on a connection its leader keeps while
-// writers queue; BEGIN, the lock and the reads every batch starts with
-// (the ledger's clocks, the audit chain's head) are one round trip
-// (beginWrite); a transaction remembers what it read and wrote, and hands
-// it to the process's next Update when no other transaction wrote in
-// between (carried); and its writes are kept in memory and sent before
-// COMMIT in one round trip, as a few multi-row statements. What remains
-// serial is each function's reads of keys it has not seen (about four
-// round trips for a create: its record, its fingerprint, its new order's
-// and message's ids). Partitioning the audit chain by
-// tenant would let tenants' writers run in parallel (not built yet; see
-// SCALING.md). View is a REPEATABLE READ READ ONLY transaction: one snapshot
-// for its whole duration, no lock, never blocked by writers.
+// Update is a SERIALIZABLE transaction of its own: PostgreSQL guarantees
+// that the committed Updates have the effect of some serial order, so a
+// read-check-write (the claim: read the key's record, write in_progress)
+// is never interleaved with another of the same key, which is what makes
+// a claim exactly-once across replicas. Updates of different keys do not
+// wait for each other: there is no lock of the backend's own, and the
+// ledger keeps no key that every write transaction writes (on this
+// Concurrent backend its audit entries are journaled and chained by its
+// sealer, see ledger.Concurrent; its clocks are written once a second).
+// Two transactions that do conflict — the same key, or rows close enough
+// to share an index page, which PostgreSQL's predicate locks cover — end
+// with one of them refused (a serialization failure, 40001), which is
+// run again after a random pause of a few milliseconds. BEGIN, the
+// transaction's id, the advisory lock of its commit marker and the
+// ledger's clocks are read in one round trip (beginWrite); its writes are
+// kept in memory and sent before COMMIT in one round trip, as a few
+// multi-row statements. A create is thus its reads of keys (its record,
+// fingerprint, issued key, new order's and message's ids) plus three
+// round trips, on a connection of the pool's. View is a REPEATABLE READ
+// READ ONLY transaction: one snapshot for its whole duration, never
+// blocked by writers and never refused.
 //
 // A transient failure before COMMIT was sent (the connection lost, the
-// server restarting) is a rollback, and the transaction is run again for
-// up to 15 s, so replicas ride out a database restart; the lock makes
-// serialization failures and deadlocks between Updates impossible (they
-// are retried all the same). A connection lost during COMMIT leaves the
-// outcome unknown to the client, so every write transaction also writes a
-// row of its own (idemgate_commits, a random id, batched with its writes:
-// no extra round trip); when COMMIT fails, the backend takes the writer
-// lock on a new connection — granted only once the old transaction has
-// ended, one way or the other — and reads that row back: present, the
-// transaction committed and Update succeeds; absent, it did not and is
-// run again. Only when the database cannot be reached for 15 s is the
-// outcome reported as unknown (an error). Rows older than ten minutes are
+// server restarting, a conflict) is a rollback, and the transaction is
+// run again for up to 15 s, so replicas ride out a database restart. A
+// connection lost during COMMIT leaves the outcome unknown to the client,
+// so every write transaction also writes a row of its own
+// (idemgate_commits, a random id, batched with its writes: no extra round
+// trip) and holds an advisory lock named by that id from its first
+// statement; when COMMIT fails, the backend takes that lock on a new
+// connection — granted only once the old transaction has ended, one way
+// or the other — and reads the row back: present, the transaction
+// committed and Update succeeds; absent, it did not and is run again.
+// Only when the database cannot be reached for 15 s is the outcome
+// reported as unknown (an error). Rows older than ten minutes are
 // deleted.
 //
-// No session may hold the writer lock for long: every connection starts
-// with an idle-in-transaction timeout (the server ends a session that
-// sits in its transaction without a statement — a replica frozen
-// mid-transaction — and the lock with it), a lock timeout, a statement
+// No session may hold its transaction open for long: every connection
+// starts with an idle-in-transaction timeout (the server ends a session
+// that sits in its transaction without a statement — a replica frozen
+// mid-transaction — and its row locks with it), a lock timeout, a statement
 // timeout and TCP keepalives (sessionBounds), and a statement whose answer
 // does not come within stallTimeout is abandoned, its connection closed,
 // and its transaction run again (or read back, when it was the COMMIT).
@@ -218,16 +210,15 @@ func openBackend(url string, mayMigrate, readOnly bool) (*backend, error) {
 
 // sessionBounds are the server settings every connection starts with
 // (unless the URL sets them: any other URL parameter is a setting too),
-// so that no session — least of all one holding the writer lock — can
-// stall the others for long:
+// so that no session can stall the others for long:
 //
 //   - idle_in_transaction_session_timeout: the server ends a session that
 //     sits in an open transaction without sending a statement (a replica
 //     frozen, or its network gone, between two statements), and with it
-//     the writer lock it held. No transaction here waits between
+//     the row locks it held. No transaction here waits between
 //     statements for anything but this process's own code.
-//   - lock_timeout: a statement gives up waiting for a lock (the writer
-//     lock) after this; longer than the idle timeout, so a waiter outlasts
+//   - lock_timeout: a statement gives up waiting for a lock (a row that
+//     a concurrent transaction writes, a commit marker) after this; longer than the idle timeout, so a waiter outlasts
 //     a frozen holder. The transaction did not commit; past the retry
 //     window (retryFor) the write fails, with nothing written.
 //   - statement_timeout: a statement (lock wait included) is cancelled
@@ -272,11 +263,20 @@ func (b *backend) bounded(ctx context.Context, f func(context.Context) error) er
 	return err
 }
 
+// defaultMaxConns bounds a process's connections unless the URL sets
+// pool_max_conns: each running Update holds one, so this is how many of a
+// replica's write transactions run at once (and how many connections
+// each replica adds to the server's max_connections, 100 by default).
+const defaultMaxConns = 16
+
 // newPool connects to url and checks the connection.
 func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: the --db URL is not a valid PostgreSQL connection string: %v", redact(err))
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = defaultMaxConns
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 { // unless the URL sets connect_timeout
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
