@@ -105,6 +105,9 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		return err
 	}
 	metrics.WatchSegments(lf.segments)
+	if db, ok := store.(*postgres.DB); ok {
+		metrics.WatchDatabase(db.Stats)
+	}
 	// Every background loop is joined before the ledger closes, on every
 	// way out of serve.
 	bg := newLoops()

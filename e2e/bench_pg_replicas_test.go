@@ -82,6 +82,10 @@ func (b *allBench) replicas(n int, d time.Duration) (float64, time.Duration, err
 	}
 	reps := make([]*loadgen.Report, n)
 	errs := make([]error, n)
+	cpu0 := make([]time.Duration, n)
+	for i, s := range servers {
+		cpu0[i], _ = loadgen.ProcessCPU(s.cmd.Process.Pid)
+	}
 	var wg sync.WaitGroup
 	for i, s := range servers {
 		wg.Go(func() {
@@ -91,11 +95,25 @@ func (b *allBench) replicas(n int, d time.Duration) (float64, time.Duration, err
 	}
 	wg.Wait()
 	total := 0.0
-	for i := range n {
+	var calls int64
+	var cpu time.Duration
+	var trips, conflicts float64
+	for i, s := range servers {
 		if errs[i] != nil {
 			return 0, 0, errs[i]
 		}
 		total += reps[i].Throughput
+		calls += reps[i].Calls
+		used, _ := loadgen.ProcessCPU(s.cmd.Process.Pid)
+		cpu += used - cpu0[i]
+		trips += scrape(t, s.base, "idemgate_postgres_round_trips_total")
+		conflicts += scrape(t, s.base, "idemgate_postgres_conflicts_total")
+	}
+	if calls > 0 {
+		// Round trips include the replicas' background work (opening,
+		// the audit sealer, clock samples): an upper bound per create.
+		t.Logf("%d replica(s), %s each way: %d creates, %.1f round trips and %.2f conflicts per create, %s of server CPU per create",
+			n, d, calls, trips/float64(calls), conflicts/float64(calls), (cpu / time.Duration(calls)).Round(time.Microsecond))
 	}
 	for _, s := range servers {
 		s.cmd.Process.Signal(os.Interrupt)

@@ -138,6 +138,22 @@ func (m *Metrics) watchSessionMemory(f func() int) {
 		func() float64 { return float64(f()) }))
 }
 
+// WatchDatabase publishes what a PostgreSQL ledger's stats report (read
+// at each scrape): its round trips to the database and the transactions
+// the database refused for a conflict with a concurrent one (and which
+// were run again). See postgres.DB.Stats.
+func (m *Metrics) WatchDatabase(stats func() (roundTrips, conflicts int64)) {
+	if m == nil || stats == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemgate", Name: "postgres_round_trips_total",
+		Help: "Exchanges of this process with the PostgreSQL ledger (a statement, or statements sent together in one batch)."},
+		func() float64 { rt, _ := stats(); return float64(rt) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemgate", Name: "postgres_conflicts_total",
+		Help: "Write transactions of this process that PostgreSQL refused for a conflict with a concurrent one (serialization failure or deadlock); each was run again."},
+		func() float64 { _, c := stats(); return float64(c) }))
+}
+
 // WatchSegments publishes the state of the segments outbox of this
 // process (read at each scrape): torn tails its sink cut off and kept
 // aside, and whether a damaged line stops its deliveries. See

@@ -101,6 +101,7 @@ import (
 	neturl "net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -254,6 +255,7 @@ var errStalled = errors.New("no answer from the database in time: the connection
 // stall timeout; an answer that did not come in time (while ctx itself
 // is live) is errStalled.
 func (b *backend) bounded(ctx context.Context, f func(context.Context) error) error {
+	b.roundTrips.Add(1)
 	sctx, cancel := context.WithTimeout(ctx, b.stall)
 	defer cancel()
 	err := f(sctx)
@@ -343,7 +345,8 @@ type backend struct {
 	stopOnce sync.Once
 	listen   listener // the LISTEN connection (notify.go)
 
-	conflicts int64 // transactions refused for a conflict (under mu)
+	conflicts  int64        // transactions refused for a conflict (under mu)
+	roundTrips atomic.Int64 // exchanges with the database (bounded)
 }
 
 var (
@@ -537,12 +540,14 @@ func conflict(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
-// Conflicts reports how many transactions of this process the database
-// refused for a conflict with a concurrent one (each was run again).
-func (d *DB) Conflicts() int64 {
+// Stats reports this process's exchanges with the database (round
+// trips: a statement, or a batch of them sent together) and how many of
+// its transactions the database refused for a conflict with a concurrent
+// one (each was run again), since it opened the ledger.
+func (d *DB) Stats() (roundTrips, conflicts int64) {
 	d.be.mu.Lock()
 	defer d.be.mu.Unlock()
-	return d.be.conflicts
+	return d.be.roundTrips.Load(), d.be.conflicts
 }
 
 // Update implements ledger.Backend (see the package documentation):
@@ -572,10 +577,10 @@ func (b *backend) Concurrent() bool { return true }
 // after a rollback.
 func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry bool, err error) {
 	var c *pgxpool.Conn
-	if err := b.bounded(ctx, func(ctx context.Context) (err error) {
-		c, err = b.pool.Acquire(ctx)
-		return err
-	}); err != nil {
+	actx, cancel := context.WithTimeout(ctx, b.stall)
+	c, err = b.pool.Acquire(actx)
+	cancel()
+	if err != nil {
 		return transient(err), b.txError(err)
 	}
 	defer c.Release() // the pool closes a broken connection
