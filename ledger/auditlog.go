@@ -127,6 +127,43 @@ func (s *Ledger) sealJournal() error {
 	}
 }
 
+// sealWait bounds how long a read-only ledger waits for the entries
+// journaled before it reads the log to be sealed by the processes that
+// write (each seals within auditFlushInterval of its commit).
+const sealWait = 2 * time.Second
+
+// awaitSealed waits until every audit entry journaled before the call has
+// been sealed by a writing process, or sealWait has passed (a writer that
+// died before sealing leaves its entries to the next writer that opens
+// the ledger): a read-only ledger cannot seal them itself.
+func (s *Ledger) awaitSealed() error {
+	var last []byte
+	if err := s.view(func(tx *ltx) error {
+		if j := tx.Bucket(bucketJournal); j != nil {
+			k, _ := j.Cursor().Last()
+			last = bytes.Clone(k)
+		}
+		return nil
+	}); err != nil || last == nil {
+		return err
+	}
+	deadline := time.Now().Add(sealWait)
+	for {
+		var first []byte
+		if err := s.view(func(tx *ltx) error {
+			k, _ := tx.Bucket(bucketJournal).Cursor().First()
+			first = bytes.Clone(k)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if first == nil || bytes.Compare(first, last) > 0 || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(auditFlushInterval / 4)
+	}
+}
+
 // chainAudit adds entries to the hash chain and, unless their record
 // numbers them (keepAuditSeqLocked) or they land near a transition it
 // numbers (nearRecordAudit), to the per-key index; the caller holds tx.

@@ -60,6 +60,12 @@ func New(b Backend, opts Options) *Ledger {
 	s := &Ledger{opts: opts.withDefaults(), b: b, owner: uuid.NewString(), readOnly: b.ReadOnly(), stop: make(chan struct{}), done: make(chan struct{}), bufKick: make(chan struct{}, 1)}
 	if c, ok := b.(Concurrent); ok && c.Concurrent() {
 		s.journal = true
+		if !s.readOnly {
+			// Entries a process journaled and did not seal (it died)
+			// are sealed now, within the flush interval.
+			s.unsealed, s.bufSince = true, time.Now()
+			s.bufKick <- struct{}{}
+		}
 	}
 	go s.flushLoop()
 	return s
@@ -262,6 +268,9 @@ func (s *Ledger) FlushAudit() error { return s.flushAudit() }
 
 func (s *Ledger) flushAudit() error {
 	if s.readOnly {
+		if s.journal {
+			return s.awaitSealed()
+		}
 		return nil
 	}
 	s.auditMu.Lock()
