@@ -24,8 +24,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/client/transport"
@@ -644,4 +647,87 @@ func TestPostgresHealthzWithholdsTheDatabase(t *testing.T) {
 	if !eventually(20*time.Second, func() bool { code, _ := get(""); return code == 200 }) {
 		t.Errorf("/healthz once the database is back: %d %s; want 200", code, body)
 	}
+}
+
+// TestPostgresFrozenReplicaStopsNoOne: two replicas on one database, each
+// loaded by agents of its own. Replica A is frozen (SIGSTOP, a paused VM)
+// while it holds a write transaction open — PostgreSQL shows its session
+// idle in transaction. Meanwhile replica B's creates of other keys go on:
+// p99 under a second during the freeze (with the global writer lock of
+// earlier builds they waited for the server to end A's session, 10 s).
+// Once A is thawed, its calls in flight and after complete; every call of
+// both loads ends with exactly one order, and the audit chain verifies.
+func TestPostgresFrozenReplicaStopsNoOne(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	tokens := filepath.Join(t.TempDir(), "tokens.json")
+	alice := addToken(t, tokens, "alice", "acme", "agent")
+	reps, _ := startReplicasBehind(t, db, tokens, 2)
+	a, b := reps[0], reps[1]
+	la := startLoad(t, a.base, alice, 8, faOrder)
+	la.waitAnswers(20, 30*time.Second)
+
+	ctx := testContext(t)
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	// Freeze A until PostgreSQL shows one of its sessions idle in a
+	// transaction it began (B's load has not started: nothing else runs).
+	frozen := false
+	for try := 0; try < 20 && !frozen; try++ {
+		if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond)
+		var open int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND state = 'idle in transaction' AND state_change < now() - interval '300 milliseconds'`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if frozen = open > 0; !frozen {
+			a.cmd.Process.Signal(syscall.SIGCONT)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !frozen {
+		t.Fatal("replica A was never caught with a transaction open in 20 tries")
+	}
+	freeze := time.Now()
+	lb := startLoad(t, b.base, alice, 8, faOrder)
+	time.Sleep(4 * time.Second)
+	during := lb.finish()
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	thawed := time.Now()
+
+	var lat []time.Duration
+	for _, in := range during {
+		if in.err != nil || !in.succeeded() {
+			t.Errorf("B's call during the freeze: %v %s", in.err, in.env)
+			continue
+		}
+		lat = append(lat, in.ended.Sub(in.sent))
+	}
+	slices.Sort(lat)
+	if len(lat) < 20 {
+		t.Fatalf("B made %d creates in the 4 s A was frozen, want at least 20", len(lat))
+	}
+	p99 := lat[(len(lat)*99)/100]
+	t.Logf("during the freeze (%s): B made %d creates, p50 %s, p99 %s, max %s", thawed.Sub(freeze).Round(time.Millisecond),
+		len(lat), lat[len(lat)/2].Round(time.Millisecond), p99.Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	if p99 > time.Second {
+		t.Errorf("B's creates during A's freeze: p99 %s, want under 1 s", p99)
+	}
+
+	la.waitAnswers(10, 60*time.Second) // A serves again
+	intents := append(la.finish(), during...)
+	failed := checkIntents(t, b.base, alice, intents, 30*time.Second)
+	t.Logf("%d calls, %d not answered succeeded (in flight on A across its freeze)", len(intents), failed)
+	if r := runCLI(t, 30*time.Second, "audit", "verify", "--db", db); r.Code != 0 {
+		t.Errorf("audit verify: %d %s %s", r.Code, r.Stdout, r.Stderr)
+	}
+	alive(t, reps, 10*time.Second)
 }
