@@ -212,10 +212,13 @@ func orderID(t *testing.T, e envelope) string {
 // TestPostgresReplicasOneOrderPerKey: two replicas on one PostgreSQL
 // ledger, behind a round-robin balancer. Every key is sent at the same
 // moment by a client pinned to each replica and by one whose requests
-// alternate between them; each key yields exactly one order, and every
-// answer for a key names that order.
+// alternate between them, while agents place orders of other keys
+// through the balancer (writes of other keys run in parallel with the
+// race); each key yields exactly one order, every answer for a key names
+// that order, and every call of the load has its one order.
 func TestPostgresReplicasOneOrderPerKey(t *testing.T) {
 	db, reps, lb, alice := startPGReplicas(t, 2)
+	background := startLoad(t, lb, alice, 4, faOrder)
 	clients := []*session{httpSession(t, reps[0].base, alice), httpSession(t, reps[1].base, alice), httpSession(t, lb, alice)}
 	const keys = 12
 	for i := range keys {
@@ -253,14 +256,22 @@ func TestPostgresReplicasOneOrderPerKey(t *testing.T) {
 		}
 	}
 
+	intents := background.finish()
+	if len(intents) < 10 {
+		t.Errorf("the load of other keys made %d calls meanwhile, want at least 10", len(intents))
+	}
+	if failed := checkIntents(t, lb, alice, intents, 30*time.Second); failed > 0 {
+		t.Errorf("%d calls of the load were not answered succeeded", failed)
+	}
+
 	// The commands work on the PostgreSQL ledger while the replicas run.
 	r := runCLI(t, 30*time.Second, "audit", "verify", "--db", db)
 	if r.Code != 0 {
 		t.Errorf("audit verify: %d %s %s", r.Code, r.Stdout, r.Stderr)
 	}
-	r = runCLI(t, 30*time.Second, "ops", "list", "--db", db, "--tenant", "acme", "--limit", "100")
-	if r.Code != 0 || strings.Count(r.Stdout, "create_order") != keys {
-		t.Errorf("ops list: %d, %d create_order lines, want %d:\n%s%s", r.Code, strings.Count(r.Stdout, "create_order"), keys, r.Stdout, r.Stderr)
+	r = runCLI(t, 30*time.Second, "ops", "list", "--db", db, "--tenant", "acme", "--limit", "1000")
+	if want := keys + len(intents); r.Code != 0 || strings.Count(r.Stdout, "create_order") != want {
+		t.Errorf("ops list: %d, %d create_order lines, want %d:\n%s%s", r.Code, strings.Count(r.Stdout, "create_order"), want, r.Stdout, r.Stderr)
 	}
 	r = runCLI(t, 30*time.Second, "stats", "--db", db, "--tenant", "acme", "--json")
 	if r.Code != 0 {
