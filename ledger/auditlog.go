@@ -34,7 +34,7 @@ func appendAudit(tx *ltx, entries ...AuditEntry) error {
 	if tx.journal {
 		return journalAudit(tx, entries)
 	}
-	return chainAudit(tx, entries...)
+	return chainAudit(tx, true, entries...)
 }
 
 // journalAudit writes entries to the journal, in their order, under keys
@@ -104,7 +104,7 @@ func (s *Ledger) sealJournal() error {
 			if len(keys) == 0 {
 				return nil
 			}
-			if err := chainAudit(tx, entries...); err != nil {
+			if err := chainAudit(tx, false, entries...); err != nil {
 				return err
 			}
 			for _, k := range keys {
@@ -165,9 +165,11 @@ func (s *Ledger) awaitSealed() error {
 }
 
 // chainAudit adds entries to the hash chain and, unless their record
-// numbers them (keepAuditSeqLocked) or they land near a transition it
-// numbers (nearRecordAudit), to the per-key index; the caller holds tx.
-func chainAudit(tx BTx, entries ...AuditEntry) error {
+// numbers them (keepAuditSeqLocked) or (near) they land near a transition
+// it numbers (nearRecordAudit), to the per-key index; the caller holds
+// tx. The sealer passes near false: it indexes every keyed entry rather
+// than read (and, on a locking backend, lock) the records of the keys.
+func chainAudit(tx BTx, near bool, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -210,7 +212,7 @@ func chainAudit(tx BTx, entries ...AuditEntry) error {
 			if e.recordSeq != seq {
 				return fmt.Errorf("ledger: audit entry %d was numbered %d in its record", seq, e.recordSeq)
 			}
-		case e.Key != "" && !nearRecordAudit(tx, &numbered, e.Actor.Tenant, e.Key, seq):
+		case e.Key != "" && (!near || !nearRecordAudit(tx, &numbered, e.Actor.Tenant, e.Key, seq)):
 			if err := idx.Put(auditKeyIndex(e.Actor.Tenant, e.Key, seq), nil); err != nil {
 				return err
 			}

@@ -156,7 +156,10 @@ var (
 
 // WriteMetaKeys are the meta keys every write transaction reads (the
 // ledger's clocks, see ledgerTime): a backend may read them with its
-// first round trip.
+// first round trip. Their values are 8-byte big-endian times that only
+// grow: a backend whose Updates run concurrently may read them without a
+// lock and keep the greater of the stored and the written value (a
+// writer that read an older time never moves them back).
 func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted} }
 
 // Collection names, for backends: every name Bucket is called with.
@@ -170,6 +173,11 @@ var (
 	RecordsCollection = string(bucketRecords)
 	// AuditByKeyCollection is the per-key audit index.
 	AuditByKeyCollection = string(bucketAuditByKey)
+	// JournalCollection is the audit journal of a Concurrent backend: each
+	// key is written once, by the transaction it names (see Ordered), and
+	// read and deleted only by the sealer, once that transaction has
+	// committed; a backend need not lock its keys.
+	JournalCollection = string(bucketJournal)
 )
 
 // Collections lists every collection of the ledger.

@@ -95,10 +95,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	neturl "net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -640,7 +642,7 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 // reads would have found.
 func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) error {
 	batch := &pgx.Batch{}
-	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.Serializable})
+	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	batch.Queue("SELECT txid_current() FROM (SELECT pg_advisory_xact_lock($1)) AS marker_lock", markerLockKey(tx.marker)).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&tx.xid)
 	})
@@ -819,6 +821,11 @@ type btx struct {
 	cached   int                             // entries in cache, at most maxCached
 	xid      int64                           // an Update's transaction id (beginWrite); 0 in a View
 	tails    map[string]tail                 // collection → its last row in the database, when known
+	// An Update's locks (see queueLocks): keys, collections held shared
+	// and exclusively, and how many keys of each collection it locked.
+	locked       map[int64]bool
+	collS, collX map[string]bool
+	keysIn       map[string]int
 }
 
 // cachedRow is a row of the database as this transaction knows it
@@ -952,14 +959,22 @@ func (t *btx) flush(colls ...string) error {
 		}
 	}
 	batch := &pgx.Batch{}
-	var puts rowChunks
+	var puts, maxima rowChunks
 	for _, c := range colls {
 		var dels rowChunks
+		keys := make([][]byte, 0, len(t.pending[c]))
+		for k := range t.pending[c] {
+			keys = append(keys, []byte(k))
+		}
+		t.queueLocks(batch, c, keys)
 		for k, v := range t.pending[c] {
 			t.wrote(c, k, v)
-			if v == nil {
+			switch {
+			case v == nil:
 				dels.add(c, []byte(k), nil)
-			} else {
+			case c == ledger.MetaCollection && isClockKey(k):
+				maxima.add(c, []byte(k), v)
+			default:
 				puts.add(c, []byte(k), v)
 			}
 		}
@@ -972,6 +987,10 @@ func (t *btx) flush(colls ...string) error {
 		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
 			ON CONFLICT (collection, key) DO UPDATE SET value = EXCLUDED.value`, ch.colls, ch.keys, ch.values)
 	}
+	for _, ch := range maxima { // the ledger's clocks only grow (see isClockKey)
+		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+			ON CONFLICT (collection, key) DO UPDATE SET value = GREATEST(idemgate_kv.value, EXCLUDED.value)`, ch.colls, ch.keys, ch.values)
+	}
 	if t.final && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
 		t.queueNotices(batch)
@@ -983,6 +1002,119 @@ func (t *btx) flush(colls ...string) error {
 		t.fail(err)
 		return err
 	}
+	return nil
+}
+
+// Locks. An Update holds, until it ends, an exclusive advisory lock on
+// every key it reads or writes, and a shared one on each collection it
+// touches; a cursor takes its collection exclusively (a range read: no
+// key of it may change until the transaction ends), and so does a
+// transaction that writes more than escalateKeys keys of one collection
+// (one lock instead of many: PostgreSQL's lock table is bounded). Locks
+// are only ever added, never released early (strict two-phase locking),
+// so committed Updates have the effect of running one after the other in
+// the order of their commits; two that wait for each other (a deadlock)
+// are found by the server, one of them is refused (40P01) and run again.
+// Transactions that touch no key in common never wait for each other.
+//
+// Two kinds of keys take no lock. The ledger's clocks (isClockKey) are
+// read with BEGIN, unlocked, and written as registers that only grow
+// (GREATEST), so concurrent writers never move them back. The audit
+// journal's keys are the writing transaction's own (its id), read only by
+// the sealer, which sees a transaction's entries once it has committed.
+const escalateKeys = 64
+
+// lockID is the advisory lock of a collection (key nil) or of one key of
+// it: a 64-bit FNV-1a hash of both, told apart by a leading byte.
+func lockID(coll string, key []byte) int64 {
+	h := fnv.New64a()
+	if key == nil {
+		h.Write([]byte{'c'})
+		h.Write([]byte(coll))
+	} else {
+		h.Write([]byte{'k'})
+		h.Write([]byte(coll))
+		h.Write([]byte{0})
+		h.Write(key)
+	}
+	return int64(h.Sum64())
+}
+
+// unlocked reports whether coll's keys are written without locks (the
+// audit journal).
+func unlocked(coll string) bool { return coll == ledger.JournalCollection }
+
+// isClockKey reports whether key (of the meta collection) is one of the
+// ledger's clocks: 8-byte big-endian times that only grow.
+func isClockKey(key string) bool {
+	for _, k := range ledger.WriteMetaKeys() {
+		if string(k) == key {
+			return true
+		}
+	}
+	return false
+}
+
+// queueLocks queues the statements that lock keys of coll for the
+// transaction (those it does not hold yet), sorted, before the statements
+// that read or write them in the same batch.
+func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte) {
+	if !t.writable || unlocked(coll) || t.collX[coll] {
+		return
+	}
+	if coll == ledger.MetaCollection {
+		keys = slices.DeleteFunc(slices.Clone(keys), func(k []byte) bool { return isClockKey(string(k)) })
+	}
+	var ids []int64
+	for _, k := range keys {
+		if id := lockID(coll, k); !t.locked[id] {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	if t.locked == nil {
+		t.locked, t.collS, t.collX = map[int64]bool{}, map[string]bool{}, map[string]bool{}
+	}
+	if t.keysIn[coll]+len(ids) > escalateKeys {
+		batch.Queue("SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
+		t.collX[coll] = true
+		return
+	}
+	if !t.collS[coll] {
+		batch.Queue("SELECT pg_advisory_xact_lock_shared($1)", lockID(coll, nil))
+		t.collS[coll] = true
+	}
+	slices.Sort(ids)
+	batch.Queue("SELECT count(pg_advisory_xact_lock(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
+	for _, id := range ids {
+		t.locked[id] = true
+	}
+	if t.keysIn == nil {
+		t.keysIn = map[string]int{}
+	}
+	t.keysIn[coll] += len(ids)
+}
+
+// lockCollection takes coll exclusively for the rest of the transaction
+// (a cursor in an Update), unless it holds it already.
+func (t *btx) lockCollection(coll string) error {
+	if !t.writable || unlocked(coll) || t.collX[coll] {
+		return nil
+	}
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		_, err := t.pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
+		return err
+	})
+	if err != nil {
+		t.fail(err)
+		return err
+	}
+	if t.collX == nil {
+		t.locked, t.collS, t.collX = map[int64]bool{}, map[string]bool{}, map[string]bool{}
+	}
+	t.collX[coll] = true
 	return nil
 }
 
@@ -1059,7 +1191,31 @@ func (bk *bucket) Get(key []byte) []byte {
 	}
 	var v []byte
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-		return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+		if !t.writable {
+			return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
+		}
+		// The key's lock, then its value, in one round trip: under READ
+		// COMMITTED the SELECT's snapshot is taken once the locks are
+		// granted, so it sees every transaction that held them before.
+		batch := &pgx.Batch{}
+		t.queueLocks(batch, bk.coll, [][]byte{key})
+		var found bool
+		batch.Queue("SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				found = true
+				if err := rows.Scan(&v); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		if err := t.pt.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		if !found {
+			return pgx.ErrNoRows
+		}
+		return nil
 	})
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		t.fail(err)
@@ -1147,6 +1303,9 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 	t := c.bk.tx
 	c.rows, c.i = nil, -1
 	if t.err != nil {
+		return false
+	}
+	if err := t.lockCollection(c.bk.coll); err != nil {
 		return false
 	}
 	if err := t.flush(c.bk.coll); err != nil {
