@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,11 @@ import (
 // IDEMGATE_BENCH_PG_DELAY (default 0.5ms; the proxy's measured mean is
 // printed: Go's timers wake about a millisecond late at the least on some
 // machines). Each configuration runs on a new database. Run it with
-// IDEMGATE_BENCH_PG=1 (see BENCHMARKS.md).
+// IDEMGATE_BENCH_PG=1 (see BENCHMARKS.md); IDEMGATE_BENCH_PG_REPLICAS
+// (say "1") measures only those replica counts, IDEMGATE_BENCH_PG_PROFILES
+// (a directory) has each replica write a CPU profile there. Each
+// configuration also logs its round trips, refused transactions and
+// server CPU per create.
 func TestBenchmarkPostgresReplicas(t *testing.T) {
 	if os.Getenv("IDEMGATE_BENCH_PG") != "1" {
 		t.Skip("set IDEMGATE_BENCH_PG=1 to measure PostgreSQL replicas (see BENCHMARKS.md)")
@@ -34,11 +39,22 @@ func TestBenchmarkPostgresReplicas(t *testing.T) {
 		}
 		delay = d
 	}
+	counts := []int{1, 2, 4}
+	if v := os.Getenv("IDEMGATE_BENCH_PG_REPLICAS"); v != "" { // e.g. "1" to compare builds
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > 64 || 64%n != 0 {
+				t.Fatalf("IDEMGATE_BENCH_PG_REPLICAS %q: want replica counts that divide 64, comma-separated", v)
+			}
+			counts = append(counts, n)
+		}
+	}
 	b := newAllBench(t, envInt(t, "IDEMGATE_BENCH_SECONDS", 10))
 	var base float64 // one replica, no delay
 	for _, d := range []time.Duration{0, delay} {
 		var one float64
-		for _, n := range []int{1, 2, 4} {
+		for _, n := range counts {
 			name := fmt.Sprintf("%d replica(s), %s added each way", n, d)
 			total, mean, err := b.replicas(n, d)
 			if err != nil {
@@ -77,8 +93,12 @@ func (b *allBench) replicas(n int, d time.Duration) (float64, time.Duration, err
 	tokens := filepath.Join(dir, "tokens.json")
 	tok := addToken(t, tokens, "bench-agent", "acme", "agent")
 	var servers []*httpProc
-	for range n {
-		servers = append(servers, startHTTP(t, proxy.URL(), tokens, 0, "--workers", "64", "--outbox-dir", filepath.Join(dir, "outbox")))
+	for i := range n {
+		var env []string
+		if p := os.Getenv("IDEMGATE_BENCH_PG_PROFILES"); p != "" { // a directory: each replica's CPU profile
+			env = []string{fmt.Sprintf("IDEMGATE_CPUPROFILE=%s/cpu-%d-%s-%d.pprof", p, n, d, i)}
+		}
+		servers = append(servers, startHTTPEnv(t, env, proxy.URL(), tokens, 0, "--workers", "64", "--outbox-dir", filepath.Join(dir, "outbox")))
 	}
 	reps := make([]*loadgen.Report, n)
 	errs := make([]error, n)

@@ -126,7 +126,16 @@ func (s *Ledger) update(fn func(*ltx) error) error {
 // updateIn is update with the context given to the backend: Background
 // marks the retention sweep's transactions.
 func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
-	audits, laters := s.takeAudit()
+	return s.updateCarrying(ctx, fn, !s.journal)
+}
+
+// updateCarrying is updateIn; carryLaters says whether the transaction also
+// carries the writes queued by Later. On a Concurrent backend only the
+// flush does: a caller's transaction would take the locks of keys it has
+// no business with (the deliverer's records of a hundred messages) and
+// make other callers wait for them.
+func (s *Ledger) updateCarrying(ctx context.Context, fn func(*ltx) error, carryLaters bool) error {
+	audits, laters := s.takeAudit(carryLaters)
 	committed := false
 	defer func() {
 		if !committed { // failed, or fn panicked: the entries wait for the next write
@@ -277,7 +286,8 @@ func (s *Ledger) flushAudit() error {
 	empty := len(s.auditBuf) == 0 && len(s.laterBuf) == 0
 	s.auditMu.Unlock()
 	if !empty {
-		if err := s.update(func(*ltx) error { return nil }); err != nil { // commit carries the buffer
+		// The commit carries the buffers.
+		if err := s.updateCarrying(context.Background(), func(*ltx) error { return nil }, true); err != nil {
 			return err
 		}
 	}
@@ -334,12 +344,16 @@ func (s *Ledger) Later(fn func(Tx) error, done func(error)) {
 	s.auditMu.Unlock()
 }
 
-func (s *Ledger) takeAudit() ([]AuditEntry, []laterWrite) {
+func (s *Ledger) takeAudit(laters bool) ([]AuditEntry, []laterWrite) {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
-	b, l := s.auditBuf, s.laterBuf
-	s.auditBuf, s.laterBuf = nil, nil
-	if !s.unsealed { // else the flush still has the journal to seal
+	b := s.auditBuf
+	s.auditBuf = nil
+	var l []laterWrite
+	if laters {
+		l, s.laterBuf = s.laterBuf, nil
+	}
+	if !s.unsealed && len(s.laterBuf) == 0 { // else the flush has work left
 		s.bufSince = time.Time{}
 	}
 	return b, l

@@ -1022,7 +1022,7 @@ func (t *btx) flush(colls ...string) error {
 // (GREATEST), so concurrent writers never move them back. The audit
 // journal's keys are the writing transaction's own (its id), read only by
 // the sealer, which sees a transaction's entries once it has committed.
-const escalateKeys = 64
+const escalateKeys = 512
 
 // lockID is the advisory lock of a collection (key nil) or of one key of
 // it: a 64-bit FNV-1a hash of both, told apart by a leading byte.
