@@ -38,15 +38,12 @@ func appendAudit(tx *ltx, entries ...AuditEntry) error {
 }
 
 // journalAudit writes entries to the journal, in their order, under keys
-// no other transaction writes: the transaction's order (Ordered) and the
-// entry's index in it. The sealer chains them (sealJournal).
+// no other transaction writes: the transaction's order (see
+// JournalCollection) and the entry's index in it. The sealer chains them
+// (sealJournal).
 func journalAudit(tx *ltx, entries []AuditEntry) error {
 	if tx.journaled == 0 {
-		if o, ok := tx.BTx.(Ordered); ok {
-			tx.order = o.TxOrder()
-		} else {
-			tx.order = tx.ledger.txOrder.Add(1)
-		}
+		tx.order = tx.ledger.txOrder.Add(1)
 	}
 	j := tx.Bucket(bucketJournal)
 	for _, e := range entries {

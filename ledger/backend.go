@@ -69,18 +69,6 @@ type Concurrent interface {
 	Concurrent() bool
 }
 
-// Ordered is a BTx of a Concurrent backend that numbers its
-// transactions: when one transaction reads what another wrote, its number
-// is the greater (PostgreSQL: the transaction id, assigned when the
-// transaction first reads). The sealer chains journaled audit entries in
-// that order, so the entries of one key are chained in the order of its
-// transitions. Without it, the ledger numbers the transactions of its own
-// process in the order they began, which orders them only for a backend
-// used by one process.
-type Ordered interface {
-	TxOrder() uint64
-}
-
 // Clock is a Backend that supplies the ledger's clock. When a backend
 // implements it and Options.Now is not set, the ledger reads every time it
 // uses (claims, leases, expiries, approval TTLs, retention, audit
@@ -147,7 +135,7 @@ var (
 	bucketApprovals  = []byte("approvals")         // tenant \x00 approval_id → key
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
-	bucketJournal    = []byte("audit_journal")     // transaction order (8 bytes BE, see Ordered) index (4 bytes BE) → AuditEntry JSON, not chained yet (Concurrent backends; see sealJournal)
+	bucketJournal    = []byte("audit_journal")     // transaction order (8 bytes BE, see JournalCollection) index (4 bytes BE) → AuditEntry JSON, not chained yet (Concurrent backends; see sealJournal)
 	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → "": the entries of a key its record does not number or lead to (see Record.AuditSeqs, auditNear); → seqs (8 bytes BE each): the transitions a deleted record numbered, seq the newest (keepRecordAuditLocked)
 	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key, numbered by its record, or near a transition it numbers
 	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
@@ -173,10 +161,19 @@ var (
 	RecordsCollection = string(bucketRecords)
 	// AuditByKeyCollection is the per-key audit index.
 	AuditByKeyCollection = string(bucketAuditByKey)
-	// JournalCollection is the audit journal of a Concurrent backend: each
-	// key is written once, by the transaction it names (see Ordered), and
-	// read and deleted only by the sealer, once that transaction has
-	// committed; a backend need not lock its keys.
+	// JournalCollection is the audit journal of a Concurrent backend: a
+	// key is 8 bytes of the writing transaction's order, then 4 of the
+	// entry's index in it; it is written once, and read and deleted only
+	// by the sealer, once its transaction has committed, so a backend
+	// need not lock its keys. The sealer chains entries in key order, so
+	// the entries of one key must be chained in the order of its
+	// transitions: when a transaction reads what another wrote, its order
+	// must be the greater. The ledger writes its own count of its
+	// transactions there, which is such an order only for a backend used
+	// by one process; a Concurrent backend shared by several processes
+	// replaces those 8 bytes, when it writes the keys, with an order it
+	// takes at commit, after the transaction's last lock (PostgreSQL: a
+	// sequence).
 	JournalCollection = string(bucketJournal)
 )
 

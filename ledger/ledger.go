@@ -37,8 +37,8 @@ type Ledger struct {
 	// unsealed: this process journaled audit entries since it last
 	// sealed the journal, guarded by auditMu.
 	unsealed bool
-	// txOrder numbers this process's transactions for the journal when
-	// the backend does not (see Ordered).
+	// txOrder numbers this process's transactions for the journal (see
+	// JournalCollection).
 	txOrder atomic.Uint64
 
 	clock  clockState

@@ -100,14 +100,14 @@ func TestMigrateFromEveryOlderVersion(t *testing.T) {
 
 // TestUpgradeVersion1LedgerKeepsItsData: a ledger written at schema
 // version 1 (before idemgate_commits) — made here by writing a ledger and
-// taking version 2 off it, which is all that version added — is refused
+// taking versions 2 and 3 off it, which is all they added — is refused
 // by a read-only open with the command to run, brought to this build's
 // version by `idemgate migrate` (Migrate), and then reads what it held
 // (the record, its saved result, the audit chain) and takes new claims,
 // whose commit markers the upgrade's table now records.
 func TestUpgradeVersion1LedgerKeepsItsData(t *testing.T) {
-	if SchemaVersion() != 2 {
-		t.Fatalf("this test makes a version-1 ledger by undoing migration 2; the schema is at version %d: extend it", SchemaVersion())
+	if SchemaVersion() != 3 {
+		t.Fatalf("this test makes a version-1 ledger by undoing migrations 2 and 3; the schema is at version %d: extend it", SchemaVersion())
 	}
 	url := pgtest.NewDatabase(t)
 	ctx := context.Background()
@@ -134,7 +134,7 @@ func TestUpgradeVersion1LedgerKeepsItsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP TABLE idemgate_commits; DELETE FROM idemgate_schema_version WHERE version = 2"); err != nil {
+	if _, err := conn.Exec(ctx, "DROP TABLE idemgate_commits; DROP SEQUENCE idemgate_journal_order; DELETE FROM idemgate_schema_version WHERE version IN (2, 3)"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -142,8 +142,8 @@ func TestUpgradeVersion1LedgerKeepsItsData(t *testing.T) {
 		t.Errorf("read-only open of a version-1 ledger: %v, want ErrSchemaVersion naming idemgate migrate", err)
 	}
 	from, to, err := Migrate(ctx, url)
-	if err != nil || from != 1 || to != 2 {
-		t.Fatalf("Migrate of a version-1 ledger = %d, %d, %v; want 1, 2, nil", from, to, err)
+	if err != nil || from != 1 || to != 3 {
+		t.Fatalf("Migrate of a version-1 ledger = %d, %d, %v; want 1, 3, nil", from, to, err)
 	}
 	d, err = Open(url, ledger.Options{})
 	if err != nil {

@@ -586,18 +586,13 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 		return transient(err), b.txError(err)
 	}
 	defer c.Release() // the pool closes a broken connection
-	tx := &btx{b: b, ctx: ctx, writable: true, marker: uuid.NewString()}
-	err = b.bounded(ctx, func(ctx context.Context) error { return b.beginWrite(ctx, c, tx) })
-	pt := tx.pt
+	tx := &btx{b: b, ctx: ctx, conn: c, opts: pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, writable: true, marker: uuid.NewString()}
 	committed := false
 	defer func() {
-		if !committed {
-			b.rollback(ctx, pt) // nothing to do when BEGIN failed
+		if !committed && tx.pt != nil {
+			b.rollback(ctx, tx.pt)
 		}
 	}()
-	if err != nil {
-		return transient(err), b.txError(err)
-	}
 	ferr := fn(tx)
 	if tx.err != nil { // a failed read may have misled fn: its error is not the cause
 		return transient(tx.err), b.txError(tx.err)
@@ -605,13 +600,13 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	if ferr != nil {
 		return false, ferr
 	}
+	// The last round trip: the remaining writes, the commit marker and
+	// COMMIT, together.
 	tx.final = true
 	if err := tx.flush(); err != nil {
-		return transient(err), b.txError(err)
-	}
-	if err := b.bounded(ctx, pt.Commit); err != nil {
-		if conflict(err) { // the server refused it: certainly not committed
-			return true, b.txError(err)
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) { // the server refused a statement or COMMIT: not committed
+			return transient(err), b.txError(err)
 		}
 		// The outcome is unknown: read it back rather than guess, on
 		// another connection (this one is suspect).
@@ -632,20 +627,36 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	return false, nil
 }
 
-// beginWrite begins tx, an Update's transaction, in one round trip: BEGIN
-// (SERIALIZABLE), the transaction's id (which orders its journaled audit
-// entries, see TxOrder), an advisory lock on its commit marker (which a
-// read-back waits for, see readBack) and the ledger's meta keys that
-// every write transaction reads (its clocks) are sent together, and what
-// they read is remembered in tx. A transaction sees one snapshot, taken
-// by the first of those statements, so what they read is what fn's own
-// reads would have found.
-func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) error {
-	batch := &pgx.Batch{}
-	batch.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	batch.Queue("SELECT txid_current() FROM (SELECT pg_advisory_xact_lock($1)) AS marker_lock", markerLockKey(tx.marker)).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&tx.xid)
+// exchange sends batch in t, beginning the transaction with it when
+// nothing was sent yet: BEGIN and the statements an Update starts with
+// (prelude) go first, in the same round trip. Within the stall timeout.
+func (t *btx) exchange(batch *pgx.Batch) error {
+	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
+		if t.pt != nil {
+			return t.pt.SendBatch(ctx, batch).Close()
+		}
+		full := &pgx.Batch{}
+		full.BeginTx(t.opts)
+		if t.writable {
+			t.prelude(full)
+		}
+		full.QueuedQueries = append(full.QueuedQueries, batch.QueuedQueries...)
+		br := t.conn.SendBatch(ctx, full)
+		t.pt = br.Tx()
+		return br.Close()
 	})
+	if err != nil {
+		t.fail(err)
+	}
+	return err
+}
+
+// prelude queues what an Update's first round trip sends after BEGIN: an
+// advisory lock on its commit marker (which a read-back waits for, see
+// readBack) and the ledger's meta keys that every write transaction reads
+// (its clocks, read without a lock: see isClockKey), remembered in t.
+func (t *btx) prelude(batch *pgx.Batch) {
+	batch.Queue("SELECT pg_advisory_xact_lock($1)", markerLockKey(t.marker))
 	keys := ledger.WriteMetaKeys()
 	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
 		found := map[string][]byte{}
@@ -664,16 +675,13 @@ func (b *backend) beginWrite(ctx context.Context, c *pgxpool.Conn, tx *btx) erro
 		}
 		for _, k := range keys {
 			if v, ok := found[string(k)]; ok {
-				tx.remember(ledger.MetaCollection, string(k), &v)
+				t.remember(ledger.MetaCollection, string(k), &v)
 			} else {
-				tx.remember(ledger.MetaCollection, string(k), nil)
+				t.remember(ledger.MetaCollection, string(k), nil)
 			}
 		}
 		return nil
 	})
-	br := c.SendBatch(ctx, batch)
-	tx.pt = br.Tx()
-	return br.Close()
 }
 
 // markerLockKey is the advisory lock key of a transaction's commit marker.
@@ -685,11 +693,6 @@ func markerLockKey(marker string) int64 {
 	return int64(binary.BigEndian.Uint64(id[:8]))
 }
 
-// TxOrder implements ledger.Ordered: the transaction's id, assigned by
-// its first statement, after its snapshot was taken. A transaction that
-// reads another's writes took its snapshot after that one committed, so
-// after that one had its id: its own is the greater.
-func (t *btx) TxOrder() uint64 { return uint64(t.xid) }
 
 // readBack learns whether the transaction that wrote marker committed,
 // after its COMMIT failed: it takes the marker's advisory lock (which
@@ -769,16 +772,19 @@ func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 }
 
 func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
-	var pt pgx.Tx
-	err := b.bounded(ctx, func(ctx context.Context) (err error) {
-		pt, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		return err
-	})
+	actx, cancel := context.WithTimeout(ctx, b.stall)
+	c, err := b.pool.Acquire(actx)
+	cancel()
 	if err != nil {
 		return transient(err), b.txError(err)
 	}
-	defer b.rollback(ctx, pt)
-	tx := &btx{b: b, ctx: ctx, pt: pt}
+	defer c.Release()
+	tx := &btx{b: b, ctx: ctx, conn: c, opts: pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}}
+	defer func() {
+		if tx.pt != nil {
+			b.rollback(ctx, tx.pt)
+		}
+	}()
 	ferr := fn(tx)
 	if tx.err != nil {
 		return transient(tx.err), b.txError(tx.err)
@@ -809,7 +815,9 @@ var errViewWrite = errors.New("postgres: write in a read-only transaction")
 type btx struct {
 	b        *backend
 	ctx      context.Context
-	pt       pgx.Tx
+	conn     *pgxpool.Conn // the connection the transaction runs on
+	opts     pgx.TxOptions // how it begins (exchange)
+	pt       pgx.Tx        // nil until its first round trip began it
 	writable bool
 	err      error
 	pending  map[string]map[string]*[]byte   // collection → key → value (nil: deleted)
@@ -819,11 +827,10 @@ type btx struct {
 	notices  []string                        // NOTIFY payloads the final flush sends (notify.go)
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
-	xid      int64                           // an Update's transaction id (beginWrite); 0 in a View
 	tails    map[string]tail                 // collection → its last row in the database, when known
 	// An Update's locks (see queueLocks): keys, collections held shared
 	// and exclusively, and how many keys of each collection it locked.
-	locked       map[int64]bool
+	locked       map[int64]lockMode
 	collS, collX map[string]bool
 	keysIn       map[string]int
 }
@@ -899,10 +906,9 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 	t.b.mu.Unlock()
 	if !known && !containsStr(t.created, coll) {
 		var exists bool
-		if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-			return t.pt.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).Scan(&exists)
-		}); err != nil {
-			t.fail(err)
+		batch := &pgx.Batch{}
+		batch.Queue("SELECT EXISTS (SELECT 1 FROM idemgate_collections WHERE name = $1)", coll).QueryRow(func(row pgx.Row) error { return row.Scan(&exists) })
+		if err := t.exchange(batch); err != nil {
 			return nil, connError(err)
 		}
 		switch {
@@ -915,11 +921,9 @@ func (t *btx) Data(name string, create bool) (ledger.Bucket, error) {
 		case !t.writable:
 			return nil, errViewWrite
 		default:
-			if err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-				_, err := t.pt.Exec(ctx, "INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll)
-				return err
-			}); err != nil {
-				t.fail(err)
+			batch := &pgx.Batch{}
+			batch.Queue("INSERT INTO idemgate_collections (name) VALUES ($1) ON CONFLICT DO NOTHING", coll)
+			if err := t.exchange(batch); err != nil {
 				return nil, connError(err)
 			}
 			t.created = append(t.created, coll)
@@ -950,23 +954,38 @@ func (t *btx) flush(colls ...string) error {
 	if t.err != nil {
 		return t.err
 	}
-	if len(t.pending) == 0 && !t.final {
+	batch := &pgx.Batch{}
+	t.queueFlush(batch, colls...)
+	if batch.Len() == 0 {
 		return nil
+	}
+	return t.exchange(batch)
+}
+
+// queueFlush queues flush's statements in batch: the locks of the keys
+// written, the writes and, in the final flush, the journal's entries
+// under the transaction's order, the commit marker, the notices and
+// COMMIT.
+func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
+	if len(t.pending) == 0 && !t.final {
+		return
 	}
 	if len(colls) == 0 {
 		for c := range t.pending {
 			colls = append(colls, c)
 		}
 	}
-	batch := &pgx.Batch{}
-	var puts, maxima rowChunks
+	var puts, maxima, journal rowChunks
 	for _, c := range colls {
+		if c == ledger.JournalCollection && !t.final {
+			continue // its entries take their order last (below)
+		}
 		var dels rowChunks
 		keys := make([][]byte, 0, len(t.pending[c]))
 		for k := range t.pending[c] {
 			keys = append(keys, []byte(k))
 		}
-		t.queueLocks(batch, c, keys)
+		t.queueLocks(batch, c, keys, true)
 		for k, v := range t.pending[c] {
 			t.wrote(c, k, v)
 			switch {
@@ -974,6 +993,8 @@ func (t *btx) flush(colls ...string) error {
 				dels.add(c, []byte(k), nil)
 			case c == ledger.MetaCollection && isClockKey(k):
 				maxima.add(c, []byte(k), v)
+			case c == ledger.JournalCollection:
+				journal.add(c, []byte(k), v)
 			default:
 				puts.add(c, []byte(k), v)
 			}
@@ -991,22 +1012,29 @@ func (t *btx) flush(colls ...string) error {
 		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
 			ON CONFLICT (collection, key) DO UPDATE SET value = GREATEST(idemgate_kv.value, EXCLUDED.value)`, ch.colls, ch.keys, ch.values)
 	}
+	for i, ch := range journal {
+		// The transaction's order replaces the 8 bytes the ledger put
+		// first in each key (see ledger.JournalCollection): taken now,
+		// after every lock the transaction takes, so a transaction that
+		// read this one's writes takes a greater one.
+		order := "currval('idemgate_journal_order')"
+		if i == 0 {
+			order = "nextval('idemgate_journal_order')"
+		}
+		batch.Queue(`INSERT INTO idemgate_kv (collection, key, value)
+			SELECT $1, int8send(o.n) || substr(j.k, 9), j.v FROM (SELECT `+order+` AS n) AS o, unnest($2::bytea[], $3::bytea[]) AS j(k, v)`,
+			ledger.JournalCollection, ch.keys, ch.values)
+	}
 	if t.final && len(t.pending) == 0 { // the final flush
 		batch.Queue("INSERT INTO idemgate_commits (id) VALUES ($1)", t.marker)
 		t.queueNotices(batch)
+		batch.Queue("COMMIT")
 	}
-	if batch.Len() == 0 {
-		return nil
-	}
-	if err := t.b.bounded(t.ctx, func(ctx context.Context) error { return t.pt.SendBatch(ctx, batch).Close() }); err != nil {
-		t.fail(err)
-		return err
-	}
-	return nil
 }
 
 // Locks. An Update holds, until it ends, an exclusive advisory lock on
-// every key it reads or writes, and a shared one on each collection it
+// every key it reads or writes (a shared one on a key of the meta
+// collection it only reads), and a shared one on each collection it
 // touches; a cursor takes its collection exclusively (a range read: no
 // key of it may change until the transaction ends), and so does a
 // transaction that writes more than escalateKeys keys of one collection
@@ -1058,16 +1086,25 @@ func isClockKey(key string) bool {
 // queueLocks queues the statements that lock keys of coll for the
 // transaction (those it does not hold yet), sorted, before the statements
 // that read or write them in the same batch.
-func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte) {
+func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte, write bool) {
 	if !t.writable || unlocked(coll) || t.collX[coll] {
 		return
 	}
 	if coll == ledger.MetaCollection {
 		keys = slices.DeleteFunc(slices.Clone(keys), func(k []byte) bool { return isClockKey(string(k)) })
 	}
+	// The meta collection's few ledger-wide keys (the retention walk's
+	// place, the audit index's watermark) are read by many transactions
+	// and written by one background task at a time: a read takes them
+	// shared. Every other key is taken exclusively by its first read, so
+	// that a read-modify-write (the claim) never has to upgrade.
+	mode := lockExclusive
+	if !write && coll == ledger.MetaCollection {
+		mode = lockShared
+	}
 	var ids []int64
 	for _, k := range keys {
-		if id := lockID(coll, k); !t.locked[id] {
+		if id := lockID(coll, k); t.locked[id] < mode {
 			ids = append(ids, id)
 		}
 	}
@@ -1075,7 +1112,7 @@ func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte) {
 		return
 	}
 	if t.locked == nil {
-		t.locked, t.collS, t.collX = map[int64]bool{}, map[string]bool{}, map[string]bool{}
+		t.locked, t.collS, t.collX = map[int64]lockMode{}, map[string]bool{}, map[string]bool{}
 	}
 	if t.keysIn[coll]+len(ids) > escalateKeys {
 		batch.Queue("SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
@@ -1087,9 +1124,13 @@ func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte) {
 		t.collS[coll] = true
 	}
 	slices.Sort(ids)
-	batch.Queue("SELECT count(pg_advisory_xact_lock(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
+	if mode == lockShared {
+		batch.Queue("SELECT count(pg_advisory_xact_lock_shared(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
+	} else {
+		batch.Queue("SELECT count(pg_advisory_xact_lock(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
+	}
 	for _, id := range ids {
-		t.locked[id] = true
+		t.locked[id] = mode
 	}
 	if t.keysIn == nil {
 		t.keysIn = map[string]int{}
@@ -1097,26 +1138,28 @@ func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte) {
 	t.keysIn[coll] += len(ids)
 }
 
-// lockCollection takes coll exclusively for the rest of the transaction
-// (a cursor in an Update), unless it holds it already.
-func (t *btx) lockCollection(coll string) error {
+// lockMode is how a transaction holds a key's lock.
+type lockMode uint8
+
+const (
+	lockShared    lockMode = 1
+	lockExclusive lockMode = 2
+)
+
+// queueCollectionLock queues the statement that takes coll exclusively
+// for the rest of the transaction (a cursor in an Update), unless it
+// holds it already.
+func (t *btx) queueCollectionLock(batch *pgx.Batch, coll string) {
 	if !t.writable || unlocked(coll) || t.collX[coll] {
-		return nil
+		return
 	}
-	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-		_, err := t.pt.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
-		return err
-	})
-	if err != nil {
-		t.fail(err)
-		return err
-	}
+	batch.Queue("SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
 	if t.collX == nil {
-		t.locked, t.collS, t.collX = map[int64]bool{}, map[string]bool{}, map[string]bool{}
+		t.locked, t.collS, t.collX = map[int64]lockMode{}, map[string]bool{}, map[string]bool{}
 	}
 	t.collX[coll] = true
-	return nil
 }
+
 
 // One multi-row statement carries at most maxChunkRows rows and, past its
 // first row, maxChunkBytes of keys and values: PostgreSQL bounds one
@@ -1189,34 +1232,26 @@ func (bk *bucket) Get(key []byte) []byte {
 		}
 		return r.v
 	}
+	// The key's lock, then its value, in one round trip: under READ
+	// COMMITTED the SELECT's snapshot is taken once the locks are
+	// granted, so it sees every transaction that held them before.
 	var v []byte
-	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-		if !t.writable {
-			return t.pt.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Scan(&v)
-		}
-		// The key's lock, then its value, in one round trip: under READ
-		// COMMITTED the SELECT's snapshot is taken once the locks are
-		// granted, so it sees every transaction that held them before.
-		batch := &pgx.Batch{}
-		t.queueLocks(batch, bk.coll, [][]byte{key})
-		var found bool
-		batch.Queue("SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				found = true
-				if err := rows.Scan(&v); err != nil {
-					return err
-				}
+	found := false
+	batch := &pgx.Batch{}
+	t.queueLocks(batch, bk.coll, [][]byte{key}, false)
+	batch.Queue("SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", bk.coll, key).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			found = true
+			if err := rows.Scan(&v); err != nil {
+				return err
 			}
-			return rows.Err()
-		})
-		if err := t.pt.SendBatch(ctx, batch).Close(); err != nil {
-			return err
 		}
-		if !found {
-			return pgx.ErrNoRows
-		}
-		return nil
+		return rows.Err()
 	})
+	err := t.exchange(batch)
+	if err == nil && !found {
+		err = pgx.ErrNoRows
+	}
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		t.fail(err)
 		return nil
@@ -1305,12 +1340,11 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 	if t.err != nil {
 		return false
 	}
-	if err := t.lockCollection(c.bk.coll); err != nil {
-		return false
-	}
-	if err := t.flush(c.bk.coll); err != nil {
-		return false
-	}
+	// The collection's lock, the pending writes to it and the page, in
+	// one round trip.
+	batch := &pgx.Batch{}
+	t.queueCollectionLock(batch, c.bk.coll)
+	t.queueFlush(batch, c.bk.coll)
 	q := "SELECT key, value FROM idemgate_kv WHERE collection = $1"
 	args := []any{c.bk.coll}
 	if key != nil {
@@ -1330,12 +1364,7 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 	}
 	q += fmt.Sprintf(" LIMIT %d", c.page)
 	c.page = min(2*c.page, cursorPage)
-	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
-		rows, err := t.pt.Query(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
+	batch.Queue(q, args...).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var r kv
 			if err := rows.Scan(&r.k, &r.v); err != nil {
@@ -1348,8 +1377,7 @@ func (c *cursor) fetch(op string, key []byte, last bool) bool {
 		}
 		return rows.Err()
 	})
-	if err != nil {
-		t.fail(err)
+	if err := t.exchange(batch); err != nil {
 		c.rows = nil
 		return false
 	}

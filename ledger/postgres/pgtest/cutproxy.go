@@ -162,6 +162,15 @@ func (p *CutProxy) serve(client net.Conn) {
 	}
 	var tx []byte // the current transaction's messages
 	inTx := false
+	// cut counts a cut connection; cutAtSync, set when a pipelined COMMIT
+	// (a batch's Bind of "commit") is to be cut after the server got it,
+	// ends the connection once the batch's Sync is forwarded and answered.
+	cut := func() {
+		p.mu.Lock()
+		p.cuts++
+		p.mu.Unlock()
+	}
+	cutAtSync := false
 	// The connection's prepared statements' queries (lower case), by
 	// name: a BEGIN may also come as the Bind of one (pgx's batches).
 	stmts := map[string][]byte{}
@@ -177,8 +186,38 @@ func (p *CutProxy) serve(client net.Conn) {
 				stmts[string(f[0])] = bytes.ToLower(bytes.TrimSpace(f[1]))
 			}
 		case 'B': // Bind: portal, statement, …
-			if f := bytes.SplitN(raw[5:], []byte{0}, 3); len(f) == 3 && bytes.HasPrefix(stmts[string(f[1])], []byte("begin")) {
+			f := bytes.SplitN(raw[5:], []byte{0}, 3)
+			if len(f) < 3 {
+				break
+			}
+			switch q := stmts[string(f[1])]; {
+			case bytes.HasPrefix(q, []byte("begin")):
 				tx, inTx = tx[:0], true
+			case bytes.Equal(q, []byte("commit")) && inTx && !cutAtSync:
+				// A COMMIT pipelined after the transaction's last
+				// statements: cut before it reaches the server, or
+				// after the server has answered the whole batch.
+				if mode, ok := p.take(tx); ok {
+					if mode == CutBefore {
+						cut()
+						return // the deferred closes cut both sides
+					}
+					mute.Store(true)
+					cutAtSync = true
+				} else {
+					inTx = false
+				}
+			}
+		case 'S': // Sync: the end of a batch
+			if cutAtSync {
+				if _, err := w.Write(raw); err == nil && w.Flush() == nil {
+					select { // a bound for a server that never answers
+					case <-answered:
+					case <-time.After(time.Minute):
+					}
+				}
+				cut()
+				return
 			}
 		}
 		if typ == 'Q' {
@@ -190,7 +229,7 @@ func (p *CutProxy) serve(client net.Conn) {
 				if !inTx {
 					break
 				}
-				if mode, cut := p.take(tx); cut {
+				if mode, ok := p.take(tx); ok {
 					if mode == CutAfter {
 						mute.Store(true)
 						if _, err := w.Write(raw); err == nil && w.Flush() == nil {
@@ -200,9 +239,7 @@ func (p *CutProxy) serve(client net.Conn) {
 							}
 						}
 					}
-					p.mu.Lock()
-					p.cuts++
-					p.mu.Unlock()
+					cut()
 					return // the deferred closes cut both sides
 				}
 				inTx = false
