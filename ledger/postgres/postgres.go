@@ -693,7 +693,6 @@ func markerLockKey(marker string) int64 {
 	return int64(binary.BigEndian.Uint64(id[:8]))
 }
 
-
 // readBack learns whether the transaction that wrote marker committed,
 // after its COMMIT failed: it takes the marker's advisory lock (which
 // that transaction holds until it ends, committed or rolled back) and
@@ -1159,7 +1158,6 @@ func (t *btx) queueCollectionLock(batch *pgx.Batch, coll string) {
 	}
 	t.collX[coll] = true
 }
-
 
 // One multi-row statement carries at most maxChunkRows rows and, past its
 // first row, maxChunkBytes of keys and values: PostgreSQL bounds one
