@@ -14,31 +14,34 @@
 //
 // # Transactions and the atomic claim
 //
-// Update is a SERIALIZABLE transaction of its own: PostgreSQL guarantees
-// that the committed Updates have the effect of some serial order, so a
-// read-check-write (the claim: read the key's record, write in_progress)
-// is never interleaved with another of the same key, which is what makes
-// a claim exactly-once across replicas. Updates of different keys do not
-// wait for each other: there is no lock of the backend's own, and the
-// ledger keeps no key that every write transaction writes (on this
-// Concurrent backend its audit entries are journaled and chained by its
-// sealer, see ledger.Concurrent; its clocks are written once a second).
-// Two transactions that do conflict — the same key, or rows close enough
-// to share an index page, which PostgreSQL's predicate locks cover — end
-// with one of them refused (a serialization failure, 40001), which is
-// run again after a random pause of a few milliseconds. BEGIN, the
-// transaction's id, the advisory lock of its commit marker and the
-// ledger's clocks are read in one round trip (beginWrite); its writes are
-// kept in memory and sent before COMMIT in one round trip, as a few
-// multi-row statements. A create is thus its reads of keys (its record,
-// fingerprint, issued key, new order's and message's ids) plus three
-// round trips, on a connection of the pool's. View is a REPEATABLE READ
-// READ ONLY transaction: one snapshot for its whole duration, never
-// blocked by writers and never refused.
+// Update is a READ COMMITTED transaction of its own that locks what it
+// touches (strict two-phase locking on advisory locks, see "Locks" below):
+// the first read of a key takes the key's lock in the same round trip,
+// before the row is read, and every write takes it before COMMIT; locks
+// are released only when the transaction ends. So a read-check-write (the
+// claim: read the key's record, write in_progress) is never interleaved
+// with another of the same key, on any replica — what makes a claim
+// exactly-once — and committed Updates have the effect of running one
+// after the other. Updates that touch no key in common do not wait for
+// each other: the ledger keeps no key that every write transaction writes
+// (on this Concurrent backend its audit entries are journaled and chained
+// by its sealer, see ledger.Concurrent; its clocks are registers that
+// only grow). Two that wait for each other's locks (a deadlock) are found
+// by the server, which refuses one (40P01); it is run again.
+//
+// An Update's round trips: its first statements go with BEGIN, the lock
+// of its commit marker and the ledger's clocks; each read of a key not
+// read before is one (lock and row together); its writes, the commit
+// marker, the change notices and COMMIT are the last one. A create is
+// about a dozen in all, background work included (counted by Stats; see
+// SCALING.md). View is a REPEATABLE READ READ ONLY transaction, begun with
+// its first read: one snapshot for its whole duration, taking no lock,
+// never blocked by writers.
 //
 // A transient failure before COMMIT was sent (the connection lost, the
-// server restarting, a conflict) is a rollback, and the transaction is
-// run again for up to 15 s, so replicas ride out a database restart. A
+// server restarting, a deadlock) is a rollback, and the transaction is
+// run again for up to 15 s, so replicas ride out a database restart; so
+// is a batch whose statements the server refused before its COMMIT. A
 // connection lost during COMMIT leaves the outcome unknown to the client,
 // so every write transaction also writes a row of its own
 // (idemgate_commits, a random id, batched with its writes: no extra round
@@ -501,7 +504,7 @@ const retryFor = 15 * time.Second
 // retry runs attempt until it succeeds, fails for good, or retryFor has
 // passed; attempt reports whether its failure is safe to retry.
 //
-// After a serialization failure or deadlock (conflict) it waits a random
+// After a deadlock or serialization failure (conflict) it waits a random
 // few milliseconds, more after each conflict in a row, so that
 // transactions that collided do not collide again; after any other
 // transient failure (the database restarting) it backs off from 20 ms to
@@ -552,14 +555,14 @@ func (d *DB) Stats() (roundTrips, conflicts int64) {
 	return d.be.roundTrips.Load(), d.be.conflicts
 }
 
-// Update implements ledger.Backend (see the package documentation):
-// one SERIALIZABLE transaction of its own. A transaction that failed
-// before COMMIT was sent for a transient reason (a serialization failure
-// or deadlock with a concurrent Update, the connection lost, the server
-// restarting) did not commit, and is run again (fn with it, as the
-// interface allows) for up to retryFor; a failure of COMMIT itself is
-// read back, never guessed at, unless the server answered it with a
-// serialization failure (then it certainly did not commit).
+// Update implements ledger.Backend (see the package documentation): one
+// transaction of its own, locking the keys it touches. A transaction that
+// failed before COMMIT was sent for a transient reason (a deadlock with a
+// concurrent Update, the connection lost, the server restarting) did not
+// commit, and is run again (fn with it, as the interface allows) for up
+// to retryFor; a failure of the last round trip, which carries COMMIT, is
+// read back, never guessed at, unless the server answered it with an
+// error (then it certainly did not commit).
 func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 	if b.isClosed() {
 		return ledger.ErrClosed
@@ -570,8 +573,8 @@ func (b *backend) Update(ctx context.Context, fn func(ledger.BTx) error) error {
 	return b.retry(ctx, func() (bool, error) { return b.update(ctx, fn) })
 }
 
-// Concurrent implements ledger.Concurrent: Updates run in parallel, each
-// serializable (the ledger then journals its audit entries).
+// Concurrent implements ledger.Concurrent: Updates of different keys run
+// in parallel (the ledger then journals its audit entries).
 func (b *backend) Concurrent() bool { return true }
 
 // update runs fn in one transaction; retry reports whether it failed
