@@ -50,6 +50,10 @@ type Client struct {
 	// Claims are added to the access tokens it gets by client credentials
 	// (e.g. a tenant claim).
 	Claims map[string]any
+	// Scopes, when set, are the only scopes beyond OpenID Connect's that
+	// it is granted in an authorization request (others are dropped, as a
+	// provider grants a user only the scopes they are entitled to).
+	Scopes []string
 }
 
 // Provider is a running OpenID provider.
