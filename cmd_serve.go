@@ -94,6 +94,7 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		lf.observe = metrics.ObserveAudit
 	}
 	var oauth *server.OAuth
+	var signIn *server.SignIn
 	if o.httpAddr != "" && lf.file.Auth.Enabled() {
 		var err error
 		if oauth, err = server.NewOAuth(lf.file.Auth, nil); err != nil {
@@ -101,6 +102,11 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		}
 		// The issuer is asked now so that a wrong issuer shows at start;
 		// a failure is tried again at the first token.
+		if a := lf.file.Auth; a.ConsoleClientID != "" {
+			if signIn, err = oauth.NewSignIn(a.ConsoleClientID, a.ConsoleClientSecret, a.ConsoleRedirect(lf.file.Console.PublicURL)); err != nil {
+				return usageError{fmt.Errorf("[auth] console_client_id: %w", err)}
+			}
+		}
 		go func() {
 			if err := oauth.Discover(ctx); err != nil {
 				logger.Warn("oauth: the authorization server's metadata cannot be read now (tried again at the first token)", "issuer", lf.file.Auth.Issuer, "err", err)
@@ -147,7 +153,7 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
 			Addr: o.httpAddr, Tokens: tokens, OAuth: oauth, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: o.bodyTimeout, Guard: guard, Screen: svc.Screen,
-			UI: newConsole(bg, lf.file.Console.PublicURL, lf.file.Console.TraceURL, store, svc, tokens, guard, logger, false, nil),
+			UI: newConsole(bg, lf.file.Console.PublicURL, lf.file.Console.TraceURL, store, svc, tokens, guard, logger, false, nil, signIn),
 			Health: func(ctx context.Context) (bool, any, any) {
 				h := store.Health(ctx)
 				status := "ok"

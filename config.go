@@ -247,6 +247,9 @@ func (l *settings) load() error {
 	if v := env("IDEMGATE_AUTH_INTROSPECTION_SECRET", ""); v != "" {
 		c.Auth.IntrospectionClientSecret = v
 	}
+	if v := env("IDEMGATE_AUTH_CONSOLE_SECRET", ""); v != "" {
+		c.Auth.ConsoleClientSecret = v
+	}
 	if c.Auth.Enabled() {
 		if _, err := server.NewOAuth(c.Auth, nil); err != nil {
 			errs = append(errs, err)

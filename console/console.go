@@ -10,7 +10,9 @@
 //
 // Guarantees:
 //   - every page but the login page needs a session; a session is made
-//     only from a valid token of the tokens file (or a one-time login link)
+//     only from a valid token of the tokens file, a one-time login link,
+//     or a sign-in through Config.SignIn's OpenID provider (whose state,
+//     nonce and PKCE verifier must match the browser's own sign-in)
 //     and carried by an HttpOnly, SameSite=Strict cookie (Secure over TLS,
 //     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
@@ -86,6 +88,9 @@ type Config struct {
 	// Lookup returns the identity of a bearer token, false for an unknown
 	// one; nil: only one-time login links log in.
 	Lookup func(token string) (Identity, bool)
+	// SignIn, when set, offers sign-in through an OpenID provider beside
+	// the token (the authorization code flow with PKCE; see SignIn).
+	SignIn SignIn
 	// SessionTTL is a session's lifetime (DefaultSessionTTL when zero).
 	SessionTTL time.Duration
 	// Secure marks the cookie Secure (set it when served over TLS; a
@@ -137,8 +142,9 @@ type Console struct {
 	h     http.Handler
 
 	mu       sync.Mutex
-	sessions map[string]*session // by sha256 of the cookie value
-	once     map[string]onceLink // by sha256 of the code
+	sessions map[string]*session   // by sha256 of the cookie value
+	once     map[string]onceLink   // by sha256 of the code
+	flows    map[string]signInFlow // sign-ins under way, by sha256 of their state
 
 	overview overviewState
 	// publicHost is PublicURL's host[:port], "" without one.
@@ -183,13 +189,17 @@ func New(cfg Config) *Console {
 		cfg.Secure = cfg.Secure || strings.EqualFold(u.Scheme, "https")
 		publicHost = u.Host
 	}
-	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, publicHost: publicHost, deadScan: deadScan}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, flows: map[string]signInFlow{}, publicHost: publicHost, deadScan: deadScan}
 	c.pages = parsePages()
 	static, _ := fs.Sub(staticFS, "static")
 	c.mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", cacheStatic(http.FileServerFS(static))))
 	c.mux.HandleFunc("GET "+Prefix+"/login", c.loginPage)
 	c.mux.HandleFunc("POST "+Prefix+"/login", c.login)
 	c.mux.HandleFunc("POST "+Prefix+"/logout", c.logout)
+	if cfg.SignIn != nil {
+		c.mux.HandleFunc("GET "+Prefix+"/signin", c.signInStart)
+		c.mux.HandleFunc("GET "+Prefix+"/signin/callback", c.signInCallback)
+	}
 	c.mux.HandleFunc("GET "+Prefix+"/{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
 	})

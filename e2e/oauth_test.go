@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"idemgate/internal/oidctest"
 )
 
@@ -66,8 +68,9 @@ func typescriptSDK(t *testing.T, script string) (node, dir string) {
 
 // oauthServer starts a real OpenID provider and `idemgate serve --http`
 // whose [auth] accepts its tokens (tenant from the tenant claim, acme
-// only), and returns both with the server's base URL and its ledger.
-func oauthServer(t *testing.T) (p *oidctest.Provider, base, db string) {
+// only; extraAuth are more lines of [auth]), and returns both with the
+// server's base URL and its ledger.
+func oauthServer(t *testing.T, extraAuth ...string) (p *oidctest.Provider, base, db string) {
 	t.Helper()
 	p, err := oidctest.Start()
 	if err != nil {
@@ -82,7 +85,8 @@ func oauthServer(t *testing.T) (p *oidctest.Provider, base, db string) {
 	ln.Close()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "idemgate.toml")
-	conf := fmt.Sprintf("[auth]\nresource = %q\nissuer = %q\ntenant_claim = \"tenant\"\ntenants = [\"acme\"]\n", "http://"+addr+"/mcp", p.Issuer)
+	conf := fmt.Sprintf("[auth]\nresource = %q\nissuer = %q\ntenant_claim = \"tenant\"\ntenants = [\"acme\"]\n", "http://"+addr+"/mcp", p.Issuer) +
+		strings.Join(extraAuth, "\n") + "\n"
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -288,4 +292,70 @@ func TestOAuthRefusals(t *testing.T) {
 			t.Errorf("/metrics does not count %s refusals", reason)
 		}
 	}
+}
+
+// TestOAuthConsoleSignIn: in Chromium, an approver signs in to the console
+// through the OpenID provider (authorization code with PKCE; the
+// provider's login approves boss at once) instead of pasting a token,
+// approves an agent's held cancel — the agent itself signed in by client
+// credentials — and the history names boss; a person of another tenant
+// is refused with the reason, and no session is made.
+func TestOAuthConsoleSignIn(t *testing.T) {
+	ctx := newBrowser(t)
+	p, base, _ := oauthServer(t, `console_client_id = "console"`, `console_client_secret = "console-secret"`)
+	acme := map[string]any{"tenant": aprTenant} // oauthServer serves acme
+	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{base + "/ui/signin/callback"}, Audience: []string{base + "/mcp"}})
+	p.AddClient(oidctest.Client{ID: "desk-agent", Secret: "s3cret", Audience: []string{base + "/mcp"}, Claims: acme})
+	p.SetUser("boss", acme)
+	tok, err := p.ClientCredentials(testContext(t), "desk-agent", "s3cret", "idemgate:agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := httpSession(t, base, tok)
+	o := placeOrder(t, agent, "cust-oidc")
+	key := newKey()
+	args := cancelArgs(key, o.OrderID, 1)
+	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+
+	card := "#apr-" + id
+	do(t, ctx, "sign in through the provider",
+		chromedp.Navigate(base+"/ui/login"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS(card)),
+	)
+	if got := textOf(t, ctx, "#who"); !strings.Contains(got, "boss") {
+		t.Errorf("signed in as %q, want boss", got)
+	}
+	if got := textOf(t, ctx, card+" .requester"); got != "desk-agent" {
+		t.Errorf("requester = %q, want desk-agent (the agent's token's subject)", got)
+	}
+	do(t, ctx, "approve",
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "signed in by OIDC"),
+		chromedp.Click(chromedp.CSS(card+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("outcome = %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
+		t.Errorf("the agent's retry was not a replay: %s", replay)
+	}
+	do(t, ctx, "open the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, card+" .decided-by"); !strings.HasPrefix(got, "boss ") {
+		t.Errorf("history decided by = %q, want boss", got)
+	}
+
+	// Another tenant's person: refused, saying why, and no session.
+	p.SetUser("zed", map[string]any{"tenant": "globex"})
+	do(t, ctx, "log out and sign in as zed",
+		chromedp.Click(chromedp.CSS("form.who button")),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#error")),
+	)
+	if body := bodyText(t, ctx); !strings.Contains(body, "tenant globex, which this server does not serve") {
+		t.Errorf("zed's sign-in page says:\n%s", body)
+	}
+	do(t, ctx, "no session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
 }

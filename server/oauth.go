@@ -116,6 +116,33 @@ type OAuthConfig struct {
 	// ClientClaim names the claim of the client the token was issued to;
 	// default azp, else client_id.
 	ClientClaim string `toml:"client_claim"`
+
+	// ConsoleClientID, when set, signs approvers in to the console
+	// through the issuer (OpenID Connect, authorization code with PKCE) as
+	// this client; ConsoleClientSecret is its secret (empty for a public
+	// client). ConsoleRedirectURL is the redirect URI registered for it;
+	// default: [console] public_url's origin, else Resource's, followed by
+	// /ui/signin/callback.
+	ConsoleClientID     string `toml:"console_client_id"`
+	ConsoleClientSecret string `toml:"console_client_secret"`
+	ConsoleRedirectURL  string `toml:"console_redirect_url"`
+}
+
+// ConsoleRedirect is the console's redirect URI: ConsoleRedirectURL, or
+// the origin of publicURL (else of Resource) with /ui/signin/callback.
+func (c OAuthConfig) ConsoleRedirect(publicURL string) string {
+	if c.ConsoleRedirectURL != "" {
+		return c.ConsoleRedirectURL
+	}
+	base := c.Resource
+	if publicURL != "" {
+		base = publicURL
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return ""
+	}
+	return u.Scheme + "://" + u.Host + "/ui/signin/callback"
 }
 
 // Duration is a time.Duration read from text such as "30s".
