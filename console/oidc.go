@@ -121,7 +121,7 @@ func (c *Console) signInCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	if id.Role != RoleApprover {
 		c.cfg.Logger.Warn("console: sign-in refused: not an approver", "principal", id.Principal, "tenant", id.Tenant, "role", id.Role)
-		c.errorPage(w, r, nil, http.StatusForbidden, "The console is for approvers: "+id.Principal+" signed in without the approver's scope. Ask your identity provider's administrator for it.")
+		c.errorPage(w, r, nil, http.StatusForbidden, "The console is for approvers: "+id.Principal+" signed in without the approver's scope (an agent's identity). Ask your identity provider's administrator for it.")
 		return
 	}
 	c.startSession(w, r, id, "")

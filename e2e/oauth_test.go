@@ -142,6 +142,9 @@ func TestOAuthTypeScriptClient(t *testing.T) {
 	if q.Get("code_challenge_method") != "S256" || q.Get("code_challenge") == "" || q.Get("resource") != base+"/mcp" || q.Get("client_id") != "ts-agent" {
 		t.Fatalf("authorization request %v: want PKCE S256, resource %s/mcp, client ts-agent", q, base)
 	}
+	if out.Scope != "idemgate:agent" {
+		t.Errorf("the client was granted %q, want idemgate:agent (all the provider grants it)", out.Scope)
+	}
 	if out.First.IsError || out.Second.IsError || len(out.First.Content) == 0 || len(out.Second.Content) == 0 {
 		t.Fatalf("create_order answers: %+v", out)
 	}
@@ -298,8 +301,9 @@ func TestOAuthRefusals(t *testing.T) {
 // through the OpenID provider (authorization code with PKCE; the
 // provider's login approves boss at once) instead of pasting a token,
 // approves an agent's held cancel — the agent itself signed in by client
-// credentials — and the history names boss; a person of another tenant
-// is refused with the reason, and no session is made.
+// credentials — and the history names boss; a person of another tenant,
+// and one without the approver scope, are refused with the reason, and
+// no session is made.
 func TestOAuthConsoleSignIn(t *testing.T) {
 	ctx := newBrowser(t)
 	p, base, _ := oauthServer(t, `console_client_id = "console"`, `console_client_secret = "console-secret"`)
@@ -358,4 +362,19 @@ func TestOAuthConsoleSignIn(t *testing.T) {
 		t.Errorf("zed's sign-in page says:\n%s", body)
 	}
 	do(t, ctx, "no session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
+
+	// A person the provider grants no approver scope (here no idemgate
+	// scope at all): the console does not open for them.
+	p.SetUser("alice", acme)
+	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{base + "/ui/signin/callback"}, Audience: []string{base + "/mcp"},
+		Scopes: []string{"idemgate:agent"}})
+	do(t, ctx, "sign in as alice, without the approver scope",
+		chromedp.Navigate(base+"/ui/login"),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#error")),
+	)
+	if body := bodyText(t, ctx); !strings.Contains(body, "alice signed in without the approver's scope (idemgate:approver)") {
+		t.Errorf("alice's sign-in page says:\n%s", body)
+	}
+	do(t, ctx, "still no session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
 }

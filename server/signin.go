@@ -105,6 +105,9 @@ func (s *SignIn) Exchange(ctx context.Context, code, verifier, nonce string) (Id
 	id, err := s.o.Verify(ctx, tok.AccessToken)
 	if err != nil {
 		var r *TokenRefusal
+		if errors.As(err, &r) && r.Reason == RefusedScope {
+			return Identity{}, fmt.Errorf("%s signed in without the approver's scope (%s): ask your identity provider's administrator for it", r.Subject, s.o.cfg.ApproverScope)
+		}
 		if errors.As(err, &r) {
 			return Identity{}, fmt.Errorf("the access token was refused (%s): %s", r.Reason, r.Message)
 		}

@@ -578,7 +578,9 @@ func (c *client) RestrictAdditionalIdTokenScopes() func([]string) []string {
 func (c *client) RestrictAdditionalAccessTokenScopes() func([]string) []string {
 	return func(s []string) []string { return s }
 }
-func (c *client) IsScopeAllowed(scope string) bool     { return true }
+func (c *client) IsScopeAllowed(scope string) bool {
+	return c.Scopes == nil || slices.Contains(c.Scopes, scope)
+}
 func (c *client) IDTokenUserinfoClaimsAssertion() bool { return false }
 func (c *client) ClockSkew() time.Duration             { return 0 }
 
