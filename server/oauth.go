@@ -18,7 +18,6 @@ import (
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	jose "github.com/go-jose/go-jose/v4"
-	"github.com/modelcontextprotocol/go-sdk/oauthex"
 )
 
 // idemgate as an OAuth 2.1 resource server (the MCP authorization
@@ -32,9 +31,11 @@ import (
 //
 // The libraries: go-oidc discovers the issuer's metadata and keeps its
 // JWKS (cached, fetched again when a token names a key it has not seen),
-// go-jose parses the JWS with only the allowed algorithms, the MCP Go
-// SDK's oauthex has the metadata document's type. Only the checks of the
-// claims and the mapping are written here.
+// go-jose parses the JWS with only the allowed algorithms. Only the
+// checks of the claims, the mapping and the metadata document (five
+// fields of RFC 9728; the MCP Go SDK's oauthex type of it would bring the
+// SDK and two JSON modules into the binary, so the tests read it with
+// that type instead) are written here.
 
 // Scopes that make roles, unless OAuthConfig names others.
 const (
@@ -331,9 +332,19 @@ func NewOAuth(cfg OAuthConfig, client *http.Client) (*OAuth, error) {
 // Config is the checked configuration, defaults filled.
 func (o *OAuth) Config() OAuthConfig { return o.cfg }
 
+// ResourceMetadata is a Protected Resource Metadata document (RFC 9728
+// §2), the members idemgate publishes.
+type ResourceMetadata struct {
+	Resource               string   `json:"resource"`
+	AuthorizationServers   []string `json:"authorization_servers"`
+	ScopesSupported        []string `json:"scopes_supported"`
+	BearerMethodsSupported []string `json:"bearer_methods_supported"`
+	ResourceName           string   `json:"resource_name"`
+}
+
 // Metadata is this server's Protected Resource Metadata (RFC 9728).
-func (o *OAuth) Metadata() *oauthex.ProtectedResourceMetadata {
-	return &oauthex.ProtectedResourceMetadata{
+func (o *OAuth) Metadata() *ResourceMetadata {
+	return &ResourceMetadata{
 		Resource:               o.cfg.Resource,
 		AuthorizationServers:   []string{o.cfg.Issuer},
 		ScopesSupported:        []string{o.cfg.AgentScope, o.cfg.ApproverScope},
