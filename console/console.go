@@ -11,8 +11,9 @@
 // Guarantees:
 //   - every page but the login page needs a session; a session is made
 //     only from a valid token of the tokens file, a one-time login link,
-//     or a sign-in through Config.SignIn's OpenID provider (whose state,
-//     nonce and PKCE verifier must match the browser's own sign-in)
+//     or a sign-in through Config.SignIn's OpenID provider (whose state
+//     must be the one this browser started, its code redeemed with this
+//     browser's PKCE verifier, its ID token bearing this browser's nonce)
 //     and carried by an HttpOnly, SameSite=Strict cookie (Secure over TLS,
 //     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
@@ -142,9 +143,8 @@ type Console struct {
 	h     http.Handler
 
 	mu       sync.Mutex
-	sessions map[string]*session   // by sha256 of the cookie value
-	once     map[string]onceLink   // by sha256 of the code
-	flows    map[string]signInFlow // sign-ins under way, by sha256 of their state
+	sessions map[string]*session // by sha256 of the cookie value
+	once     map[string]onceLink // by sha256 of the code
 
 	overview overviewState
 	// publicHost is PublicURL's host[:port], "" without one.
@@ -189,7 +189,7 @@ func New(cfg Config) *Console {
 		cfg.Secure = cfg.Secure || strings.EqualFold(u.Scheme, "https")
 		publicHost = u.Host
 	}
-	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, flows: map[string]signInFlow{}, publicHost: publicHost, deadScan: deadScan}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), sessions: map[string]*session{}, once: map[string]onceLink{}, publicHost: publicHost, deadScan: deadScan}
 	c.pages = parsePages()
 	static, _ := fs.Sub(staticFS, "static")
 	c.mux.Handle("GET "+Prefix+"/static/", http.StripPrefix(Prefix+"/static/", cacheStatic(http.FileServerFS(static))))

@@ -3,13 +3,14 @@ package console
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 )
 
 // Signing approvers in through the team's OpenID provider (OpenID
 // Connect, authorization code with PKCE), beside the token login. The
-// console keeps the flow's state, nonce and PKCE verifier and binds them
-// to the browser with a cookie; SignIn talks to the provider and maps
+// browser keeps the flow's state, nonce and PKCE verifier in a cookie;
+// SignIn talks to the provider and maps
 // what it vouches for to an Identity (server.ConsoleSignIn does, with the
 // same [auth] mapping as the MCP endpoint: the approver scope makes the
 // approver).
@@ -28,17 +29,14 @@ type SignIn interface {
 	Exchange(ctx context.Context, code, verifier, nonce string) (Identity, error)
 }
 
-// signInFlow is one sign-in under way.
-type signInFlow struct {
-	nonce, verifier string
-	expires         time.Time
-}
-
-// Bounds of the sign-ins under way.
+// A sign-in under way is kept by the browser alone: its state, nonce and
+// PKCE verifier in an HttpOnly cookie for signInTTL, so that no number of
+// sign-ins started elsewhere can crowd it out of the server's memory. A
+// page of another site cannot set that cookie, so a code it makes the
+// browser bring back cannot be redeemed with it (login CSRF).
 const (
-	signInTTL      = 10 * time.Minute
-	maxSignInFlows = 1000
-	signInCookie   = "idemgate_console_signin"
+	signInTTL    = 10 * time.Minute
+	signInCookie = "idemgate_console_signin"
 )
 
 // signInStart sends the browser to the provider.
@@ -46,23 +44,7 @@ func (c *Console) signInStart(w http.ResponseWriter, r *http.Request) {
 	if c.paused(w, r) {
 		return
 	}
-	state, nonce, verifier := randomToken(), randomToken(), randomToken()+randomToken()
-	now := c.cfg.Now()
-	c.mu.Lock()
-	for k, f := range c.flows {
-		if !now.Before(f.expires) {
-			delete(c.flows, k)
-		}
-	}
-	full := len(c.flows) >= maxSignInFlows
-	if !full {
-		c.flows[hash(state)] = signInFlow{nonce: nonce, verifier: verifier, expires: now.Add(signInTTL)}
-	}
-	c.mu.Unlock()
-	if full {
-		c.render(w, r, http.StatusServiceUnavailable, "login", page{Title: "Log in", Error: "Too many sign-ins are under way: try again in a few minutes."})
-		return
-	}
+	state, nonce, verifier := randomToken(), randomToken(), randomToken()
 	u, err := c.cfg.SignIn.AuthCodeURL(r.Context(), state, nonce, verifier)
 	if err != nil {
 		c.cfg.Logger.Warn("console: sign-in cannot start", "err", err)
@@ -71,7 +53,7 @@ func (c *Console) signInStart(w http.ResponseWriter, r *http.Request) {
 	}
 	// Lax: the provider's redirect back is a cross-site navigation, which
 	// a Strict cookie would not come back with.
-	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: state, Path: Prefix + "/signin", HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: state + "." + nonce + "." + verifier, Path: Prefix + "/signin", HttpOnly: true,
 		SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure || r.TLS != nil, MaxAge: int(signInTTL / time.Second)})
 	http.Redirect(w, r, u, http.StatusSeeOther)
 }
@@ -94,18 +76,15 @@ func (c *Console) signInCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	state := q.Get("state")
 	ck, err := r.Cookie(signInCookie)
-	if state == "" || len(state) > 200 || err != nil || ck.Value != state {
+	var flow []string
+	if err == nil && len(ck.Value) <= 200 {
+		flow = strings.Split(ck.Value, ".")
+	}
+	if state == "" || len(flow) != 3 || flow[0] != state {
 		fail(http.StatusBadRequest, "state missing or not this browser's", "This sign-in was not started in this browser (or it took over 10 minutes): sign in again.")
 		return
 	}
-	c.mu.Lock()
-	f, ok := c.flows[hash(state)]
-	delete(c.flows, hash(state))
-	c.mu.Unlock()
-	if !ok || !c.cfg.Now().Before(f.expires) {
-		fail(http.StatusBadRequest, "state unknown or expired", "This sign-in has expired or was already used: sign in again.")
-		return
-	}
+	nonce, verifier := flow[1], flow[2]
 	code := q.Get("code")
 	if code == "" || len(code) > 4096 {
 		fail(http.StatusBadRequest, "no code", "The provider sent no authorization code back: sign in again.")
@@ -113,7 +92,7 @@ func (c *Console) signInCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	id, err := c.cfg.SignIn.Exchange(ctx, code, f.verifier, f.nonce)
+	id, err := c.cfg.SignIn.Exchange(ctx, code, verifier, nonce)
 	if err != nil {
 		c.cfg.Logger.Warn("console: sign-in refused", "err", err)
 		fail(http.StatusForbidden, err.Error(), "Sign-in with "+c.cfg.SignIn.Name()+" was refused: "+err.Error())

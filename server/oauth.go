@@ -480,8 +480,8 @@ func (o *OAuth) verifyJWT(ctx context.Context, token string) ([]byte, error) {
 	}
 	jws, err := jose.ParseSigned(token, algs)
 	if err != nil {
-		if strings.Contains(err.Error(), "unexpected signature algorithm") {
-			return nil, refused(RefusedAlgorithm, http.StatusUnauthorized, "the access token is signed with an algorithm this server does not accept (accepted: %s)", strings.Join(o.cfg.Algorithms, ", "))
+		if alg := (*jose.ErrUnexpectedSignatureAlgorithm)(nil); errors.As(err, &alg) {
+			return nil, refused(RefusedAlgorithm, http.StatusUnauthorized, "the access token is signed with %s, an algorithm this server does not accept (accepted: %s)", clipText(string(alg.Got), 20), strings.Join(o.cfg.Algorithms, ", "))
 		}
 		return nil, refused(RefusedMalformed, http.StatusUnauthorized, "the access token is not a well-formed JWT: %v", err)
 	}
