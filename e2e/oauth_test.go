@@ -378,3 +378,34 @@ func TestOAuthConsoleSignIn(t *testing.T) {
 	}
 	do(t, ctx, "still no session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
 }
+
+// TestOAuthIntrospection: with introspection on, the built server accepts
+// the provider's opaque access tokens by asking its introspection
+// endpoint (RFC 7662) as its own client, maps the answer's claims as a
+// JWT's, and refuses a token the provider does not know as inactive.
+func TestOAuthIntrospection(t *testing.T) {
+	p, base, db := oauthServer(t, `introspection = true`, `introspection_client_id = "idemgate"`, `introspection_client_secret = "introspect"`)
+	p.AddClient(oidctest.Client{ID: "idemgate", Secret: "introspect"})
+	p.AddClient(oidctest.Client{ID: "opaque-agent", Secret: "s3cret", Audience: []string{base + "/mcp"}, Claims: map[string]any{"tenant": "acme"}, Opaque: true})
+	ctx := testContext(t)
+	tok, err := p.ClientCredentials(ctx, "opaque-agent", "s3cret", "idemgate:agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(tok, ".") == 2 {
+		t.Fatalf("the provider issued a JWT, not an opaque token")
+	}
+	s := httpSession(t, base, tok)
+	key := newKey()
+	s.mustSucceed(t, "create_order", orderArgs(key, "cust-opaque", coffee, nil))
+	s.Close()
+	for _, l := range exportAudit(t, db) {
+		if l.Key == key && (l.Actor.Principal != "opaque-agent" || l.Actor.Tenant != "acme" || l.Actor.ClientName != "opaque-agent") {
+			t.Errorf("audit entry %d actor %+v: want opaque-agent of acme", l.Seq, l.Actor)
+		}
+	}
+	if resp, body := post(t, base, tok+"x", "", initBody("curl")); resp.StatusCode != 401 || !strings.Contains(body, "not active") ||
+		!strings.Contains(resp.Header.Get("WWW-Authenticate"), `error="invalid_token"`) {
+		t.Errorf("an unknown opaque token: %d %q %s; want 401, invalid_token, not active", resp.StatusCode, resp.Header.Get("WWW-Authenticate"), body)
+	}
+}
