@@ -263,3 +263,28 @@ func TestOAuthConfigRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestOAuthClaimsMapping: principal_claim, on_behalf_of_claim (a dotted
+// path into an object) and a fixed tenant; a principal claim that cannot
+// be a principal is refused naming the key to change.
+func TestOAuthClaimsMapping(t *testing.T) {
+	p, o := startProvider(t, func(c *OAuthConfig) {
+		c.TenantClaim, c.Tenant, c.Tenants = "", "acme", nil
+		c.PrincipalClaim, c.OnBehalfOfClaim = "agent_name", "act.sub"
+	})
+	p.AddClient(oidctest.Client{ID: "delegated", Secret: "s3cret", Audience: []string{testResource},
+		Claims: map[string]any{"agent_name": "desk-agent", "act": map[string]any{"sub": "alice@acme.example"}}})
+	p.AddClient(oidctest.Client{ID: "spaced", Secret: "s3cret", Audience: []string{testResource},
+		Claims: map[string]any{"agent_name": "desk agent"}})
+	ctx := context.Background()
+	id, err := o.Verify(ctx, ccToken(t, p, "delegated", "idemgate:agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Identity{Principal: "desk-agent", Tenant: "acme", Role: "agent", OnBehalfOf: "alice@acme.example", Client: "delegated", Issuer: p.Issuer}
+	if id != want {
+		t.Fatalf("identity %+v, want %+v", id, want)
+	}
+	_, err = o.Verify(ctx, ccToken(t, p, "spaced", "idemgate:agent"))
+	refusal(t, err, RefusedClaims, 403, "set [auth] principal_claim")
+}
