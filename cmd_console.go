@@ -28,8 +28,11 @@ import (
 // the transport does) and delivers what a decision queued. The console's
 // one background task, verifying the audit chain once at its start, runs
 // in bg, which the caller joins before closing store (closeAfter).
-func newConsole(bg *loops, publicURL, traceURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration) *console.Console {
+func newConsole(bg *loops, publicURL, traceURL string, store ledger.Store, svc *tools.Service, tokens *server.Tokens, guard *server.AuthGuard, logger *slog.Logger, standalone bool, ttl *time.Duration, signIn *server.SignIn) *console.Console {
 	cfg := console.Config{Service: svc, Store: store, Logger: logger, CheckHost: standalone, PublicURL: publicURL, TraceURL: traceURL, Guard: guard.For(server.AuthConsoleLogin)}
+	if signIn != nil {
+		cfg.SignIn = consoleSignIn{signIn}
+	}
 	if tokens != nil {
 		cfg.Lookup = func(token string) (console.Identity, bool) {
 			id, ok, err := tokens.Lookup(token)
@@ -141,7 +144,7 @@ func consoleCmd(ctx context.Context, args []string, stderr io.Writer) (err error
 		}
 	}()
 	publicURL := lf.file.Console.PublicURL
-	c := newConsole(bg, publicURL, lf.file.Console.TraceURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl)
+	c := newConsole(bg, publicURL, lf.file.Console.TraceURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl, nil)
 	mux := http.NewServeMux()
 	mux.Handle("/ui", c)
 	mux.Handle("/ui/", c)
@@ -219,4 +222,12 @@ func displayAddr(addr string) string {
 func authFailureLimitFlag(fs *flag.FlagSet) *int {
 	return fs.Int("auth-failure-limit", server.DefaultAuthFailureLimit,
 		"failed authentications (wrong bearer tokens, wrong console logins) one source address may make within a minute before its requests are refused (429) for a minute; 0: never refuse (failures are still logged and counted). Behind a reverse proxy every client is the proxy's address")
+}
+
+// consoleSignIn is server.SignIn as the console takes it.
+type consoleSignIn struct{ *server.SignIn }
+
+func (s consoleSignIn) Exchange(ctx context.Context, code, verifier, nonce string) (console.Identity, error) {
+	id, err := s.SignIn.Exchange(ctx, code, verifier, nonce)
+	return console.Identity{Principal: id.Principal, Tenant: id.Tenant, Role: id.Role}, err
 }

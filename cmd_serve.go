@@ -85,11 +85,35 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 			o.tokensFile = filepath.Join(lf.dataDir(), "tokens.json")
 		}
 		var err error
-		if tokens, err = server.LoadTokens(o.tokensFile); err != nil {
+		if tokens, err = server.LoadTokens(o.tokensFile); errors.Is(err, os.ErrNotExist) && lf.file.Auth.Enabled() {
+			tokens = nil // [auth]'s access tokens alone
+		} else if err != nil {
 			return usageError{fmt.Errorf("%w (create one with: idemgate tokens add --principal P --tenant T --role agent --tokens %s)", err, o.tokensFile)}
 		}
 		metrics = server.NewMetrics()
 		lf.observe = metrics.ObserveAudit
+	}
+	var oauth *server.OAuth
+	var signIn *server.SignIn
+	if o.httpAddr != "" && lf.file.Auth.Enabled() {
+		var err error
+		if oauth, err = server.NewOAuth(lf.file.Auth, nil); err != nil {
+			return usageError{err}
+		}
+		// The issuer is asked now so that a wrong issuer shows at start;
+		// a failure is tried again at the first token.
+		if a := lf.file.Auth; a.ConsoleClientID != "" {
+			if signIn, err = oauth.NewSignIn(a.ConsoleClientID, a.ConsoleClientSecret, a.ConsoleRedirect(lf.file.Console.PublicURL)); err != nil {
+				return usageError{fmt.Errorf("[auth] console_client_id: %w", err)}
+			}
+		}
+		go func() {
+			if err := oauth.Discover(ctx); err != nil {
+				logger.Warn("oauth: the authorization server's metadata cannot be read now (tried again at the first token)", "issuer", lf.file.Auth.Issuer, "err", err)
+			} else {
+				logger.Info("oauth: accepting access tokens", "issuer", lf.file.Auth.Issuer, "resource", lf.file.Auth.Resource)
+			}
+		}()
 	}
 	if owned == nil { // in the owner, the owner's service traces
 		tel, stopTelemetry, err := startTelemetry(logger)
@@ -130,9 +154,9 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		// One guard for /mcp and the console: guesses at either count together.
 		guard := server.NewAuthGuard(o.authLimit, logger, metrics)
 		h := server.NewHTTPHandler(server.New(svc, server.Identity{}, logger, metrics), server.HTTPConfig{
-			Addr: o.httpAddr, Tokens: tokens, Metrics: metrics, Logger: logger, Origins: origins,
+			Addr: o.httpAddr, Tokens: tokens, OAuth: oauth, Metrics: metrics, Logger: logger, Origins: origins,
 			Sessions: sessions, BodyTimeout: o.bodyTimeout, Guard: guard, Screen: svc.Screen,
-			UI: newConsole(bg, lf.file.Console.PublicURL, lf.file.Console.TraceURL, store, svc, tokens, guard, logger, false, nil),
+			UI: newConsole(bg, lf.file.Console.PublicURL, lf.file.Console.TraceURL, store, svc, tokens, guard, logger, false, nil, signIn),
 			Health: func(ctx context.Context) (bool, any, any) {
 				h := store.Health(ctx)
 				status := "ok"

@@ -28,6 +28,7 @@ import (
 	"idemgate/outbox"
 	"idemgate/owner"
 	"idemgate/schemas"
+	"idemgate/server"
 	"idemgate/telemetry"
 	"idemgate/tools"
 )
@@ -80,6 +81,10 @@ type fileConfig struct {
 		Retention     approvals.Duration `toml:"retention"`
 		CheckpointKey string             `toml:"checkpoint_key"`
 	} `toml:"audit"`
+	// Auth makes serve --http an OAuth resource server beside the tokens
+	// file: it accepts the access tokens of an authorization server
+	// (docs/oauth.md). Unset: the tokens file alone.
+	Auth server.OAuthConfig `toml:"auth"`
 }
 
 // settings are what the commands that open the ledger share: the ledger's
@@ -237,6 +242,17 @@ func (l *settings) load() error {
 	if t := c.Console.TraceURL; t != "" {
 		if u, err := url.Parse(strings.NewReplacer("{trace_id}", "0", "{span_id}", "0").Replace(t)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || !strings.Contains(t, "{trace_id}") {
 			errs = append(errs, fmt.Errorf("[console] trace_url %q: want an http(s) URL with {trace_id} where a trace's id goes", t))
+		}
+	}
+	if v := env("IDEMGATE_AUTH_INTROSPECTION_SECRET", ""); v != "" {
+		c.Auth.IntrospectionClientSecret = v
+	}
+	if v := env("IDEMGATE_AUTH_CONSOLE_SECRET", ""); v != "" {
+		c.Auth.ConsoleClientSecret = v
+	}
+	if c.Auth.Enabled() {
+		if _, err := server.NewOAuth(c.Auth, nil); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.Approvals.NotifyWebhook != "" && c.Console.PublicURL == "" {

@@ -10,7 +10,10 @@
 //
 // Guarantees:
 //   - every page but the login page needs a session; a session is made
-//     only from a valid token of the tokens file (or a one-time login link)
+//     only from a valid token of the tokens file, a one-time login link,
+//     or a sign-in through Config.SignIn's OpenID provider (whose state
+//     must be the one this browser started, its code redeemed with this
+//     browser's PKCE verifier, its ID token bearing this browser's nonce)
 //     and carried by an HttpOnly, SameSite=Strict cookie (Secure over TLS,
 //     or when Config.PublicURL is https);
 //     it ends at logout, after its lifetime, or as soon as its token is
@@ -86,6 +89,9 @@ type Config struct {
 	// Lookup returns the identity of a bearer token, false for an unknown
 	// one; nil: only one-time login links log in.
 	Lookup func(token string) (Identity, bool)
+	// SignIn, when set, offers sign-in through an OpenID provider beside
+	// the token (the authorization code flow with PKCE; see SignIn).
+	SignIn SignIn
 	// SessionTTL is a session's lifetime (DefaultSessionTTL when zero).
 	SessionTTL time.Duration
 	// Secure marks the cookie Secure (set it when served over TLS; a
@@ -190,6 +196,10 @@ func New(cfg Config) *Console {
 	c.mux.HandleFunc("GET "+Prefix+"/login", c.loginPage)
 	c.mux.HandleFunc("POST "+Prefix+"/login", c.login)
 	c.mux.HandleFunc("POST "+Prefix+"/logout", c.logout)
+	if cfg.SignIn != nil {
+		c.mux.HandleFunc("GET "+Prefix+"/signin", c.signInStart)
+		c.mux.HandleFunc("GET "+Prefix+"/signin/callback", c.signInCallback)
+	}
 	c.mux.HandleFunc("GET "+Prefix+"/{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
 	})

@@ -44,6 +44,8 @@ type testOptions struct {
 	// wrap, when set, is the store the console reads (around the
 	// service's).
 	wrap func(ledger.Store) ledger.Store
+	// signIn, when set, is Config.SignIn.
+	signIn SignIn
 }
 
 func newTestConsole(t *testing.T) *testConsole { return newTestConsoleWith(t, testOptions{}) }
@@ -64,7 +66,7 @@ func newTestConsoleWith(t *testing.T, o testOptions) *testConsole {
 	if o.wrap != nil {
 		read = o.wrap(store)
 	}
-	tc.Console = New(Config{Service: svc, Store: read, SessionTTL: time.Hour, PublicURL: o.publicURL, CheckHost: o.checkHost,
+	tc.Console = New(Config{Service: svc, Store: read, SessionTTL: time.Hour, PublicURL: o.publicURL, CheckHost: o.checkHost, SignIn: o.signIn,
 		Lookup: func(tok string) (Identity, bool) {
 			tc.mu.Lock()
 			defer tc.mu.Unlock()

@@ -18,8 +18,11 @@ import (
 
 // page is what every template gets.
 type page struct {
-	Title  string
-	Who    *Identity
+	Title string
+	Who   *Identity
+	// SignIn is the name of the OpenID provider the login page offers to
+	// sign in with ("" for none).
+	SignIn string
 	Nav    string // the current section: approvals, history
 	Notice string
 	Error  string
@@ -114,7 +117,7 @@ func parsePages() map[string]*template.Template {
 		},
 	}
 	out := map[string]*template.Template{}
-	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation", "overview"} {
+	for _, name := range []string{"login", "approvals", "approval", "outcome", "history", "error", "operations", "attention", "operation", "overview", "signedin"} {
 		out[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/approval_card.html", "templates/"+name+".html"))
 	}
 	return out
@@ -140,6 +143,9 @@ func roughly(d time.Duration) string {
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	if p.Now.IsZero() {
 		p.Now = c.cfg.Now()
+	}
+	if name == "login" {
+		p = c.loginData(p)
 	}
 	c.renderAny(w, status, name, p)
 }

@@ -24,6 +24,10 @@ import (
 type HTTPConfig struct {
 	Addr   string  // listen address, e.g. 127.0.0.1:8080
 	Tokens *Tokens // bearer tokens → identities
+	// OAuth, when set, also accepts the access tokens of an OAuth
+	// authorization server and serves the Protected Resource Metadata
+	// (MetadataPaths) that names it.
+	OAuth *OAuth
 	// Guard logs, counts and slows failed bearer tokens by source; nil:
 	// NewAuthGuard(DefaultAuthFailureLimit, Logger, Metrics). Give the
 	// console the same one (Guard.For(AuthConsoleLogin)), so that
@@ -135,7 +139,12 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 	if cfg.Guard == nil {
 		cfg.Guard = NewAuthGuard(DefaultAuthFailureLimit, cfg.Logger, cfg.Metrics)
 	}
-	h.mux.Handle("/mcp", allowMCPMethods(requireToken(cfg.Tokens, cfg.Guard, cfg.Logger, mcpH)))
+	h.mux.Handle("/mcp", allowMCPMethods(requireToken(cfg.Tokens, cfg.OAuth, cfg.Guard, cfg.Metrics, cfg.Logger, mcpH)))
+	if cfg.OAuth != nil {
+		for _, p := range cfg.OAuth.Config().MetadataPaths() {
+			h.mux.Handle("GET "+p, cfg.OAuth.metadataHandler())
+		}
+	}
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
@@ -242,7 +251,17 @@ type tokenHashKey struct{}
 // for guard (a request without one is not: clients ask without a token
 // to learn how to authenticate), and a source guard has paused gets 429
 // with Retry-After before its token is checked.
-func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next http.Handler) http.Handler {
+//
+// With oauth (nil: static tokens only), a token not in the tokens file is
+// checked as an OAuth access token: the challenge names the Protected
+// Resource Metadata, and each refusal says why (TokenRefusal), is logged
+// on its own line and counted by reason; only those that may be guesses
+// (malformed, bad signature, unknown issuer, inactive) count for guard.
+func requireToken(tokens *Tokens, oauth *OAuth, guard *AuthGuard, metrics *Metrics, logger *slog.Logger, next http.Handler) http.Handler {
+	challenge := `Bearer realm="idemgate"`
+	if oauth != nil {
+		challenge = oauth.challenge(nil)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if wait := guard.Paused(r, AuthBearer); wait > 0 {
 			refuseForNow(w, r, http.StatusTooManyRequests, wait, fmt.Sprintf("too many failed authentications from this address: try again in %d s", retryAfter(wait)))
@@ -250,17 +269,51 @@ func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next ht
 		}
 		header := r.Header.Get("Authorization")
 		token, ok := bearerToken(header)
-		if !ok || token == "" || len(token) > 512 {
+		limit := 512
+		if oauth != nil {
+			limit = maxOAuthToken
+		}
+		if !ok || token == "" || len(token) > limit {
 			if header != "" {
-				guard.Failed(r, AuthBearer, "not a usable bearer token (another scheme, empty or over 512 bytes)")
+				guard.Failed(r, AuthBearer, fmt.Sprintf("not a usable bearer token (another scheme, empty or over %d bytes)", limit))
 			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="idemgate"`)
-			refuse(w, r, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <token>; see idemgate tokens add)")
+			w.Header().Set("WWW-Authenticate", challenge)
+			how := "see idemgate tokens add"
+			if oauth != nil {
+				how = "a token of idemgate tokens add, or an OAuth access token of " + oauth.cfg.Issuer + " for " + oauth.cfg.Resource + "; the authorization server is named at " + oauth.cfg.MetadataURL()
+			}
+			refuse(w, r, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <token>; "+how+")")
 			return
 		}
-		id, found, err := tokens.Lookup(token)
-		if err != nil {
-			logger.Warn("tokens file", "err", err)
+		var (
+			id        Identity
+			found     bool
+			err       error
+			tokenHash string
+		)
+		if tokens != nil && len(token) <= 512 {
+			id, found, err = tokens.Lookup(token)
+			if err != nil {
+				logger.Warn("tokens file", "err", err)
+			}
+			sum := sha256.Sum256([]byte(token))
+			tokenHash = hex.EncodeToString(sum[:])
+		}
+		if !found && oauth != nil {
+			var vErr error
+			id, vErr = oauth.Verify(r.Context(), token)
+			var ref *TokenRefusal
+			if errors.As(vErr, &ref) {
+				metrics.oauthRefused(ref.Reason)
+				logRefusal(logger, r, ref)
+				if ref.forged() {
+					guard.Failed(r, AuthBearer, "access token refused: "+ref.Reason)
+				}
+				w.Header().Set("WWW-Authenticate", oauth.challenge(ref))
+				refuse(w, r, ref.Status, ref.Message)
+				return
+			}
+			found, tokenHash = true, identityHash(id)
 		}
 		if !found {
 			guard.Failed(r, AuthBearer, "unknown token")
@@ -268,8 +321,7 @@ func requireToken(tokens *Tokens, guard *AuthGuard, logger *slog.Logger, next ht
 			refuse(w, r, http.StatusUnauthorized, "the bearer token is not valid")
 			return
 		}
-		sum := sha256.Sum256([]byte(token))
-		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, hex.EncodeToString(sum[:]))
+		ctx := context.WithValue(WithIdentity(r.Context(), id), tokenHashKey{}, tokenHash)
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

@@ -33,6 +33,7 @@ type Metrics struct {
 	sessionsEnd *prometheus.CounterVec
 
 	authFailures, authPausedReqs *prometheus.CounterVec
+	oauthRefusals                *prometheus.CounterVec
 	busy                         *prometheus.CounterVec
 }
 
@@ -72,6 +73,11 @@ func NewMetrics() *Metrics {
 		Help: "Failed authentications, by kind: bearer (a wrong token on /mcp), console_login (a wrong token or login link at the console)."}, []string{"kind"})
 	m.authPausedReqs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "auth_paused_total",
 		Help: "Requests refused with 429 before their credential was checked, because their source failed to authenticate too often, by kind."}, []string{"kind"})
+	m.oauthRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "oauth_refusals_total",
+		Help: "OAuth access tokens refused, by reason (docs/oauth.md): malformed, algorithm, unknown_issuer, bad_signature, wrong_audience, expired, not_yet_valid, inactive, insufficient_scope, tenant, claims, issuer_unreachable."}, []string{"reason"})
+	for _, reason := range refusalReasons {
+		m.oauthRefusals.WithLabelValues(reason)
+	}
 	m.busy = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemgate", Name: "http_busy_refused_total",
 		Help: "HTTP requests answered 503 with Retry-After before they were read or served, by why: connections (the server was at its connection capacity), message_budget (large bodies being served already held the budget)."}, []string{"reason"})
 	for _, reason := range []string{BusyConnections, BusyMessageBudget} {
@@ -81,7 +87,7 @@ func NewMetrics() *Metrics {
 		m.authFailures.WithLabelValues(kind)
 		m.authPausedReqs.WithLabelValues(kind)
 	}
-	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd, m.authFailures, m.authPausedReqs, m.busy)
+	reg.MustRegister(m.calls, m.duration, m.settled, m.sessions, m.sessionsEnd, m.authFailures, m.authPausedReqs, m.oauthRefusals, m.busy)
 	return m
 }
 
@@ -89,6 +95,13 @@ func NewMetrics() *Metrics {
 func (m *Metrics) authFailed(kind string) {
 	if m != nil {
 		m.authFailures.WithLabelValues(kind).Inc()
+	}
+}
+
+// oauthRefused counts one refused OAuth access token.
+func (m *Metrics) oauthRefused(reason string) {
+	if m != nil {
+		m.oauthRefusals.WithLabelValues(reason).Inc()
 	}
 }
 

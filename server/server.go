@@ -37,6 +37,10 @@ type Identity struct {
 	// audit log, optional.
 	OnBehalfOf string
 	Model      string
+	// Client and Issuer are, for an OAuth access token, the client it
+	// was issued to (azp or client_id) and its issuer; empty otherwise.
+	Client string
+	Issuer string
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$`)
@@ -176,6 +180,12 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role,
 			OnBehalfOf: id.OnBehalfOf, Model: id.Model, SessionID: sessionID(ctx)}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
+		if id.Client != "" {
+			// The OAuth client the token was issued to, which the
+			// authorization server vouches for, rather than the clientInfo
+			// the session stated (the audit's actor has one client field).
+			actor.ClientName, actor.ClientVersion = id.Client, ""
+		}
 		requestOf(&actor, req.Params.Meta)
 		// Traced, the call runs under its request's span, and its audit
 		// entries and answer name that span.
