@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"time"
 )
@@ -142,13 +143,20 @@ var (
 	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time
 )
 
-// WriteMetaKeys are the meta keys every write transaction reads (the
-// ledger's clocks, see ledgerTime): a backend may read them with its
-// first round trip. Their values are 8-byte big-endian times that only
-// grow: a backend whose Updates run concurrently may read them without a
-// lock and keep the greater of the stored and the written value (a
-// writer that read an older time never moves them back).
-func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted} }
+// WriteMetaKeys are the meta keys most write transactions read: the
+// ledger's clocks (see ledgerTime) and the retention walk's place (read by
+// every completion, see scheduleCompact). A backend may read them with
+// its first round trip. The clocks' values are 8-byte big-endian times
+// that only grow (ClockKey): a backend whose Updates run concurrently may
+// read them without a lock and keep the greater of the stored and the
+// written value (a writer that read an older time never moves them back).
+func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted, keyRetentionWalk} }
+
+// ClockKey reports whether key, of the meta collection, is one of the
+// ledger's clocks (see WriteMetaKeys).
+func ClockKey(key []byte) bool {
+	return bytes.Equal(key, keyClockHigh) || bytes.Equal(key, keyClockTrusted)
+}
 
 // Collection names, for backends: every name Bucket is called with.
 var (

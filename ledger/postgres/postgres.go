@@ -656,11 +656,13 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 
 // prelude queues what an Update's first round trip sends after BEGIN: an
 // advisory lock on its commit marker (which a read-back waits for, see
-// readBack) and the ledger's meta keys that every write transaction reads
-// (its clocks, read without a lock: see isClockKey), remembered in t.
+// readBack) and the ledger's meta keys that most write transactions read
+// (ledger.WriteMetaKeys: its clocks, read without a lock, see isClockKey;
+// the others locked shared, as a read of them would), remembered in t.
 func (t *btx) prelude(batch *pgx.Batch) {
 	batch.Queue("SELECT pg_advisory_xact_lock($1)", markerLockKey(t.marker))
 	keys := ledger.WriteMetaKeys()
+	t.queueLocks(batch, ledger.MetaCollection, keys, false) // shared; none for the clocks
 	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
 		found := map[string][]byte{}
 		for rows.Next() {
@@ -1076,14 +1078,7 @@ func unlocked(coll string) bool { return coll == ledger.JournalCollection }
 
 // isClockKey reports whether key (of the meta collection) is one of the
 // ledger's clocks: 8-byte big-endian times that only grow.
-func isClockKey(key string) bool {
-	for _, k := range ledger.WriteMetaKeys() {
-		if string(k) == key {
-			return true
-		}
-	}
-	return false
-}
+func isClockKey(key string) bool { return ledger.ClockKey([]byte(key)) }
 
 // queueLocks queues the statements that lock keys of coll for the
 // transaction (those it does not hold yet), sorted, before the statements
