@@ -60,6 +60,8 @@ type auditLine struct {
 		Tenant       string `json:"tenant"`
 		Principal    string `json:"principal"`
 		ClientName   string `json:"client_name"`
+		AuthClient   string `json:"auth_client"`
+		AuthIssuer   string `json:"auth_issuer"`
 		RequestID    string `json:"request_id"`
 		Trace        string `json:"trace"`
 		SessionID    string `json:"session_id"`

@@ -163,8 +163,8 @@ func TestOAuthTypeScriptClient(t *testing.T) {
 		if l.Key != key {
 			continue
 		}
-		if l.Actor.Principal != "alice" || l.Actor.Tenant != "acme" || l.Actor.ClientName != "ts-agent" {
-			t.Errorf("audit entry %d (%s) actor %+v: want principal alice (the token's sub), tenant acme, client ts-agent", l.Seq, l.Event, l.Actor)
+		if l.Actor.Principal != "alice" || l.Actor.Tenant != "acme" || l.Actor.AuthClient != "ts-agent" || l.Actor.AuthIssuer == "" {
+			t.Errorf("audit entry %d (%s) actor %+v: want principal alice (the token's sub), tenant acme, OAuth client ts-agent and its issuer", l.Seq, l.Event, l.Actor)
 		}
 		if l.ResponseSHA256 != "" { // the entry that records a call's answer
 			answers++
@@ -400,7 +400,7 @@ func TestOAuthIntrospection(t *testing.T) {
 	s.mustSucceed(t, "create_order", orderArgs(key, "cust-opaque", coffee, nil))
 	s.Close()
 	for _, l := range exportAudit(t, db) {
-		if l.Key == key && (l.Actor.Principal != "opaque-agent" || l.Actor.Tenant != "acme" || l.Actor.ClientName != "opaque-agent") {
+		if l.Key == key && (l.Actor.Principal != "opaque-agent" || l.Actor.Tenant != "acme" || l.Actor.AuthClient != "opaque-agent") {
 			t.Errorf("audit entry %d actor %+v: want opaque-agent of acme", l.Seq, l.Actor)
 		}
 	}

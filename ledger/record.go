@@ -156,6 +156,12 @@ type Actor struct {
 	// ClientStated is what the client said about itself in the request's
 	// _meta: recorded as stated, never checked.
 	ClientStated *ClientStated `json:"client_stated,omitempty"`
+	// AuthClient and AuthIssuer are, for a caller with an OAuth access
+	// token, the client the token was issued to (azp or client_id) and
+	// the authorization server that issued it: vouched for by that
+	// server, unlike ClientName, which the session stated.
+	AuthClient string `json:"auth_client,omitempty"`
+	AuthIssuer string `json:"auth_issuer,omitempty"`
 }
 
 // ClientStated is what a client claims in a request's _meta

@@ -180,12 +180,10 @@ func handler(s *mcpserver.MCPServer, svc *tools.Service, fallback Identity, name
 		actor := ledger.Actor{Tenant: id.Tenant, Principal: id.Principal, Role: id.Role,
 			OnBehalfOf: id.OnBehalfOf, Model: id.Model, SessionID: sessionID(ctx)}
 		actor.ClientName, actor.ClientVersion = clientInfo(ctx)
-		if id.Client != "" {
-			// The OAuth client the token was issued to, which the
-			// authorization server vouches for, rather than the clientInfo
-			// the session stated (the audit's actor has one client field).
-			actor.ClientName, actor.ClientVersion = id.Client, ""
-		}
+		// The OAuth client the token was issued to, and its issuer, which
+		// the authorization server vouches for, beside the clientInfo the
+		// session stated.
+		actor.AuthClient, actor.AuthIssuer = id.Client, id.Issuer
 		requestOf(&actor, req.Params.Meta)
 		// Traced, the call runs under its request's span, and its audit
 		// entries and answer name that span.
