@@ -143,14 +143,22 @@ var (
 	keyClockTrusted  = []byte("clock_trusted")     // meta: 8 bytes BE unix ns, the ledger's trusted time
 )
 
-// WriteMetaKeys are the meta keys most write transactions read: the
-// ledger's clocks (see ledgerTime) and the retention walk's place (read by
-// every completion, see scheduleCompact). A backend may read them with
-// its first round trip. The clocks' values are 8-byte big-endian times
-// that only grow (ClockKey): a backend whose Updates run concurrently may
-// read them without a lock and keep the greater of the stored and the
-// written value (a writer that read an older time never moves them back).
-func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted, keyRetentionWalk} }
+// WriteMetaKeys are the meta keys every write transaction reads: the
+// ledger's clocks (see ledgerTime). A backend may read them with its first
+// round trip. Their values are 8-byte big-endian times that only grow: a
+// backend whose Updates run concurrently may read them without a lock and
+// keep the greater of the stored and the written value (a writer that
+// read an older time never moves them back).
+func WriteMetaKeys() [][]byte { return [][]byte{keyClockHigh, keyClockTrusted} }
+
+// SweptCollections are the ledger's time-ordered indexes (by_time,
+// expiry). An Update walks them only in the background sweeps, which
+// read, and so lock, each record an entry names and check it again before
+// acting on it; writers only add and remove entries of their own keys. A
+// backend that locks the keys a transaction touches need not lock the
+// ranges walked in these collections: a claim that adds an entry behind a
+// sweep's cursor does not wait for the sweep.
+func SweptCollections() []string { return []string{string(bucketByTime), string(bucketExpiry)} }
 
 // ClockKey reports whether key, of the meta collection, is one of the
 // ledger's clocks (see WriteMetaKeys).

@@ -1040,7 +1040,8 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 // every key it reads or writes (a shared one on a key of the meta
 // collection it only reads), and a shared one on each collection it
 // touches; a cursor takes its collection exclusively (a range read: no
-// key of it may change until the transaction ends), and so does a
+// key of it may change until the transaction ends; not in the ledger's
+// swept indexes, see ledger.SweptCollections), and so does a
 // transaction that writes more than escalateKeys keys of one collection
 // (one lock instead of many: PostgreSQL's lock table is bounded). Locks
 // are only ever added, never released early (strict two-phase locking),
@@ -1145,9 +1146,11 @@ const (
 
 // queueCollectionLock queues the statement that takes coll exclusively
 // for the rest of the transaction (a cursor in an Update), unless it
-// holds it already.
+// holds it already or coll is one of the ledger's swept indexes
+// (ledger.SweptCollections), whose walks lock the records they act on
+// instead.
 func (t *btx) queueCollectionLock(batch *pgx.Batch, coll string) {
-	if !t.writable || unlocked(coll) || t.collX[coll] {
+	if !t.writable || unlocked(coll) || t.collX[coll] || slices.Contains(ledger.SweptCollections(), coll) {
 		return
 	}
 	batch.Queue("SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
