@@ -284,11 +284,20 @@ func (s *Ledger) flushAudit() error {
 	}
 	s.auditMu.Lock()
 	empty := len(s.auditBuf) == 0 && len(s.laterBuf) == 0
+	queued := len(s.laterBuf)
 	s.auditMu.Unlock()
 	if !empty {
-		// The commit carries the buffers.
-		if err := s.updateCarrying(context.Background(), func(*ltx) error { return nil }, true); err != nil {
-			return err
+		// The commit carries the buffers. On a Concurrent backend, a
+		// transaction per queued write (takeAudit hands out one): one
+		// holding the keys of several (a deliverer's records of several
+		// passes) would hold thousands of locks.
+		for i := 0; i < max(1, queued); i++ {
+			if err := s.updateCarrying(context.Background(), func(*ltx) error { return nil }, true); err != nil {
+				return err
+			}
+			if !s.journal {
+				break
+			}
 		}
 	}
 	if s.journal {
@@ -350,7 +359,10 @@ func (s *Ledger) takeAudit(laters bool) ([]AuditEntry, []laterWrite) {
 	b := s.auditBuf
 	s.auditBuf = nil
 	var l []laterWrite
-	if laters {
+	switch {
+	case laters && s.journal && len(s.laterBuf) > 0:
+		l, s.laterBuf = s.laterBuf[:1:1], s.laterBuf[1:]
+	case laters:
 		l, s.laterBuf = s.laterBuf, nil
 	}
 	if !s.unsealed && len(s.laterBuf) == 0 { // else the flush has work left

@@ -57,16 +57,6 @@ func (d *Deliverer) claimLease() time.Duration {
 	return d.ClaimLease
 }
 
-// claimedByOther reports whether message id is claimed, unexpired at now,
-// by a deliverer other than d.
-func (d *Deliverer) claimedByOther(tx ledger.Tx, id string, now time.Time) (bool, error) {
-	v, err := tx.Get(collClaims, id)
-	if err != nil {
-		return false, err
-	}
-	return d.othersClaim(v, now), nil
-}
-
 // othersClaim reports whether the claim value v is another deliverer's,
 // unexpired at now.
 func (d *Deliverer) othersClaim(v []byte, now time.Time) bool {

@@ -775,10 +775,24 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 	recording := maps.Clone(d.recording)
 	d.recMu.Unlock()
 	err := d.store.View(ctx, func(tx ledger.Tx) error {
+		pending, stale = nil, nil
 		now := tx.Now()
+		// The live claims first, in one walk: a message another deliverer
+		// holds is passed over without reading it (on a database, every
+		// read is a round trip, and with several replicas most of the
+		// queue may be theirs).
+		others := map[string]bool{}
+		if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
+			if d.othersClaim(v, now) {
+				others[id] = true
+			}
+			return true, nil
+		}); err != nil {
+			return err
+		}
 		return tx.Scan(collPending, "", false, func(id string, _ []byte) (bool, error) {
-			if recording[id] {
-				return true, nil // delivered; its record is on its way
+			if recording[id] || others[id] {
+				return true, nil // delivered (its record is on its way), or another deliverer has it
 			}
 			m, err := getMessage(tx, id)
 			switch {
@@ -789,9 +803,6 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 			case m.NextAttemptAt.After(now):
 				// Backing off: a later pass takes it.
 			default:
-				if other, err := d.claimedByOther(tx, id, now); err != nil || other {
-					return err == nil, err // another deliverer has it
-				}
 				pending = append(pending, m)
 			}
 			return len(pending) < passLimit, nil

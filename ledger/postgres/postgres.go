@@ -832,11 +832,10 @@ type btx struct {
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
 	tails    map[string]tail                 // collection → its last row in the database, when known
-	// An Update's locks (see queueLocks): keys, collections held shared
-	// and exclusively, and how many keys of each collection it locked.
+	// An Update's locks (see wantLocks): keys, and collections held
+	// shared and exclusively.
 	locked       map[int64]lockMode
 	collS, collX map[string]bool
-	keysIn       map[string]int
 }
 
 // cachedRow is a row of the database as this transaction knows it
@@ -979,17 +978,27 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 			colls = append(colls, c)
 		}
 	}
+	// Every lock the writes need first, in one order (sorted by lock id)
+	// whichever transaction sends them: two flushes never wait for each
+	// other in a cycle.
+	var locks lockRequest
+	for _, c := range colls {
+		if c == ledger.JournalCollection && !t.final {
+			continue
+		}
+		keys := make([][]byte, 0, len(t.pending[c]))
+		for k := range t.pending[c] {
+			keys = append(keys, []byte(k))
+		}
+		t.wantLocks(&locks, c, keys, true)
+	}
+	locks.queue(batch)
 	var puts, maxima, journal rowChunks
 	for _, c := range colls {
 		if c == ledger.JournalCollection && !t.final {
 			continue // its entries take their order last (below)
 		}
 		var dels rowChunks
-		keys := make([][]byte, 0, len(t.pending[c]))
-		for k := range t.pending[c] {
-			keys = append(keys, []byte(k))
-		}
-		t.queueLocks(batch, c, keys, true)
 		for k, v := range t.pending[c] {
 			t.wrote(c, k, v)
 			switch {
@@ -1041,9 +1050,9 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 // collection it only reads), and a shared one on each collection it
 // touches; a cursor takes its collection exclusively (a range read: no
 // key of it may change until the transaction ends; not in the ledger's
-// swept indexes, see ledger.SweptCollections), and so does a
-// transaction that writes more than escalateKeys keys of one collection
-// (one lock instead of many: PostgreSQL's lock table is bounded). Locks
+// swept indexes, see ledger.SweptCollections). The locks a round trip
+// takes are sorted (collections, then keys), so two transactions' final
+// round trips never wait for each other in a cycle. Locks
 // are only ever added, never released early (strict two-phase locking),
 // so committed Updates have the effect of running one after the other in
 // the order of their commits; two that wait for each other (a deadlock)
@@ -1053,9 +1062,15 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 // Two kinds of keys take no lock. The ledger's clocks (isClockKey) are
 // read with BEGIN, unlocked, and written as registers that only grow
 // (GREATEST), so concurrent writers never move them back. The audit
-// journal's keys are the writing transaction's own (its id), read only by
-// the sealer, which sees a transaction's entries once it has committed.
-const escalateKeys = 512
+// journal's keys are the writing transaction's own (its order), read only
+// by the sealer, which sees a transaction's entries once it has committed.
+//
+// A transaction holds a lock per key it touches: a create about twenty, a
+// deliverer's record of a full pass (500 messages) about 1 500.
+// PostgreSQL's lock table holds max_locks_per_transaction (64) ×
+// max_connections (100) by default, shared by every session: enough for
+// a few replicas' deliverers at once; docs/postgres.md says when to raise
+// it.
 
 // lockID is the advisory lock of a collection (key nil) or of one key of
 // it: a 64-bit FNV-1a hash of both, told apart by a leading byte.
@@ -1081,10 +1096,10 @@ func unlocked(coll string) bool { return coll == ledger.JournalCollection }
 // ledger's clocks: 8-byte big-endian times that only grow.
 func isClockKey(key string) bool { return ledger.ClockKey([]byte(key)) }
 
-// queueLocks queues the statements that lock keys of coll for the
-// transaction (those it does not hold yet), sorted, before the statements
-// that read or write them in the same batch.
-func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte, write bool) {
+// wantLocks adds to r the locks of keys of coll the transaction does
+// not hold yet (a write's exclusive ones, or a read's), and notes them as
+// held: they are, once r's statements have run.
+func (t *btx) wantLocks(r *lockRequest, coll string, keys [][]byte, write bool) {
 	if !t.writable || unlocked(coll) || t.collX[coll] {
 		return
 	}
@@ -1100,40 +1115,56 @@ func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte, write boo
 	if !write && coll == ledger.MetaCollection {
 		mode = lockShared
 	}
-	var ids []int64
-	for _, k := range keys {
-		if id := lockID(coll, k); t.locked[id] < mode {
-			ids = append(ids, id)
-		}
-	}
-	if len(ids) == 0 {
-		return
-	}
 	if t.locked == nil {
 		t.locked, t.collS, t.collX = map[int64]lockMode{}, map[string]bool{}, map[string]bool{}
 	}
-	if t.keysIn[coll]+len(ids) > escalateKeys {
-		batch.Queue("SELECT pg_advisory_xact_lock($1)", lockID(coll, nil))
-		t.collX[coll] = true
-		return
+	n := 0
+	for _, k := range keys {
+		id := lockID(coll, k)
+		if t.locked[id] >= mode {
+			continue
+		}
+		t.locked[id] = mode
+		n++
+		if mode == lockShared {
+			r.shared = append(r.shared, id)
+		} else {
+			r.exclusive = append(r.exclusive, id)
+		}
 	}
-	if !t.collS[coll] {
-		batch.Queue("SELECT pg_advisory_xact_lock_shared($1)", lockID(coll, nil))
+	if n > 0 && !t.collS[coll] {
+		r.collections = append(r.collections, lockID(coll, nil))
 		t.collS[coll] = true
 	}
-	slices.Sort(ids)
-	if mode == lockShared {
-		batch.Queue("SELECT count(pg_advisory_xact_lock_shared(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
-	} else {
-		batch.Queue("SELECT count(pg_advisory_xact_lock(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", ids)
+}
+
+// queueLocks queues the statements that lock keys of coll for the
+// transaction (those it does not hold yet), before the statements that
+// read or write them in the same batch.
+func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte, write bool) {
+	var r lockRequest
+	t.wantLocks(&r, coll, keys, write)
+	r.queue(batch)
+}
+
+// lockRequest is the advisory locks one round trip takes: collections
+// shared, then keys, each sorted.
+type lockRequest struct {
+	collections, shared, exclusive []int64
+}
+
+// queue queues r's statements in batch.
+func (r *lockRequest) queue(batch *pgx.Batch) {
+	for _, q := range []struct {
+		ids []int64
+		fn  string
+	}{{r.collections, "pg_advisory_xact_lock_shared"}, {r.shared, "pg_advisory_xact_lock_shared"}, {r.exclusive, "pg_advisory_xact_lock"}} {
+		if len(q.ids) == 0 {
+			continue
+		}
+		slices.Sort(q.ids)
+		batch.Queue("SELECT count("+q.fn+"(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", q.ids)
 	}
-	for _, id := range ids {
-		t.locked[id] = mode
-	}
-	if t.keysIn == nil {
-		t.keysIn = map[string]int{}
-	}
-	t.keysIn[coll] += len(ids)
 }
 
 // lockMode is how a transaction holds a key's lock.
