@@ -125,6 +125,9 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics)
 // out, every behaviour hint set.
 func toolOf(spec tools.Spec, out json.RawMessage) mcp.Tool {
 	in, _ := schemas.InputSchema(spec.Name)
+	if spec.InputSchema != nil {
+		in = spec.InputSchema
+	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, in); err == nil {
 		in = compact.Bytes()
