@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"idemgate/declared"
 	"idemgate/ledger"
 	"idemgate/ledger/postgres"
 	"idemgate/owner"
@@ -166,6 +167,11 @@ func (o *serveOptions) configuration() (map[string]string, error) {
 			return nil, usageError{fmt.Errorf("config file: %w", err)}
 		}
 		c["the configuration file's sha256"] = digest(b)
+	}
+	if ds, err := o.lf.declarations(); err == nil && len(ds) > 0 {
+		// Declared tools (tools_dir's files too) and their secrets, as
+		// this process would run them.
+		c["the declared tools' sha256"] = declared.Digest(ds, os.LookupEnv)
 	}
 	if v := os.Getenv("IDEMGATE_APPROVAL_NOTIFY_SECRET"); v != "" {
 		c["IDEMGATE_APPROVAL_NOTIFY_SECRET's sha256"] = digest([]byte(v))

@@ -165,7 +165,11 @@ func increasing(p Progress) Progress {
 // decision returned says whether it did (Decision.Answered).
 func (s *Service) runClaimed(caller context.Context, actor ledger.Actor, rec *ledger.Record, run runner, answer ledger.AnswerFunc) ledger.Decision {
 	detached := context.WithoutCancel(caller)
-	ctx, cancel := context.WithTimeout(detached, s.opts.CallTimeout)
+	timeout := s.opts.CallTimeout
+	if op, ok := s.remoteOpOf(rec.Tool).(interface{ Timeout() time.Duration }); ok {
+		timeout = max(timeout, op.Timeout())
+	}
+	ctx, cancel := context.WithTimeout(detached, timeout)
 	defer cancel()
 	renewed := make(chan struct{})
 	go func() { // exits when the call returns or the lease is lost
