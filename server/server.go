@@ -258,3 +258,9 @@ func toResult(resp *tools.Response) *mcp.CallToolResult {
 	r.IsError = resp.IsError
 	return r
 }
+
+// PublishedTool is spec's tool as tools/list publishes it, as JSON (for
+// `idemgate tools check`).
+func PublishedTool(spec tools.Spec) ([]byte, error) {
+	return json.MarshalIndent(toolOf(spec, json.RawMessage(schemas.OutputSchema())), "", "  ")
+}
