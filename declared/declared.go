@@ -84,6 +84,7 @@ type Decl struct {
 	OperationKey KeyPassing        `toml:"operation_key"`
 	Outcome      Outcome           `toml:"outcome"`
 	Lookup       *Lookup           `toml:"lookup"`
+	Current      *CurrentState     `toml:"current"`
 	Policy       Policy            `toml:"policy"`
 	Secrets      map[string]Secret `toml:"secrets"`
 
@@ -141,6 +142,22 @@ type Lookup struct {
 	// Result is a JSON pointer to the resource in an answer without
 	// Items (default: the whole answer).
 	Result string `toml:"result"`
+}
+
+// CurrentState is how the resource a call changes is read as it is now
+// (a GET): the approver sees the change as a diff from it, and the
+// approved request carries the version read as If-Match.
+type CurrentState struct {
+	// URL and Headers as Lookup's ({operation_key} is not known to the
+	// resource, so the URL names it by arguments).
+	URL     string            `toml:"url"`
+	Headers map[string]string `toml:"headers"`
+	// Result is a JSON pointer to the resource in the answer (default:
+	// the whole answer).
+	Result string `toml:"result"`
+	// Version is a JSON pointer to the resource's version in it; empty:
+	// the answer's ETag header.
+	Version string `toml:"version"`
 }
 
 // Policy is what the approval policy sees of a call.

@@ -32,6 +32,8 @@ type Tool struct {
 	headers   map[string]*template
 	lookupURL *template
 	lookupHdr map[string]*template
+	curURL    *template
+	curHdr    map[string]*template
 	absent    []int
 	overrides map[int]string
 	secrets   map[string]string
@@ -166,6 +168,19 @@ func build(d Decl, env Environ) (*Tool, error) {
 		}
 	} else if d.SafeRetry {
 		p.add("safe_retry: without a lookup nothing can prove an operation absent")
+	}
+
+	// The current state.
+	if c := d.Current; c != nil {
+		if t.curURL, err = parseTemplate(c.URL, true); err != nil {
+			p.add("current.url: %v", err)
+		} else {
+			t.curURL.names(phArg, func(name string) { t.checkTemplateArg(&p, props, "current.url", name) })
+			t.curURL.names(phKey, func(string) { p.add("current.url: {operation_key}: the resource is named by the arguments") })
+		}
+		t.curHdr = t.parseHeaders("current.headers", c.Headers, &p)
+		checkPointer(&p, "current.result", c.Result, false)
+		checkPointer(&p, "current.version", c.Version, false)
 	}
 
 	// The policy.
@@ -312,8 +327,66 @@ func (t *Tool) Spec() tools.Spec {
 	}
 }
 
-// Declared is the tool for tools.Options.Declared.
-func (t *Tool) Declared() tools.Declared { return tools.Declared{Spec: t.Spec(), Op: t} }
+// Declared is the tool for tools.Options.Declared: with a current
+// state declared, its op is also a tools.CurrentReader.
+func (t *Tool) Declared() tools.Declared {
+	if t.curURL != nil {
+		return tools.Declared{Spec: t.Spec(), Op: withCurrent{t}}
+	}
+	return tools.Declared{Spec: t.Spec(), Op: t}
+}
+
+// withCurrent is a Tool that reads the current state of what it changes.
+type withCurrent struct{ *Tool }
+
+var _ tools.CurrentReader = withCurrent{}
+
+// Current implements tools.CurrentReader: the resource read, its
+// version (the declared pointer, else the ETag), and the fields the
+// request's body sets, before and after.
+func (w withCurrent) Current(ctx context.Context, tenant string, args json.RawMessage) (*tools.Current, error) {
+	t := w.Tool
+	m, err := decodeArgs(args)
+	if err != nil {
+		return nil, err
+	}
+	u, err := t.curURL.expand(m, "", nil, true)
+	if err != nil {
+		return nil, err
+	}
+	h, err := expandHeaders(t.curHdr, "", t.secrets)
+	if err != nil {
+		return nil, err
+	}
+	h.Set("Accept", "application/json")
+	h.Set("X-Idemgate-Tenant", tenant)
+	resp, err := orders.Send(ctx, t.client, http.MethodGet, u, h, nil, nil)
+	if err != nil {
+		return nil, t.scrub(err)
+	}
+	doc, err := decodeArgs(wrap(resp.Body))
+	if err != nil {
+		return nil, fmt.Errorf("the current state is not JSON: %v", err)
+	}
+	res, ok := pointer(doc["v"], t.decl.Current.Result)
+	if !ok {
+		return nil, fmt.Errorf("the current state has nothing at %s", t.decl.Current.Result)
+	}
+	cur := &tools.Current{Version: resp.Header.Get("ETag"), Before: map[string]any{}, After: t.body(m)}
+	if vp := t.decl.Current.Version; vp != "" {
+		v, _ := pointer(res, vp)
+		cur.Version, _ = scalar(v)
+	}
+	if t.decl.ID != "" {
+		id, _ := pointer(res, t.decl.ID)
+		cur.ID, _ = scalar(id)
+	}
+	obj, _ := res.(map[string]any)
+	for k := range cur.After {
+		cur.Before[k] = obj[k]
+	}
+	return cur, nil
+}
 
 // WrapTransport wraps the tool's HTTP transport (tracing). Call it before
 // the first request; the wrapper must pass each request on once and its
@@ -373,7 +446,7 @@ func (t *Tool) Facts(args json.RawMessage) (approvals.Facts, error) {
 
 // Send implements tools.RemoteOp: the declared request, carrying the key
 // as declared.
-func (t *Tool) Send(ctx context.Context, tenant, ref string, args json.RawMessage) (*tools.RemoteResult, error) {
+func (t *Tool) Send(ctx context.Context, tenant, ref string, args json.RawMessage, ifMatch string) (*tools.RemoteResult, error) {
 	key := orders.IdempotencyKey(tenant, ref)
 	m, err := decodeArgs(args)
 	if err != nil {
@@ -391,22 +464,12 @@ func (t *Tool) Send(ctx context.Context, tenant, ref string, args json.RawMessag
 		h.Set(k, key)
 	}
 	h.Set("X-Idemgate-Tenant", tenant)
+	if ifMatch != "" {
+		h.Set("If-Match", ifMatch)
+	}
 	var body []byte
 	if t.decl.Request.Method != http.MethodDelete {
-		b := map[string]any{}
-		if len(t.decl.Request.Body) == 0 {
-			for k, v := range m {
-				if k != "operation_key" {
-					b[k] = v
-				}
-			}
-		} else {
-			for field, ptr := range t.decl.Request.Body {
-				if v, ok := pointer(m, ptr); ok {
-					b[field] = v
-				}
-			}
-		}
+		b := t.body(m)
 		if f := t.decl.OperationKey.BodyField; f != "" {
 			b[f] = key
 		}
@@ -424,6 +487,25 @@ func (t *Tool) Send(ctx context.Context, tenant, ref string, args json.RawMessag
 		return nil, &orders.APIError{Class: orders.Indeterminate, Status: resp.Status, Msg: err.Error(), System: t.Downstream()}
 	}
 	return res, nil
+}
+
+// body is the request's JSON body for the arguments m, without the key.
+func (t *Tool) body(m map[string]any) map[string]any {
+	b := map[string]any{}
+	if len(t.decl.Request.Body) == 0 {
+		for k, v := range m {
+			if k != "operation_key" {
+				b[k] = v
+			}
+		}
+		return b
+	}
+	for field, ptr := range t.decl.Request.Body {
+		if v, ok := pointer(m, ptr); ok {
+			b[field] = v
+		}
+	}
+	return b
 }
 
 // Lookup implements tools.RemoteOp.

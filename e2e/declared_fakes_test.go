@@ -47,6 +47,7 @@ type declAPI struct {
 	byKey   map[string]map[string]any
 	bodies  map[string]string // payments: the body first sent with a key
 	seq     int
+	ifMatch []string // tickets: the If-Match of each change applied
 	srv     *httptest.Server
 }
 
@@ -252,11 +253,68 @@ func ticketsAPI(t testing.TB, token string) *declAPI {
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			a.seq++
-			tk := map[string]any{"id": fmt.Sprintf("T-%d", a.seq), "subject": in["subject"], "client_reference": ref, "state": "open"}
+			tk := map[string]any{"id": fmt.Sprintf("T-%d", a.seq), "subject": in["subject"], "client_reference": ref, "state": "open", "priority": in["priority"], "version": 1}
 			tickets = append(tickets, tk)
 			a.effects[ref]++
 			return tk, http.StatusCreated
 		})
+	})
+	find := func(id string) map[string]any {
+		for _, tk := range tickets {
+			if tk["id"] == id {
+				return tk
+			}
+		}
+		return nil
+	}
+	etag := func(tk map[string]any) string { return fmt.Sprintf(`"v%d"`, tk["version"]) }
+	mux.HandleFunc("GET /tickets/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !a.authorized(w, r) {
+			return
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		tk := find(r.PathValue("id"))
+		if tk == nil {
+			http.Error(w, `{"error":"no such ticket"}`, http.StatusNotFound)
+			return
+		}
+		w.Header().Set("ETag", etag(tk))
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(tk)
+	})
+	// PATCH /tickets/{id} changes state and priority, at the version
+	// If-Match names when it names one (412 otherwise).
+	mux.HandleFunc("PATCH /tickets/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !a.authorized(w, r) {
+			return
+		}
+		var in map[string]any
+		if json.NewDecoder(r.Body).Decode(&in) != nil {
+			http.Error(w, `{"error":"bad request"}`, http.StatusBadRequest)
+			return
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		tk := find(r.PathValue("id"))
+		if tk == nil {
+			http.Error(w, `{"error":"no such ticket"}`, http.StatusNotFound)
+			return
+		}
+		if m := r.Header.Get("If-Match"); m != "" && m != etag(tk) {
+			http.Error(w, `{"error":"the ticket changed"}`, http.StatusPreconditionFailed)
+			return
+		}
+		a.ifMatch = append(a.ifMatch, r.Header.Get("If-Match"))
+		for _, k := range []string{"state", "priority"} {
+			if v, ok := in[k]; ok {
+				tk[k] = v
+			}
+		}
+		tk["version"] = tk["version"].(int) + 1
+		w.Header().Set("ETag", etag(tk))
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(tk)
 	})
 	mux.HandleFunc("GET /tickets", func(w http.ResponseWriter, r *http.Request) {
 		if !a.authorized(w, r) {
@@ -365,6 +423,41 @@ url = "%[1]s/tickets?client_reference={operation_key}"
 headers = { Authorization = "Bearer {secret:desk_token}" }
 items = "/tickets"
 match = "/client_reference"
+
+[tools.secrets]
+desk_token = { file = "desk.token" }
+
+[[tools]]
+name = "update_ticket"
+title = "Change a ticket's state or priority"
+description = "Changes the state or priority of one support ticket. Every change waits for an approver, who sees it against the ticket as it is."
+noun = "ticket"
+destructive = true
+id = "/id"
+timeout = "1s"
+input_schema = '''
+{"type": "object", "additionalProperties": false, "required": ["ticket_id"],
+ "properties": {
+  "ticket_id": {"type": "string", "pattern": "^T-[0-9]{1,9}$", "maxLength": 12},
+  "state": {"type": "string", "enum": ["open", "pending", "closed"]},
+  "priority": {"type": "string", "enum": ["low", "normal", "high"]}}}
+'''
+
+[tools.request]
+method = "PATCH"
+url = "%[1]s/tickets/{ticket_id}"
+headers = { Authorization = "Bearer {secret:desk_token}" }
+body = { state = "/state", priority = "/priority" }
+
+[tools.operation_key]
+none = true
+
+[tools.current]
+url = "%[1]s/tickets/{ticket_id}"
+headers = { Authorization = "Bearer {secret:desk_token}" }
+
+[tools.policy]
+always_approve = true
 
 [tools.secrets]
 desk_token = { file = "desk.token" }

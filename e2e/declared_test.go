@@ -360,6 +360,34 @@ func TestDeclaredTickets(t *testing.T) {
 		t.Errorf("re-run: %d tickets, want 1", n)
 	}
 
+	// A change of an existing ticket: held, shown as a diff from the
+	// ticket as it is, and sent with If-Match of the version the approver
+	// saw; a ticket changed meanwhile fails the approved change.
+	ticket := "T-1"
+	change := map[string]any{"operation_key": newKey(), "ticket_id": ticket, "priority": "low"}
+	h := g.agent.mustHold(t, "update_ticket", change)
+	pa := pendingByID(t, g.approver.pending(t), h.Approval.ApprovalID)
+	if len(pa.Diff) != 1 || pa.Diff[0].Path != "priority" || pa.Diff[0].Before != "high" || pa.Diff[0].After != "low" {
+		t.Fatalf("the change's diff: %+v (%s), want priority high → low", pa.Diff, pa.DiffText)
+	}
+	if e := g.approver.decide(t, h.Approval.ApprovalID, "approve", ""); e.Status != "succeeded" {
+		t.Fatalf("approve the change: %s", e)
+	}
+	api.mu.Lock()
+	sent := append([]string(nil), api.ifMatch...)
+	api.mu.Unlock()
+	if len(sent) != 1 || sent[0] != `"v1"` {
+		t.Errorf("If-Match sent: %q, want the version the approver saw", sent)
+	}
+	stale := g.agent.mustHold(t, "update_ticket", map[string]any{"operation_key": newKey(), "ticket_id": ticket, "state": "closed"})
+	other := g.agent.mustHold(t, "update_ticket", map[string]any{"operation_key": newKey(), "ticket_id": ticket, "priority": "normal"})
+	if e := g.approver.decide(t, other.Approval.ApprovalID, "approve", ""); e.Status != "succeeded" {
+		t.Fatalf("approve the other change: %s", e)
+	}
+	if e := g.approver.decide(t, stale.Approval.ApprovalID, "approve", ""); e.Status != "failed" || e.code() != "precondition_failed" {
+		t.Fatalf("approving a change of a ticket changed since: %s, want failed precondition_failed", e)
+	}
+
 	entries := auditOf(t, g.db, key, deskToken)
 	if len(entries) < 8 {
 		t.Errorf("audit of %s: %d entries for 8 calls and the changed one", key, len(entries))

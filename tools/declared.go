@@ -30,8 +30,10 @@ type RemoteOp interface {
 	Facts(args json.RawMessage) (approvals.Facts, error)
 	// Send makes the request of the operation named ref (opRef; its
 	// downstream key is orders.IdempotencyKey(tenant, ref)) with the
-	// saved arguments args. Errors are *orders.APIError, classified.
-	Send(ctx context.Context, tenant, ref string, args json.RawMessage) (*RemoteResult, error)
+	// saved arguments args; ifMatch, when not "", is the version of the
+	// resource the approver saw (Current), sent as the request's
+	// precondition. Errors are *orders.APIError, classified.
+	Send(ctx context.Context, tenant, ref string, args json.RawMessage, ifMatch string) (*RemoteResult, error)
 	// Lookup asks what the request of the operation named ref did: its
 	// result, orders.ErrAbsent when it provably took no effect, or
 	// another error when the API cannot tell now.
@@ -50,6 +52,46 @@ type RemoteResult struct {
 	ID       string
 }
 
+// CurrentReader is a RemoteOp that changes an existing resource and can
+// read it as it is now: an approver is shown the change as a diff from
+// it, and the approved request carries the version read as its
+// precondition (If-Match), so a resource changed since fails
+// (precondition_failed) rather than being overwritten.
+type CurrentReader interface {
+	// Current reads the resource the arguments args would change.
+	// Errors are *orders.APIError, classified.
+	Current(ctx context.Context, tenant string, args json.RawMessage) (*Current, error)
+}
+
+// Current is a resource as it is now, and what a request would change.
+type Current struct {
+	ID      string
+	Version string // the ETag (or version field) read; "" when none
+	// Before and After are the fields the request sets: as they are, and
+	// as the request would make them.
+	Before, After map[string]any
+}
+
+// currentView is what an approval keeps of a Current (as its Resource).
+type currentView struct {
+	ID      string         `json:"id,omitempty"`
+	Version string         `json:"version,omitempty"`
+	Before  map[string]any `json:"current"`
+}
+
+// approvedVersion is the version an approval of rec was given for, ""
+// when none.
+func approvedVersion(rec *ledger.Record) string {
+	if rec.Approval == nil || len(rec.Approval.Resource) == 0 {
+		return ""
+	}
+	var v currentView
+	if json.Unmarshal(rec.Approval.Resource, &v) != nil {
+		return ""
+	}
+	return v.Version
+}
+
 // Declared is a side-effecting tool defined outside Go: its Spec (with
 // InputSchema, which the validator must also know), and its effect.
 type Declared struct {
@@ -63,10 +105,55 @@ func declaredTool(d Declared) descriptor {
 	return descriptor{
 		Spec: d.Spec,
 		run: func(s *Service, ctx context.Context, c *call) *Response {
-			return s.execute(ctx, c, func() proposal { return declaredProposal(d.Op, c.req.Args) })
+			cur, resp := s.currentOf(ctx, c, d.Op)
+			if resp != nil {
+				return resp
+			}
+			return s.execute(ctx, c, func() proposal {
+				if cur != nil {
+					diff := approvals.UpdateDiff(d.Op.Noun(), cur.ID, 0, cur.Before, cur.After)
+					return proposal{diff: diff, resource: currentView{ID: cur.ID, Version: cur.Version, Before: cur.Before}}
+				}
+				return declaredProposal(d.Op, c.req.Args)
+			})
 		},
 		effect: declaredEffect{op: d.Op},
 	}
+}
+
+// currentOf reads what a declared tool's call would change, when its op
+// can (CurrentReader) and the ledger has no record for the key yet (a
+// record decides by itself: replay, pending approval, mismatch). A
+// failed read answers the call, with nothing recorded.
+func (s *Service) currentOf(ctx context.Context, c *call, op RemoteOp) (*Current, *Response) {
+	cr, ok := op.(CurrentReader)
+	if !ok {
+		return nil, nil
+	}
+	if _, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey); err == nil {
+		return nil, nil
+	} else if !errors.Is(err, ledger.ErrNotFound) {
+		return nil, s.ledgerError(c, err)
+	}
+	args := c.args
+	if args == nil {
+		b, err := json.Marshal(c.req.Args)
+		if err != nil {
+			return nil, s.ledgerError(c, err)
+		}
+		args = b
+	}
+	cur, err := cr.Current(ctx, c.actor.Tenant, args)
+	if err != nil {
+		var ae *orders.APIError
+		if errors.As(err, &ae) && ae.Status == 404 {
+			return nil, errorResponse(c.req.OperationKey, ledger.StateRejected, CodeNotFound,
+				"What this call would change does not exist at "+op.Downstream()+" ("+ae.Error()+"). Nothing was recorded; check the arguments and call again with the same operation_key.", NextFixRetry)
+		}
+		return nil, errorResponse(c.req.OperationKey, ledger.StateRejected, CodeDownstreamError,
+			"The current state could not be read from "+op.Downstream()+" ("+err.Error()+"). Nothing was recorded or sent; call again with the same operation_key shortly.", NextFixRetry)
+	}
+	return cur, nil
 }
 
 // declaredProposal is what an approver is shown of a declared tool's

@@ -23,7 +23,7 @@ type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
 func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
 	if op := s.remoteOpOf(tool); op != nil {
 		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
-			r, err := op.Send(ctx, tenant, opRef(rec), args)
+			r, err := op.Send(ctx, tenant, opRef(rec), args, approvedVersion(rec))
 			return declaredOutcome(op, r, err)
 		}, true, nil
 	}
