@@ -38,11 +38,15 @@ func toolsCheck(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tools check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	setUsage(fs, "tools check [--config FILE]", "Checks the declared tools of the configuration ([[tools]] and tools_dir) as serve would, secrets included, and prints each as tools/list publishes it.")
-	var l settings
-	l.register(fs)
+	config := fs.String("config", env("IDEMGATE_CONFIG", ""), "configuration file whose [[tools]] and tools_dir to check (env IDEMGATE_CONFIG)")
 	if _, err := parseCommand(fs, args); err != nil {
 		return err
 	}
+	// The configuration as serve loads it, with serve's defaults (the
+	// ledger's flags play no part in the declared tools).
+	var l settings
+	l.register(flag.NewFlagSet("tools check", flag.ContinueOnError))
+	l.configFile = *config
 	if err := l.load(); err != nil {
 		return err
 	}
