@@ -351,7 +351,11 @@ func (l *settings) declaredTools() ([]*declared.Tool, *schemas.Validator, error)
 	if err != nil || len(ds) == 0 {
 		return nil, v, err
 	}
-	built, err := declared.Build(ds, v.Tools(), os.LookupEnv)
+	env := declared.Environ(os.LookupEnv)
+	if l.readOnlySink {
+		env = nil // a read-only command sends nothing: it needs no secret
+	}
+	built, err := declared.Build(ds, v.Tools(), env)
 	if err != nil {
 		return nil, nil, usageError{fmt.Errorf("declared tools:\n%w", err)}
 	}

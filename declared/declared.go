@@ -280,11 +280,10 @@ type Environ func(name string) (string, bool)
 
 // Build checks every declaration and returns the tools, in the order
 // given. Every problem of every declaration is reported, each prefixed by
-// its tool. reserved are names already taken (the built-in tools).
+// its tool. reserved are names already taken (the built-in tools). env
+// reads the environment for secrets; nil reads no secret at all (each is
+// empty): for a process that only reads the ledger and sends nothing.
 func Build(ds []Decl, reserved []string, env Environ) ([]*Tool, error) {
-	if env == nil {
-		env = os.LookupEnv
-	}
 	if len(ds) > maxTools {
 		return nil, fmt.Errorf("more than %d declared tools", maxTools)
 	}
@@ -353,6 +352,8 @@ func (d *Decl) secrets(env Environ, p *problems) map[string]string {
 	out := map[string]string{}
 	for name, s := range d.Secrets {
 		switch {
+		case env == nil:
+			out[name] = "" // a reader sends nothing
 		case s.Env != "" && s.File != "":
 			p.add("secrets.%s: env and file: give one", name)
 		case s.Env != "":

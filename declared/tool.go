@@ -61,6 +61,10 @@ func build(d Decl, env Environ) (*Tool, error) {
 	if !nameRE.MatchString(d.Noun) || len(d.Noun) > maxNoun {
 		p.add("noun: %q: snake_case, at most %d bytes", d.Noun, maxNoun)
 	}
+	switch d.Noun {
+	case "order", "message", "resolution":
+		p.add("noun: %q names a member the gate's own results use; choose another", d.Noun)
+	}
 	if d.Timeout.Duration < 0 || d.Timeout.Duration > 5*time.Minute {
 		p.add("timeout: from 0 (the default, 10s) to 5m")
 	}
@@ -442,6 +446,24 @@ func (t *Tool) Facts(args json.RawMessage) (approvals.Facts, error) {
 		}
 	}
 	return f, nil
+}
+
+// Recipient is who a call is for (the policy's recipient pointer), ""
+// when none is declared or given: approvers read it in the diff's
+// headline ("create refund for pay_123").
+func (t *Tool) Recipient(args map[string]any) string {
+	if t.decl.Policy.Recipient == "" {
+		return ""
+	}
+	v, ok := pointer(args, t.decl.Policy.Recipient)
+	if !ok {
+		return ""
+	}
+	s, err := scalar(v)
+	if err != nil || len(s) > 200 {
+		return ""
+	}
+	return s
 }
 
 // Send implements tools.RemoteOp: the declared request, carrying the key

@@ -171,7 +171,15 @@ func declaredProposal(op RemoteOp, args map[string]any) proposal {
 			}
 		}
 	}
-	return proposal{diff: approvals.CreateDiff(op.Noun(), preview)}
+	kind := op.Noun()
+	if r, ok := op.(interface {
+		Recipient(args map[string]any) string
+	}); ok {
+		if who := r.Recipient(args); who != "" {
+			kind += " for " + who
+		}
+	}
+	return proposal{diff: approvals.CreateDiff(kind, preview)}
 }
 
 // declaredEffect is a RemoteOp as a tool's effect.
