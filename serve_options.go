@@ -136,9 +136,14 @@ func (o *serveOptions) piped() bool {
 // grace is how long a shutdown waits for the calls in flight to be
 // answered: longer than one call to the order API plus a duplicate's wait
 // for a running operation, so a call that has just started still gets its
-// result (or its recorded unknown outcome) back.
+// result (or its recorded unknown outcome) back; a declared tool's
+// request counts with its own timeout.
 func (o *serveOptions) grace() time.Duration {
-	return shutdownGrace(o.lf.file.OrdersAPI.Timeout.Duration, o.wait)
+	call := o.lf.file.OrdersAPI.Timeout.Duration
+	if ds, err := o.lf.declarations(); err == nil {
+		call = max(call, declared.LongestTimeout(ds))
+	}
+	return shutdownGrace(call, o.wait)
 }
 
 // configuration is the ledger's configuration as this serve has it, flag

@@ -453,3 +453,17 @@ func Digest(ds []Decl, env Environ) string {
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// LongestTimeout is the longest request timeout of ds (their default
+// when they name none; 0 for no declarations).
+func LongestTimeout(ds []Decl) time.Duration {
+	var longest time.Duration
+	for _, d := range ds {
+		t := d.Timeout.Duration
+		if t <= 0 {
+			t = defaultTimeout
+		}
+		longest = max(longest, t)
+	}
+	return longest
+}
