@@ -172,7 +172,7 @@ func failureOutcome(err error, system string) ledger.Outcome {
 	switch ae.Class {
 	case orders.NotSent:
 		e := opError(CodeDownstreamError, system+" could not take the request, and it was never delivered or acted on ("+ae.Error()+"). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments.")
-		withRetryAfter(e, ae.RetryAfter, "call again")
+		withRetryAfter(e, ae.RetryAfter, system, "call again")
 		return ledger.Outcome{State: ledger.StateRetryable, Error: e}
 	case orders.Definitive:
 		code := ae.Code
@@ -182,17 +182,17 @@ func failureOutcome(err error, system string) ledger.Outcome {
 		return ledger.Outcome{State: ledger.StateFailed, Error: opError(code, system+" refused the request: "+ae.Error()+". Nothing was changed."), Summary: string(code)}
 	}
 	e := opError(CodeOutcomeUnknown, system+" may or may not have done it ("+ae.Error()+"). It will not be re-sent blindly: idemgate reconciles with its lookup by key. Do NOT retry under a new key.")
-	withRetryAfter(e, ae.RetryAfter, "call again with the same operation_key")
+	withRetryAfter(e, ae.RetryAfter, system, "call again with the same operation_key")
 	return ledger.Outcome{State: ledger.StateUnknown, Error: e}
 }
 
 // withRetryAfter adds the delay the API asked for to e: in the message and
 // as error.details.retry_after_seconds.
-func withRetryAfter(e *ledger.OpError, d time.Duration, what string) {
+func withRetryAfter(e *ledger.OpError, d time.Duration, system, what string) {
 	if d <= 0 {
 		return
 	}
 	secs := int64(d / time.Second)
-	e.Message += fmt.Sprintf(" The downstream asked to wait %d seconds: %s no sooner.", secs, what)
+	e.Message += fmt.Sprintf(" %s asked to wait %d seconds: %s no sooner.", system, secs, what)
 	e.Details = mustJSON(map[string]any{"retry_after_seconds": secs})
 }
