@@ -64,7 +64,7 @@ func toolsCheck(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "%s\n", b)
 	}
-	fmt.Fprintf(stderr, "%d declared tools are fine\n", len(built))
+	fmt.Fprintf(stderr, "declared tools checked: %d, no problem found\n", len(built))
 	return nil
 }
 
