@@ -171,8 +171,8 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 			},
 		})
 		cfg := server.ServeConfig{Addr: o.httpAddr, Logger: logger, Grace: grace, Metrics: metrics}
-		if lf.file.OrdersAPI.URL != "" {
-			cfg.FilesPerConn = 2 // a create_order holds its connection to the API too
+		if lf.file.OrdersAPI.URL != "" || len(lf.file.Tools) > 0 || lf.file.ToolsDir != "" {
+			cfg.FilesPerConn = 2 // a create_order (or a declared tool's call) holds its connection to the API too
 		}
 		err = server.ServeHTTP(ctx, h, cfg)
 	} else {

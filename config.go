@@ -15,12 +15,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"testing/fstest"
 	"time"
 
 	"github.com/BurntSushi/toml"
 
 	"idemgate/approvals"
+	"idemgate/declared"
 	"idemgate/ledger"
 	"idemgate/ledger/bolt"
 	"idemgate/ledger/postgres"
@@ -85,6 +88,11 @@ type fileConfig struct {
 	// file: it accepts the access tokens of an authorization server
 	// (docs/oauth.md). Unset: the tokens file alone.
 	Auth server.OAuthConfig `toml:"auth"`
+	// Tools are side-effecting tools declared here ([[tools]]), and
+	// ToolsDir a directory of files of more (*.toml, [[tools]] only;
+	// relative to the configuration file): see docs/declared-tools.md.
+	Tools    []declared.Decl `toml:"tools"`
+	ToolsDir string          `toml:"tools_dir"`
 }
 
 // settings are what the commands that open the ledger share: the ledger's
@@ -326,13 +334,70 @@ func quietLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func (l *settings) service(store ledger.Store, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+// declarations are the declared tools of the configuration: its
+// [[tools]], then those of tools_dir.
+func (l *settings) declarations() ([]declared.Decl, error) {
+	ds := slices.Clone(l.file.Tools)
+	dir := "."
+	if l.configFile != "" {
+		dir = filepath.Dir(l.configFile)
+	}
+	declared.Locate(ds, dir)
+	if d := l.file.ToolsDir; d != "" {
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		more, err := declared.LoadDir(d)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		ds = append(ds, more...)
+	}
+	return ds, nil
+}
+
+// declaredTools builds the declared tools of the configuration, and the
+// validator that knows their input schemas beside the built-in ones.
+func (l *settings) declaredTools() ([]*declared.Tool, *schemas.Validator, error) {
 	v, err := schemas.New()
+	if err != nil {
+		return nil, nil, err
+	}
+	ds, err := l.declarations()
+	if err != nil || len(ds) == 0 {
+		return nil, v, err
+	}
+	env := declared.Environ(os.LookupEnv)
+	if l.readOnlySink {
+		env = nil // a read-only command sends nothing: it needs no secret
+	}
+	built, err := declared.Build(ds, v.Tools(), env)
+	if err != nil {
+		return nil, nil, usageError{fmt.Errorf("declared tools:\n%w", err)}
+	}
+	extra := fstest.MapFS{}
+	for _, t := range built {
+		extra[t.Name()+".json"] = &fstest.MapFile{Data: t.InputSchema()}
+		if l.tel != nil {
+			t.WrapTransport(l.tel.Transport)
+		}
+	}
+	if v, err = schemas.NewWith(extra); err != nil {
+		return nil, nil, usageError{fmt.Errorf("declared tools: %w", err)}
+	}
+	return built, v, nil
+}
+
+func (l *settings) service(store ledger.Store, outboxDir string, wait time.Duration, logger *slog.Logger) (*tools.Service, error) {
+	built, v, err := l.declaredTools()
 	if err != nil {
 		return nil, err
 	}
 	opts := tools.Options{WaitInProgress: wait, OutboxDir: outboxDir, Logger: logger, Policy: &l.file.Policy,
 		Lease: l.lease, CallTimeout: l.file.OrdersAPI.Timeout.Duration, Telemetry: l.tel}
+	for _, t := range built {
+		opts.Declared = append(opts.Declared, t.Declared())
+	}
 	if u := l.file.OrdersAPI.URL; u != "" {
 		api, err := orders.NewAPI(u, l.file.OrdersAPI.Timeout.Duration, l.file.OrdersAPI.SafeRetry)
 		if err != nil {

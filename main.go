@@ -51,6 +51,10 @@ Usage:
   idemgate bench [--clients N] [--dup-ratio R] [--mix TOOL=W,…] [--duration D] [--json] [--floors]
                  [--url URL --token T]
                                   load-test a spawned server (stdio) or a running one (HTTP) to size a deployment
+  idemgate tools check [--config FILE]
+                                  check the declared tools ([[tools]], tools_dir) and print them as tools/list will
+  idemgate tools import OPENAPI_FILE --operation ID --base-url URL
+                                  write declarations of an OpenAPI document's operations, for a person to review
   idemgate demo                   walk through the guarantees with a real server
   idemgate version
 
@@ -105,6 +109,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = compactCmd(args[1:], stdout, stderr)
 	case "bench":
 		err = benchCmd(args[1:], stdout, stderr)
+	case "tools":
+		err = toolsCmd(args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(args[1:], stdout, stderr)
 	case "version", "--version":

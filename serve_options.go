@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"idemgate/declared"
 	"idemgate/ledger"
 	"idemgate/ledger/postgres"
 	"idemgate/owner"
@@ -135,9 +136,14 @@ func (o *serveOptions) piped() bool {
 // grace is how long a shutdown waits for the calls in flight to be
 // answered: longer than one call to the order API plus a duplicate's wait
 // for a running operation, so a call that has just started still gets its
-// result (or its recorded unknown outcome) back.
+// result (or its recorded unknown outcome) back; a declared tool's
+// request counts with its own timeout.
 func (o *serveOptions) grace() time.Duration {
-	return shutdownGrace(o.lf.file.OrdersAPI.Timeout.Duration, o.wait)
+	call := o.lf.file.OrdersAPI.Timeout.Duration
+	if ds, err := o.lf.declarations(); err == nil {
+		call = max(call, declared.LongestTimeout(ds))
+	}
+	return shutdownGrace(call, o.wait)
 }
 
 // configuration is the ledger's configuration as this serve has it, flag
@@ -166,6 +172,11 @@ func (o *serveOptions) configuration() (map[string]string, error) {
 			return nil, usageError{fmt.Errorf("config file: %w", err)}
 		}
 		c["the configuration file's sha256"] = digest(b)
+	}
+	if ds, err := o.lf.declarations(); err == nil && len(ds) > 0 {
+		// Declared tools (tools_dir's files too) and their secrets, as
+		// this process would run them.
+		c["the declared tools' sha256"] = declared.Digest(ds, os.LookupEnv)
 	}
 	if v := os.Getenv("IDEMGATE_APPROVAL_NOTIFY_SECRET"); v != "" {
 		c["IDEMGATE_APPROVAL_NOTIFY_SECRET's sha256"] = digest([]byte(v))

@@ -148,6 +148,11 @@ type Facts struct {
 	// approver (the tool's descriptor says so: update_order, cancel_order),
 	// unless the policy lists the tools that do (Policy.AlwaysApprove).
 	AlwaysApprove bool
+	// ThresholdMinor, when > 0, is the tool's own approval threshold for
+	// Amount (a declared tool's approval_threshold_minor), in place of
+	// the policy's create_order_threshold_minor; < 0: the tool has no
+	// amount rule (a declared tool that names no threshold).
+	ThresholdMinor int64
 }
 
 // Evaluate decides for one validated request of principal to tool, from
@@ -180,7 +185,10 @@ func (p Policy) Evaluate(principal, tool string, f Facts) Verdict {
 	if always {
 		return Verdict{Approve, "always_approve", tool + " always needs a human approver"}
 	}
-	if f.HasAmount && p.CreateOrderThresholdMinor > 0 && f.Amount >= p.CreateOrderThresholdMinor {
+	if f.HasAmount && f.ThresholdMinor > 0 && f.Amount >= f.ThresholdMinor {
+		return Verdict{Approve, "amount_threshold", fmt.Sprintf("the amount %d (minor units) is at or above %s's approval threshold %d", f.Amount, tool, f.ThresholdMinor)}
+	}
+	if f.HasAmount && f.ThresholdMinor == 0 && p.CreateOrderThresholdMinor > 0 && f.Amount >= p.CreateOrderThresholdMinor {
 		return Verdict{Approve, "amount_threshold", fmt.Sprintf("the order total %d (minor units) is at or above the approval threshold %d", f.Amount, p.CreateOrderThresholdMinor)}
 	}
 	if n := len(f.Recipients); p.MaxRecipients > 0 && n > p.MaxRecipients {

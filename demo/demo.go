@@ -64,12 +64,21 @@ func Run(ctx context.Context, bin string, out io.Writer, keep bool) error {
 			}
 		}()
 	}
-	agentA, err := start(ctx, bin, db, "agent-a")
+	api, err := startRefundsAPI()
+	if err != nil {
+		return err
+	}
+	defer api.Close()
+	cfg := filepath.Join(dir, "idemgate.toml")
+	if err := os.WriteFile(cfg, []byte(declaration(api.url)), 0o600); err != nil {
+		return err
+	}
+	agentA, err := start(ctx, bin, db, cfg, "agent-a")
 	if err != nil {
 		return err
 	}
 	defer agentA.Close()
-	agentB, err := start(ctx, bin, db, "agent-b")
+	agentB, err := start(ctx, bin, db, cfg, "agent-b")
 	if err != nil {
 		return err
 	}
@@ -166,11 +175,48 @@ func Run(ctx context.Context, bin string, out io.Writer, keep bool) error {
 		Count int `json:"count"`
 	}
 	json.Unmarshal(list.Result, &l)
-	fmt.Fprintf(out, "In the end cust-42 has %d orders: one per intent.\n", l.Count)
+	fmt.Fprintf(out, "   cust-42 has %d orders: one per intent.\n\n", l.Count)
 	if len(orders) != 1 || first.orderID() != again.orderID() || l.Count != 2 {
 		return fmt.Errorf("demo: the guarantees did not hold (orders %v, count %d)", orders, l.Count)
 	}
+
+	fmt.Fprintf(out, "6. Your own API behind the gate: create_refund is declared in the configuration (%s),\n", filepath.Base(cfg))
+	fmt.Fprintln(out, "   a refunds API reached over HTTP with the key as Idempotency-Key. Its first reply is lost after the refund is made:")
+	refund := map[string]any{"operation_key": uuid.NewString(), "payment_id": "pay_123", "amount_minor": 1500, "currency": "EUR"}
+	lost, err := call(ctx, agentA, "create_refund", refund)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   create_refund → status %s (%s): nothing will be re-sent blindly\n", lost.Status, errCode(lost))
+	settled, err := call(ctx, agentB, "create_refund", refund)
+	if err != nil {
+		return err
+	}
+	var rr struct {
+		Refund struct {
+			ID string `json:"id"`
+		} `json:"refund"`
+	}
+	json.Unmarshal(settled.Result, &rr)
+	fmt.Fprintf(out, "   the same key again → status %s, refund %s: found by the API's lookup, not made again\n", settled.Status, rr.Refund.ID)
+	replay, err := call(ctx, agentA, "create_refund", refund)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   once more → status %s, replayed %v; refunds made at the API: %d\n", replay.Status, replay.Replayed, api.refunds())
+	if lost.Status != "unknown" || settled.Status != "succeeded" || !replay.Replayed || api.refunds() != 1 {
+		return fmt.Errorf("demo: the declared tool's guarantees did not hold (%s, %s, replayed %v, %d refunds)", lost.Status, settled.Status, replay.Replayed, api.refunds())
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "One intent, one effect, whatever the network did.")
 	return nil
+}
+
+func errCode(e envelope) string {
+	if e.Error == nil {
+		return "no error"
+	}
+	return e.Error.Code
 }
 
 func keys(m map[string]int) []string {
@@ -181,8 +227,8 @@ func keys(m map[string]int) []string {
 	return out
 }
 
-func start(ctx context.Context, bin, db, principal string) (*client.Client, error) {
-	t := transport.NewStdioWithOptions(bin, nil, []string{"serve", "--db", db, "--principal", principal, "--log-level", "warn"},
+func start(ctx context.Context, bin, db, config, principal string) (*client.Client, error) {
+	t := transport.NewStdioWithOptions(bin, nil, []string{"serve", "--db", db, "--config", config, "--principal", principal, "--log-level", "warn"},
 		transport.WithCommandStderrWriter(io.Discard))
 	if err := t.Start(ctx); err != nil {
 		return nil, fmt.Errorf("start server: %w", err)

@@ -98,13 +98,19 @@ type APIError struct {
 	// RetryAfter is the delay the API asked for with Retry-After on a 429
 	// or 503 (0 when it named none).
 	RetryAfter time.Duration
+	// System names the API in Error ("" for the orders API).
+	System string
 }
 
 func (e *APIError) Error() string {
-	if e.Status != 0 {
-		return fmt.Sprintf("orders API: %s (HTTP %d): %s", e.Class, e.Status, e.Msg)
+	sys := e.System
+	if sys == "" {
+		sys = "orders API"
 	}
-	return fmt.Sprintf("orders API: %s: %s", e.Class, e.Msg)
+	if e.Status != 0 {
+		return fmt.Sprintf("%s: %s (HTTP %d): %s", sys, e.Class, e.Status, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s: %s", sys, e.Class, e.Msg)
 }
 
 // ErrAbsent is returned by Lookup when no request with the key took effect.
@@ -141,9 +147,66 @@ func WithObserver(ctx context.Context, observe func(HTTPCall)) context.Context {
 // do sends one request and decodes a 2xx JSON answer into out. The
 // request's method, path, status and duration are reported to the
 // context's observer (WithObserver).
-func (a *API) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) (err error) {
+func (a *API) do(ctx context.Context, method, path string, query url.Values, headers map[string]string, body any, out any) error {
+	u := *a.base
+	u.Path += path
+	u.RawQuery = query.Encode()
+	var b []byte
+	if body != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			return err
+		}
+	}
+	h := http.Header{}
+	h.Set("Accept", "application/json")
+	if body != nil {
+		h.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		h.Set(k, v)
+	}
+	resp, err := Send(ctx, a.client, method, u.String(), h, b, nil)
+	if err != nil {
+		return err
+	}
+	if out != nil {
+		if err := json.Unmarshal(resp.Body, out); err != nil {
+			return &APIError{Class: Indeterminate, Status: resp.Status, Msg: "the answer is not the expected JSON: " + err.Error()}
+		}
+	}
+	return nil
+}
+
+// Response is a 2xx answer Send received: its status, headers and body
+// (at most MaxBody bytes).
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// MaxBody bounds the answer Send reads: a longer one is cut there.
+const MaxBody = 4 << 20
+
+// Send makes one HTTP request with client, exactly once (the client's
+// transport must keep no idle connections, or Go may resend it on a
+// reused one without saying), and classifies what became of it: a 2xx
+// answer is returned; anything else is an *APIError whose Class says
+// whether the request can have taken effect — NotSent when it was never
+// written (or refused before any work), Definitive when the server
+// answered that it did not do it, Indeterminate when it may have (the
+// request was written and no answer came, the answer was cut, a 5xx).
+// Statuses are classified by Classify with overrides (nil: none). The
+// request's method, path, status and duration are reported to the
+// context's observer (WithObserver). body nil sends none.
+func Send(ctx context.Context, client *http.Client, method, rawURL string, header http.Header, body []byte, overrides map[int]string) (_ *Response, err error) {
 	started := time.Now()
 	status := 0
+	path := rawURL
+	if u, perr := url.Parse(rawURL); perr == nil {
+		path = u.Path
+	}
 	defer func() {
 		failure := ""
 		var ae *APIError
@@ -151,69 +214,81 @@ func (a *API) do(ctx context.Context, method, path string, query url.Values, hea
 			failure = ae.Class
 		}
 		if observe, _ := ctx.Value(observerKey{}).(func(HTTPCall)); observe != nil {
-			observe(HTTPCall{Method: method, Path: a.base.Path + path, Status: status, Failure: failure, Duration: time.Since(started)})
+			observe(HTTPCall{Method: method, Path: path, Status: status, Failure: failure, Duration: time.Since(started)})
 		}
 	}()
-	u := *a.base
-	u.Path += path
-	u.RawQuery = query.Encode()
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(body)
 	}
 	var wrote atomic.Bool // set by the transport's goroutine
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
 	})
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	req, err := http.NewRequestWithContext(ctx, method, rawURL, rd)
 	if err != nil {
-		return &APIError{Class: NotSent, Msg: err.Error()}
+		return nil, &APIError{Class: NotSent, Msg: err.Error()}
 	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	for k, vs := range header {
+		req.Header[k] = vs
 	}
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := a.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		if !wrote.Load() {
-			return &APIError{Class: NotSent, Msg: err.Error()}
+			return nil, &APIError{Class: NotSent, Msg: err.Error()}
 		}
-		return &APIError{Class: Indeterminate, Msg: err.Error()}
+		return nil, &APIError{Class: Indeterminate, Msg: err.Error()}
 	}
 	defer resp.Body.Close()
 	status = resp.StatusCode
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
 	if err != nil {
-		return &APIError{Class: Indeterminate, Status: resp.StatusCode, Msg: "reading the answer: " + err.Error()}
+		return nil, &APIError{Class: Indeterminate, Status: resp.StatusCode, Msg: "reading the answer: " + err.Error()}
 	}
-	switch s := resp.StatusCode; {
-	case s >= 200 && s < 300:
-		if out != nil {
-			if err := json.Unmarshal(b, out); err != nil {
-				return &APIError{Class: Indeterminate, Status: s, Msg: "the answer is not the expected JSON: " + err.Error()}
-			}
-		}
+	if ae := Classify(resp.StatusCode, resp.Header, b, overrides, time.Now()); ae != nil {
+		return nil, ae
+	}
+	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// Classify is what an answer of status (with its headers and body) says
+// of the request: nil for a 2xx; otherwise an *APIError whose Class is
+// overrides[status] when set (NotSent, Definitive or Indeterminate), and
+// by default NotSent for 429, Indeterminate for 409, 503 and every other
+// 5xx, Definitive for every other status (404 as not_found, 412 as
+// precondition_failed, the rest downstream_error). A 2xx is never
+// overridden: it is the answer. Retry-After of a 429 or 503 is read
+// relative to now.
+func Classify(status int, h http.Header, body []byte, overrides map[int]string, now time.Time) *APIError {
+	if status >= 200 && status < 300 {
 		return nil
-	case s == http.StatusNotFound:
-		return &APIError{Class: Definitive, Status: s, Code: ledger.CodeNotFound, Msg: snippet(b)}
-	case s == http.StatusPreconditionFailed:
-		return &APIError{Class: Definitive, Status: s, Code: ledger.CodePreconditionFailed, Msg: snippet(b)}
-	case s == http.StatusTooManyRequests:
-		return &APIError{Class: NotSent, Status: s, Msg: snippet(b), RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
-	case s == http.StatusServiceUnavailable:
-		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b), RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
-	case s == http.StatusConflict || s >= 500:
-		return &APIError{Class: Indeterminate, Status: s, Msg: snippet(b)}
-	default:
-		return &APIError{Class: Definitive, Status: s, Code: ledger.CodeDownstreamError, Msg: snippet(b)}
 	}
+	ae := &APIError{Status: status, Msg: snippet(body)}
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		ae.RetryAfter = retryAfter(h.Get("Retry-After"), now)
+	}
+	switch {
+	case status == http.StatusNotFound:
+		ae.Class, ae.Code = Definitive, ledger.CodeNotFound
+	case status == http.StatusPreconditionFailed:
+		ae.Class, ae.Code = Definitive, ledger.CodePreconditionFailed
+	case status == http.StatusTooManyRequests:
+		ae.Class = NotSent
+	case status == http.StatusConflict || status >= 500:
+		ae.Class = Indeterminate
+	default:
+		ae.Class, ae.Code = Definitive, ledger.CodeDownstreamError
+	}
+	if c, ok := overrides[status]; ok {
+		ae.Class = c
+		if c == Definitive && ae.Code == "" {
+			ae.Code = ledger.CodeDownstreamError
+		}
+		if c != Definitive {
+			ae.Code = ""
+		}
+	}
+	return ae
 }
 
 // maxRetryAfter bounds the delay a Retry-After may ask for: beyond it the

@@ -129,6 +129,9 @@ func New(svc *tools.Service, id Identity, logger *slog.Logger, metrics *Metrics)
 // out, every behaviour hint set.
 func toolOf(spec tools.Spec, out json.RawMessage) mcp.Tool {
 	in, _ := schemas.InputSchema(spec.Name)
+	if spec.InputSchema != nil {
+		in = spec.InputSchema
+	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, in); err == nil {
 		in = compact.Bytes()
@@ -262,4 +265,10 @@ func toResult(resp *tools.Response) *mcp.CallToolResult {
 	r := mcp.NewToolResultStructured(json.RawMessage(b), string(b))
 	r.IsError = resp.IsError
 	return r
+}
+
+// PublishedTool is spec's tool as tools/list publishes it, as JSON (for
+// `idemgate tools check`).
+func PublishedTool(spec tools.Spec) ([]byte, error) {
+	return json.MarshalIndent(toolOf(spec, json.RawMessage(schemas.OutputSchema())), "", "  ")
 }

@@ -205,13 +205,13 @@ func (t *httpTrace) note(r orders.HTTPCall) {
 }
 
 // downstreamCall is the trace as an audit record of attempt.
-func (t *httpTrace) downstreamCall(attempt int) *ledger.DownstreamCall {
+func (t *httpTrace) downstreamCall(system string, attempt int) *ledger.DownstreamCall {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.method == "" {
 		return nil
 	}
-	return &ledger.DownstreamCall{System: "orders_api", Method: t.method, Path: t.path, Status: t.status,
+	return &ledger.DownstreamCall{System: system, Method: t.method, Path: t.path, Status: t.status,
 		Attempt: attempt, DurationMS: ms(t.duration), Failure: t.failure}
 }
 

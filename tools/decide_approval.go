@@ -53,13 +53,12 @@ func (s *Service) decideApproval(ctx context.Context, c *call, a DecideRequest) 
 		// Look once more before re-sending: a late commit of the lost
 		// attempt must not be duplicated by the approved re-run.
 		trace := &httpTrace{}
-		if o, lerr := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec)); lerr == nil {
-			out := s.withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
-			out.Call = trace.downstreamCall(rec.Attempts)
+		if out, what, lerr := s.lookupOutcome(withHTTPTrace(ctx, trace), rec); lerr == nil {
+			out.Call = trace.downstreamCall(s.systemOf(rec.Tool), rec.Attempts)
 			noteOrder(out.Call, out.Result)
 			auditedAlso(&out)
 			settled, serr := s.ledger.Settle(ctx, ledger.SettleRequest{Actor: c.actor, Key: rec.Key, From: []ledger.State{ledger.StateAwaitingApproval}, Outcome: out,
-				Why: "reconciled at approval: the order system has order " + o.OrderID + " for this key; nothing re-sent"})
+				Why: "reconciled at approval: the downstream has " + what + " for this key; nothing re-sent"})
 			if serr == nil {
 				s.outbox.Kick()
 				return fromRecord(settled)

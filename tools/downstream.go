@@ -158,30 +158,41 @@ func outcomeOf(o *orders.Order, err error, summary string) ledger.Outcome {
 	if err == nil {
 		return ledger.Outcome{State: ledger.StateSucceeded, Result: mustJSON(map[string]any{"order": o}), Summary: summary + " " + o.OrderID, DownstreamRef: o.OrderID}
 	}
+	return failureOutcome(err, "The order system")
+}
+
+// failureOutcome is the outcome of a failed remote write (err, an
+// *orders.APIError when classified; anything else is indeterminate), in
+// words naming the system ("The order system").
+func failureOutcome(err error, system string) ledger.Outcome {
 	var ae *orders.APIError
 	if !errors.As(err, &ae) {
 		ae = &orders.APIError{Class: orders.Indeterminate, Msg: err.Error()}
 	}
 	switch ae.Class {
 	case orders.NotSent:
-		e := opError(CodeDownstreamError, "The order system could not take the request, and it was never delivered or acted on ("+ae.Error()+"). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments.")
-		withRetryAfter(e, ae.RetryAfter, "call again")
+		e := opError(CodeDownstreamError, system+" could not take the request, and it was never delivered or acted on ("+ae.Error()+"). Nothing happened and the arguments are fine: call again with the same operation_key and the same arguments.")
+		withRetryAfter(e, ae.RetryAfter, system, "call again")
 		return ledger.Outcome{State: ledger.StateRetryable, Error: e}
 	case orders.Definitive:
-		return ledger.Outcome{State: ledger.StateFailed, Error: opError(ae.Code, "The order system refused the request: "+ae.Error()+". Nothing was changed."), Summary: string(ae.Code)}
+		code := ae.Code
+		if code == "" {
+			code = CodeDownstreamError
+		}
+		return ledger.Outcome{State: ledger.StateFailed, Error: opError(code, system+" refused the request: "+ae.Error()+". Nothing was changed."), Summary: string(code)}
 	}
-	e := opError(CodeOutcomeUnknown, "The order system may or may not have done it ("+ae.Error()+"). It will not be re-sent blindly: idemgate reconciles with the order system's lookup by key. Do NOT retry under a new key.")
-	withRetryAfter(e, ae.RetryAfter, "call again with the same operation_key")
+	e := opError(CodeOutcomeUnknown, system+" may or may not have done it ("+ae.Error()+"). It will not be re-sent blindly: idemgate reconciles with its lookup by key. Do NOT retry under a new key.")
+	withRetryAfter(e, ae.RetryAfter, system, "call again with the same operation_key")
 	return ledger.Outcome{State: ledger.StateUnknown, Error: e}
 }
 
 // withRetryAfter adds the delay the API asked for to e: in the message and
 // as error.details.retry_after_seconds.
-func withRetryAfter(e *ledger.OpError, d time.Duration, what string) {
+func withRetryAfter(e *ledger.OpError, d time.Duration, system, what string) {
 	if d <= 0 {
 		return
 	}
 	secs := int64(d / time.Second)
-	e.Message += fmt.Sprintf(" The order system asked to wait %d seconds: %s no sooner.", secs, what)
+	e.Message += fmt.Sprintf(" %s asked to wait %d seconds: %s no sooner.", system, secs, what)
 	e.Details = mustJSON(map[string]any{"retry_after_seconds": secs})
 }

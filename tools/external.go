@@ -19,8 +19,14 @@ import (
 type runner func(ctx context.Context, rec *ledger.Record) ledger.Outcome
 
 // external returns the runner of tool when its downstream is remote (the
-// HTTP order API), or false when the tool runs in the ledger's transaction.
+// HTTP order API, or a declared tool's API), or false when the tool runs in the ledger's transaction.
 func (s *Service) external(tool string, tenant string, args json.RawMessage) (runner, bool, error) {
+	if op := s.remoteOpOf(tool); op != nil {
+		return func(ctx context.Context, rec *ledger.Record) ledger.Outcome {
+			r, err := op.Send(ctx, tenant, opRef(rec), args, approvedVersion(rec))
+			return declaredOutcome(op, r, err)
+		}, true, nil
+	}
 	e := s.effectOf(tool)
 	if s.remote == nil || e == nil || !e.onOrders() {
 		return nil, false, nil
@@ -159,7 +165,11 @@ func increasing(p Progress) Progress {
 // decision returned says whether it did (Decision.Answered).
 func (s *Service) runClaimed(caller context.Context, actor ledger.Actor, rec *ledger.Record, run runner, answer ledger.AnswerFunc) ledger.Decision {
 	detached := context.WithoutCancel(caller)
-	ctx, cancel := context.WithTimeout(detached, s.opts.CallTimeout)
+	timeout := s.opts.CallTimeout
+	if op, ok := s.remoteOpOf(rec.Tool).(interface{ Timeout() time.Duration }); ok {
+		timeout = max(timeout, op.Timeout())
+	}
+	ctx, cancel := context.WithTimeout(detached, timeout)
 	defer cancel()
 	renewed := make(chan struct{})
 	go func() { // exits when the call returns or the lease is lost
@@ -185,7 +195,7 @@ func (s *Service) runClaimed(caller context.Context, actor ledger.Actor, rec *le
 	<-renewed
 	s.log.Debug("downstream call", "tool", rec.Tool, "key", rec.Key, "state", out.State, "duration", time.Since(started))
 	if out.Call == nil {
-		out.Call = trace.downstreamCall(rec.Attempts)
+		out.Call = trace.downstreamCall(s.systemOf(rec.Tool), rec.Attempts)
 		noteOrder(out.Call, out.Result)
 		auditedAlso(&out)
 	}
@@ -260,7 +270,7 @@ func (s *Service) renewalFailed(ctx context.Context, rec *ledger.Record, err err
 // runs detached from the caller that started it: that caller giving up
 // does not fail the others. Its settlement is attributed to that caller.
 func (s *Service) reconcile(ctx context.Context, actor ledger.Actor, rec *ledger.Record) (ledger.Decision, error) {
-	if s.remote == nil {
+	if !s.reconcilable(rec.Tool) {
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
 	detached := context.WithoutCancel(ctx)
@@ -305,27 +315,31 @@ func (s *Service) reconcileOnce(ctx context.Context, actor ledger.Actor, tenant,
 		return settledDecision(rec), nil // settled meanwhile: nothing to ask
 	}
 	trace := &httpTrace{}
-	o, err := s.remote.Lookup(withHTTPTrace(ctx, trace), rec.Tenant, opRef(rec))
+	found, what, err := s.lookupOutcome(withHTTPTrace(ctx, trace), rec)
 	s.lookups.observe(s.log, rec.Key, err)
+	system := "the order system"
+	if s.remoteOpOf(rec.Tool) != nil {
+		system = "the API of " + rec.Tool
+	}
 	req := ledger.SettleRequest{Actor: actor, Key: rec.Key, From: []ledger.State{ledger.StateUnknown}}
 	switch {
 	case err == nil:
-		req.Outcome = s.withFollowUps(outcomeOf(o, nil, "order"), rec.Tenant, rec, rec.Args, o, map[string]any{"order": o})
-		req.How, req.Why = ledger.SettledReconciledFound, "reconciled: the order system has order "+o.OrderID+" for this key"
-	case errors.Is(err, orders.ErrAbsent) && s.remote.SafeRetry():
+		req.Outcome = found
+		req.How, req.Why = ledger.SettledReconciledFound, "reconciled: "+system+" has "+what+" for this key"
+	case errors.Is(err, orders.ErrAbsent) && s.safeRetry(rec.Tool):
 		req.Outcome = ledger.Outcome{State: ledger.StateRetryable}
-		req.How, req.Why = ledger.SettledReconciledAbsentRetry, "reconciled: the order system has nothing for this key, and same-key retries are safe"
+		req.How, req.Why = ledger.SettledReconciledAbsentRetry, "reconciled: "+system+" has nothing for this key, and same-key retries are safe"
 	case errors.Is(err, orders.ErrAbsent):
 		req.Outcome = ledger.Outcome{State: ledger.StateAwaitingApproval}
 		req.Proposal = &ledger.Approval{Rule: "rerun_after_unknown",
-			Reason:   "the first attempt's outcome was unknown and the order system has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
-			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; the order system shows no trace of it)"}
-		req.How, req.Why = ledger.SettledReconciledAbsentNeedsApproval, "reconciled: absent at the order system; re-run needs approval"
+			Reason:   "the first attempt's outcome was unknown and " + system + " has nothing for this key; re-sending needs a human because the API does not guarantee safe same-key retries",
+			DiffText: "re-send " + rec.Tool + " for operation " + rec.Key + " (first attempt lost; " + system + " shows no trace of it)"}
+		req.How, req.Why = ledger.SettledReconciledAbsentNeedsApproval, "reconciled: absent at "+system+"; re-run needs approval"
 		req.OnHeld = s.heldNotice(func() *approvals.Total { return s.totalOf(rec) })
 	default:
 		return ledger.Decision{Kind: ledger.DecisionHeld, Record: rec}, nil
 	}
-	req.Outcome.Call = trace.downstreamCall(rec.Attempts)
+	req.Outcome.Call = trace.downstreamCall(s.systemOf(rec.Tool), rec.Attempts)
 	noteOrder(req.Outcome.Call, req.Outcome.Result)
 	auditedAlso(&req.Outcome)
 	lctx, span := s.startSpan(ctx, "ledger settle")
@@ -405,7 +419,7 @@ func (h *lookupHealth) observe(log *slog.Logger, key string, err error) {
 // It returns how many of each it handled.
 func (s *Service) Sweep(ctx context.Context) (expired, reconciled int, err error) {
 	expired, err = s.ledger.ExpireLeases(ctx)
-	if err != nil || s.remote == nil {
+	if err != nil || (s.remote == nil && !s.hasDeclared) {
 		return expired, 0, err
 	}
 	// Page through the unknown records, a hundred per pass, wrapping

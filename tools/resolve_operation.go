@@ -77,6 +77,20 @@ func (s *Service) resolveOperation(ctx context.Context, c *call, a ResolveReques
 func (s *Service) resolvedOutcome(ctx context.Context, c *call, rec *ledger.Record, ref, evidence string) ledger.Outcome {
 	resolution := map[string]any{"resolved_by": c.actor.Principal, "evidence": evidence, "downstream_ref": ref}
 	out := ledger.Outcome{State: ledger.StateSucceeded, DownstreamRef: ref, Summary: "resolved by hand", Result: mustJSON(resolution)}
+	if op := s.remoteOpOf(rec.Tool); op != nil {
+		// A declared tool's result keeps the shape its other outcomes
+		// have ({noun: resource}) when its API's lookup finds the
+		// resource; the resolution is saved beside it either way.
+		result := map[string]any{"resolution": resolution}
+		if r, err := op.Lookup(ctx, rec.Tenant, opRef(rec), rec.Args); err == nil {
+			result[op.Noun()] = r.Resource
+			if ref == "" {
+				out.DownstreamRef = r.ID
+			}
+		}
+		out.Result = mustJSON(result)
+		return out
+	}
 	eff := s.effectOf(rec.Tool)
 	if ref == "" || eff == nil || !eff.onOrders() {
 		return out

@@ -60,6 +60,11 @@ type Options struct {
 	// API. nil: off, at no cost. The downstreams' HTTP transports are
 	// wrapped by whoever builds them (Telemetry.Transport).
 	Telemetry *telemetry.Provider
+	// Declared are the side-effecting tools declared in configuration
+	// (package declared): each goes through the same path as an order
+	// tool over the order API. Their input schemas must be known to the
+	// Validator given to New (schemas.NewWith).
+	Declared []Declared
 }
 
 // Service runs the tools against one ledger.
@@ -91,6 +96,9 @@ type Service struct {
 	closed    bool
 	lookups   lookupHealth
 	tools     map[string]descriptor
+	// hasDeclared: some tool is declared (its operations may be unknown
+	// and are reconciled by Sweep, with or without an order API).
+	hasDeclared bool
 	// prepared is how the latest side-effecting calls' arguments were
 	// prepared (prepare.go).
 	prepared preparedCalls
@@ -129,6 +137,9 @@ type Spec struct {
 	Destructive  bool
 	Idempotent   bool
 	OpenWorld    bool
+	// InputSchema is the published input schema of a declared tool; nil
+	// for a built-in one, whose schema is schemas.InputSchema(Name).
+	InputSchema json.RawMessage
 }
 
 // call is one tool call in progress.
@@ -161,7 +172,11 @@ type Progress func(progress, total float64, message string)
 
 // New returns a Service. The deliverer of the outbox is started by Run.
 func New(store ledger.Store, v *schemas.Validator, opts Options) (*Service, error) {
-	return newWith(store, v, opts, registry())
+	ts := registry()
+	for _, d := range opts.Declared {
+		ts = append(ts, declaredTool(d))
+	}
+	return newWith(store, v, opts, ts)
 }
 
 // newWith is New with the tools ts (registry's, or a test's with its
@@ -225,6 +240,9 @@ func newWith(store ledger.Store, v *schemas.Validator, opts Options, ts []descri
 			return nil, fmt.Errorf("tools: tool %q names no downstream for its effect", t.Name)
 		}
 		s.tools[t.Name] = t
+		if _, ok := t.effect.(declaredEffect); ok {
+			s.hasDeclared = true
+		}
 	}
 	return s, nil
 }
