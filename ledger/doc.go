@@ -93,9 +93,12 @@
 //   - Concurrency: Update and View are called from many goroutines at once
 //     (and, for a shared store, from many processes); the backend
 //     serialises writers as it must. It may commit several callers'
-//     functions in one physical transaction (group commit) and run a
-//     function again alone when another member of its group failed, so
-//     the ledger's functions reset what they report at their start.
+//     functions in one physical transaction (group commit, bbolt) and
+//     run a function again alone when another member of its group
+//     failed, or run a transaction again after a deadlock (PostgreSQL),
+//     so the ledger's functions reset what they report at their start.
+//     A backend that runs Updates of different keys in parallel says so
+//     (Concurrent): the ledger then journals its audit entries.
 //   - Lifecycle: after Close, Update and View return [ErrClosed]. A
 //     read-only backend (ReadOnly) fails every Update; the ledger then
 //     drops the audit entries of reads instead of buffering them.

@@ -34,7 +34,7 @@ import (
 // Why a claim row, not PostgreSQL's SELECT … FOR UPDATE SKIP LOCKED or an
 // advisory lock: a row lock lasts as long as its transaction, and a
 // delivery is a network call that must not run inside one (it would hold
-// a connection per message, and here the ledger's writer lock, for as
+// a connection per message, and the locks of the keys it read, for as
 // long as a gateway takes); and a claim is written through ledger.Store,
 // so it works the same on every backend. Its cost is one more write per
 // delivery pass that has something to deliver (not per message; an idle
@@ -175,8 +175,7 @@ func (d *Deliverer) claimIn(tx ledger.Tx, seen []*Message, lease time.Duration) 
 	binary.BigEndian.PutUint64(val[:], uint64(now.Add(lease).UnixNano()))
 	mine := append(val[:], d.owner...)
 	// The live claims, in one read (a scan, not a lookup per message: on
-	// PostgreSQL every read is a round trip, and this transaction holds
-	// the writer lock).
+	// PostgreSQL every read is a round trip).
 	others := map[string]bool{}
 	if err := tx.Scan(collClaims, "", false, func(id string, v []byte) (bool, error) {
 		if d.othersClaim(v, now) {

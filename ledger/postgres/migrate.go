@@ -19,8 +19,9 @@ import (
 // The schema's migrations, one file per version: NNNN_name.sql, applied in
 // order, each in its own transaction with the row that records it in
 // idemgate_schema_version. One that changes rows of idemgate_kv must
-// run SERIALIZABLE, as every writer of that table does (running
-// replicas' claims rely on it).
+// first take the advisory locks of the keys it changes, as every writer
+// of that table does (see "Locks" in postgres.go): running replicas'
+// claims rely on them.
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS
