@@ -861,6 +861,16 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 		// Until the claims may have expired (by this process's clock, a
 		// margin before) no other deliverer can hold them.
 		mine := time.Now().Before(claimedAt.Add(d.claimLease() * 9 / 10))
+		if len(pending) > 0 {
+			// The claims before the messages, as a claim takes them: on a
+			// backend that locks what a transaction reads (PostgreSQL),
+			// a record that held a message while it waited for the claims
+			// would deadlock with another deliverer's claim holding the
+			// claims while it waits for that message.
+			if _, err := tx.Get(collClaims, pending[0].MessageID); err != nil {
+				return err
+			}
+		}
 		for _, id := range stale {
 			cur, err := getMessage(tx, id)
 			if err != nil {

@@ -100,6 +100,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	neturl "net/url"
@@ -978,6 +979,11 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 			colls = append(colls, c)
 		}
 	}
+	// Collections and keys in order: two transactions whose statements
+	// write rows in common (the ledger's clocks, written without a key
+	// lock) write them in the same order, so they never wait for each
+	// other's row locks in a cycle.
+	slices.Sort(colls)
 	// Every lock the writes need first, in one order (sorted by lock id)
 	// whichever transaction sends them: two flushes never wait for each
 	// other in a cycle.
@@ -999,7 +1005,8 @@ func (t *btx) queueFlush(batch *pgx.Batch, colls ...string) {
 			continue // its entries take their order last (below)
 		}
 		var dels rowChunks
-		for k, v := range t.pending[c] {
+		for _, k := range slices.Sorted(maps.Keys(t.pending[c])) {
+			v := t.pending[c][k]
 			t.wrote(c, k, v)
 			switch {
 			case v == nil:
