@@ -34,6 +34,12 @@ type Ledger struct {
 	// bufKick wakes the background flush when the buffers go from empty
 	// to not, so an idle ledger's flush sleeps instead of ticking.
 	bufKick chan struct{}
+	// carryMu is held shared by every write transaction from the moment
+	// it takes the buffers until it has committed them or given them
+	// back; a reader of the audit log takes it exclusively, once, to wait
+	// for the entries buffered before it that another transaction is
+	// carrying (flushAudit).
+	carryMu sync.RWMutex
 	// unsealed: this process journaled audit entries since it last
 	// sealed the journal, guarded by auditMu.
 	unsealed bool
@@ -135,6 +141,8 @@ func (s *Ledger) updateIn(ctx context.Context, fn func(*ltx) error) error {
 // no business with (the deliverer's records of a hundred messages) and
 // make other callers wait for them.
 func (s *Ledger) updateCarrying(ctx context.Context, fn func(*ltx) error, carryLaters bool) error {
+	s.carryMu.RLock() // until what it takes is committed or given back (see carryMu)
+	defer s.carryMu.RUnlock()
 	audits, laters := s.takeAudit(carryLaters)
 	committed := false
 	defer func() {
@@ -253,7 +261,7 @@ func (s *Ledger) flushLoop() {
 			since := s.bufSince
 			s.auditMu.Unlock()
 			if !since.IsZero() && time.Since(since) >= auditFlushInterval {
-				s.flushAudit()
+				s.flush(false)
 			}
 			arm() // what was buffered since, or what a commit left
 		}
@@ -275,7 +283,14 @@ func (s *Ledger) buffered() {
 // what reads the audit log next sees every call answered before.
 func (s *Ledger) FlushAudit() error { return s.flushAudit() }
 
-func (s *Ledger) flushAudit() error {
+// flushAudit commits the buffers and, on a journaling ledger, seals the
+// journal, for a reader of the audit log: it also waits for the entries
+// another transaction took from the buffers before it and is carrying.
+func (s *Ledger) flushAudit() error { return s.flush(true) }
+
+// flush is flushAudit; the background flush does not wait for other
+// transactions' carried entries (they commit them themselves).
+func (s *Ledger) flush(wait bool) error {
 	if s.readOnly {
 		if s.journal {
 			return s.awaitSealed()
@@ -299,6 +314,10 @@ func (s *Ledger) flushAudit() error {
 				break
 			}
 		}
+	}
+	if wait {
+		s.carryMu.Lock()
+		s.carryMu.Unlock() //nolint:staticcheck // an empty critical section: waiting is the point
 	}
 	if s.journal {
 		return s.sealJournal()
