@@ -18,6 +18,8 @@ import (
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	jose "github.com/go-jose/go-jose/v4"
+
+	"idemgate/approvals"
 )
 
 // idemgate as an OAuth 2.1 resource server (the MCP authorization
@@ -90,7 +92,7 @@ type OAuthConfig struct {
 	Algorithms []string `toml:"algorithms"`
 	// ClockSkew is how far exp and nbf may be off; default
 	// DefaultClockSkew, at most 5m.
-	ClockSkew Duration `toml:"clock_skew"`
+	ClockSkew approvals.Duration `toml:"clock_skew"`
 	// Introspection, when set, checks tokens that are not JWTs (opaque)
 	// at the issuer's introspection endpoint (RFC 7662), authenticated
 	// as IntrospectionClientID with IntrospectionClientSecret.
@@ -144,19 +146,6 @@ func (c OAuthConfig) ConsoleRedirect(publicURL string) string {
 		return ""
 	}
 	return u.Scheme + "://" + u.Host + "/ui/signin/callback"
-}
-
-// Duration is a time.Duration read from text such as "30s".
-type Duration struct{ time.Duration }
-
-// UnmarshalText reads a Go duration.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
 }
 
 // Enabled reports whether c configures an authorization server.

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"idemgate/approvals"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -255,7 +257,7 @@ func TestOAuthConfigRefusals(t *testing.T) {
 		{OAuthConfig{Resource: "idemgate/mcp", Issuer: "https://id.example.com", Tenant: "acme"}, "absolute http(s) URL"},
 		{OAuthConfig{Resource: testResource, Issuer: "https://id.example.com"}, "exactly one of tenant_claim"},
 		{OAuthConfig{Resource: testResource, Issuer: "https://id.example.com", Tenant: "acme", Algorithms: []string{"HS256"}}, "asymmetric ones only"},
-		{OAuthConfig{Resource: testResource, Issuer: "https://id.example.com", Tenant: "acme", ClockSkew: Duration{time.Hour}}, "clock_skew"},
+		{OAuthConfig{Resource: testResource, Issuer: "https://id.example.com", Tenant: "acme", ClockSkew: approvals.Duration{Duration: time.Hour}}, "clock_skew"},
 		{OAuthConfig{Resource: testResource, Issuer: "https://id.example.com", Tenant: "acme", Introspection: true}, "introspection_client_id"},
 	} {
 		if _, err := NewOAuth(c.cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
