@@ -66,9 +66,9 @@ const sealBatch = 1000
 // sealJournal chains the journal's entries into the audit log, oldest
 // first, and deletes them from the journal, sealBatch entries a
 // transaction, until the journal is empty. Sealers of several processes
-// exclude each other by the chain's head, which each reads and writes;
-// a transition never waits for one, since it writes only its own journal
-// keys. Every keyed entry sealed is put in the per-key index (a
+// exclude each other by the chain's head, which each reads first and
+// writes; a transition never waits for one, since it writes only its own
+// journal keys. Every keyed entry sealed is put in the per-key index (a
 // journaling ledger's records number none).
 func (s *Ledger) sealJournal() error {
 	s.auditMu.Lock()
@@ -82,6 +82,11 @@ func (s *Ledger) sealJournal() error {
 		err := s.b.Update(context.Background(), func(bt BTx) error {
 			more = false
 			tx := &ltx{BTx: bt, ledger: s}
+			// The chain's head first: it excludes the other sealers,
+			// and the journal read after it no longer holds what they
+			// chained (read before it, their entries would be chained
+			// twice).
+			tx.Bucket(bucketAudit).Cursor().Last()
 			j := tx.Bucket(bucketJournal)
 			var keys [][]byte
 			var entries []AuditEntry

@@ -77,3 +77,57 @@ func TestReplicasExecuteOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicasSealEachEntryOnce: several ledgers on one database journal
+// audit entries and seal the journal at once, again and again. Every
+// entry is chained exactly once: a sealer that read the journal while
+// another was chaining it must not chain the same entries again.
+func TestReplicasSealEachEntryOnce(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	var reps []*postgres.DB
+	for range 3 {
+		s, err := postgres.Open(url, ledger.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		reps = append(reps, s)
+	}
+	ctx := context.Background()
+	const rounds, perRound = 20, 50
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for i, s := range reps {
+			wg.Go(func() {
+				for j := range perRound {
+					s.Audit(ledger.AuditEntry{Event: ledger.EventCall, Actor: ledger.Actor{Principal: "p", Tenant: "t1"},
+						Tool: "get_order", Key: fmt.Sprint("k", r, "-", i, "-", j), Decision: "read"})
+				}
+				if err := s.FlushAudit(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	es, err := reps[0].AuditLog(ctx, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, e := range es {
+		seen[e.Key]++
+	}
+	want := rounds * perRound * len(reps)
+	if len(es) != want || len(seen) != want {
+		t.Errorf("the log holds %d entries of %d keys; want %d, each once", len(es), len(seen), want)
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("entry of %s chained %d times", k, n)
+		}
+	}
+	if n, err := reps[1].VerifyAudit(ctx); err != nil || n != want {
+		t.Errorf("verify = %d, %v; want %d", n, err, want)
+	}
+}
