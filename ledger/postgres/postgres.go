@@ -608,8 +608,7 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	// COMMIT, together.
 	tx.final = true
 	if err := tx.flush(); err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) { // the server refused a statement or COMMIT: not committed
+		if refused(err) { // the server refused a statement or COMMIT: not committed
 			return transient(err), b.txError(err)
 		}
 		// The outcome is unknown: read it back rather than guess, on
@@ -629,6 +628,23 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	}
 	b.mu.Unlock()
 	return false, nil
+}
+
+// refused reports whether err is the server's refusal of a statement of
+// the transaction (an ERROR), which rolls it back. A FATAL or PANIC ends
+// the session, and may follow a COMMIT that succeeded: a server shutting
+// down sends one to a session waiting for its client's next message, so
+// the COMMIT's own answer and the end of the session arrive together.
+func refused(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	severity := pe.SeverityUnlocalized
+	if severity == "" { // a server older than 9.6
+		severity = pe.Severity
+	}
+	return severity == "ERROR"
 }
 
 // exchange sends batch in t, beginning the transaction with it when
