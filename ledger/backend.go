@@ -70,6 +70,34 @@ type Concurrent interface {
 	Concurrent() bool
 }
 
+// Prefetcher is a BTx that reads several keys in one exchange with its
+// store (PostgreSQL: one round trip). Prefetch says the transaction will
+// read keys of collection soon; their reads go with its next exchange.
+// It is a hint and changes nothing else: a read returns what it would
+// have, and the keys are locked as their reads would lock them. A BTx
+// that reads from memory (bbolt) does not implement it.
+type Prefetcher interface {
+	Prefetch(collection string, keys ...[]byte)
+}
+
+// prefetch passes keys of collection to tx's Prefetch, if it has one.
+func prefetch(tx BTx, collection []byte, keys ...[]byte) {
+	if p, ok := tx.(Prefetcher); ok {
+		p.Prefetch(string(collection), keys...)
+	}
+}
+
+// PointReader is a Backend that reads one key's latest committed value in
+// one exchange with its store, outside any transaction (PostgreSQL: one
+// statement, with no BEGIN and no ROLLBACK). The value is one a View
+// begun at that moment would read. The claim's first look at its record
+// (a replay, most often) reads it so; without it, in a View.
+type PointReader interface {
+	// ReadCommitted returns the value of key in collection, nil when
+	// there is none. The caller may keep it.
+	ReadCommitted(ctx context.Context, collection string, key []byte) ([]byte, error)
+}
+
 // Clock is a Backend that supplies the ledger's clock. When a backend
 // implements it and Options.Now is not set, the ledger reads every time it
 // uses (claims, leases, expiries, approval TTLs, retention, audit

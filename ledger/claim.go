@@ -35,19 +35,18 @@ func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision,
 	// a read-only transaction (no fsync); its audit entry is buffered.
 	var d Decision
 	var answered bool
-	err := s.view(func(tx *ltx) error {
-		rec, err := s.finals.getRecord(tx, c.Actor.Tenant, c.Key)
-		if err != nil || rec == nil {
-			return err
-		}
-		now := s.opts.Now()
-		if st, kind := s.opts.decide(rec, c, now, s.highWater()); st == stepAnswer {
-			d, answered = s.answer(rec, kind), true
-		}
-		return nil
-	})
+	v, err := s.readCommitted(ctx, bucketRecords, recordKey(c.Actor.Tenant, c.Key))
 	if err != nil {
 		return Decision{}, err
+	}
+	rec, err := s.finals.record(c.Actor.Tenant, c.Key, v)
+	if err != nil {
+		return Decision{}, err
+	}
+	if rec != nil {
+		if st, kind := s.opts.decide(rec, c, s.opts.Now(), s.highWater()); st == stepAnswer {
+			d, answered = s.answer(rec, kind), true
+		}
 	}
 	if answered {
 		e := s.callEntry(c, d)
@@ -88,15 +87,15 @@ const (
 	finalRecordMaxBytes = 4096
 )
 
-// getRecord is getRecord, from the records kept when the stored bytes are
-// those of a kept one; a final record decoded here is kept. The record
-// returned is the caller's own.
-func (f *finalRecords) getRecord(tx *ltx, tenant, key string) (*Record, error) {
-	k := recordKey(tenant, key)
-	v := tx.Bucket(bucketRecords).Get(k)
+// record decodes v, the stored record of (tenant, key) (nil: none), or
+// takes a copy of the record kept when v is byte for byte its stored
+// form; a final record decoded here is kept. The record returned is the
+// caller's own.
+func (f *finalRecords) record(tenant, key string, v []byte) (*Record, error) {
 	if v == nil {
 		return nil, nil
 	}
+	k := recordKey(tenant, key)
 	f.mu.Lock()
 	kept, ok := f.m[string(k)]
 	f.mu.Unlock()
@@ -170,6 +169,15 @@ func (s *Ledger) callEntry(c Claim, d Decision) AuditEntry {
 
 // claimLocked is the atomic claim; the caller holds the write tx.
 func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error) {
+	// What a new key's claim reads, in one round trip on PostgreSQL.
+	prefetch(tx.BTx, bucketRecords, recordKey(c.Actor.Tenant, c.Key))
+	if s.opts.RequireIssuedKeys {
+		prefetch(tx.BTx, bucketIssued, recordKey(c.Actor.Tenant, c.Key))
+	}
+	if c.SuspectDuplicates {
+		prefetch(tx.BTx, bucketFPIndex, fpKey(c.Actor.Tenant, c.Fingerprint))
+	}
+	prefetch(tx.BTx, bucketMeta, keyRetentionWalk) // scheduleCompact's
 	now, high, _, err := s.ledgerTime(tx)
 	if err != nil {
 		return Decision{}, err

@@ -106,6 +106,21 @@ func (s *Ledger) view(fn func(*ltx) error) error {
 	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx, ledger: s, journal: s.journal}) })
 }
 
+// readCommitted returns the committed value of key in collection (nil:
+// none), the caller's own: in one exchange with the store when the
+// backend is a PointReader, else in a View.
+func (s *Ledger) readCommitted(ctx context.Context, collection, key []byte) ([]byte, error) {
+	if p, ok := s.b.(PointReader); ok {
+		return p.ReadCommitted(ctx, string(collection), key)
+	}
+	var v []byte
+	err := s.view(func(tx *ltx) error {
+		v = bytes.Clone(tx.Bucket(collection).Get(key))
+		return nil
+	})
+	return v, err
+}
+
 // laterWrite is a write queued by Later.
 type laterWrite struct {
 	fn   func(Tx) error

@@ -651,6 +651,11 @@ func refused(err error) bool {
 // nothing was sent yet: BEGIN and the statements an Update starts with
 // (prelude) go first, in the same round trip. Within the stall timeout.
 func (t *btx) exchange(batch *pgx.Batch) error {
+	if len(t.ahead) > 0 && !t.final {
+		ahead := &pgx.Batch{}
+		t.queueAhead(ahead)
+		batch.QueuedQueries = append(ahead.QueuedQueries, batch.QueuedQueries...)
+	}
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
 		if t.pt != nil {
 			return t.pt.SendBatch(ctx, batch).Close()
@@ -674,13 +679,24 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 // prelude queues what an Update's first round trip sends after BEGIN: an
 // advisory lock on its commit marker (which a read-back waits for, see
 // readBack) and the ledger's meta keys that most write transactions read
-// (ledger.WriteMetaKeys: its clocks, read without a lock, see isClockKey;
-// the others locked shared, as a read of them would), remembered in t.
+// (ledger.WriteMetaKeys: its clocks, read without a lock, see isClockKey).
 func (t *btx) prelude(batch *pgx.Batch) {
 	batch.Queue("SELECT pg_advisory_xact_lock($1)", markerLockKey(t.marker))
-	keys := ledger.WriteMetaKeys()
-	t.queueLocks(batch, ledger.MetaCollection, keys, false) // shared; none for the clocks
-	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", ledger.MetaCollection, keys).Query(func(rows pgx.Rows) error {
+	t.queueReads(batch, ledger.MetaCollection, ledger.WriteMetaKeys())
+}
+
+// queueReads queues the locks of keys of coll, as reads take them, and
+// the statement that reads them; their rows (or their absence) are
+// remembered in t.
+func (t *btx) queueReads(batch *pgx.Batch, coll string, keys [][]byte) {
+	t.queueLocks(batch, coll, keys, false)
+	t.queueSelect(batch, coll, keys)
+}
+
+// queueSelect queues the statement that reads keys of coll; their rows
+// (or their absence) are remembered in t.
+func (t *btx) queueSelect(batch *pgx.Batch, coll string, keys [][]byte) {
+	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", coll, keys).Query(func(rows pgx.Rows) error {
 		found := map[string][]byte{}
 		for rows.Next() {
 			var k, v []byte
@@ -697,13 +713,51 @@ func (t *btx) prelude(batch *pgx.Batch) {
 		}
 		for _, k := range keys {
 			if v, ok := found[string(k)]; ok {
-				t.remember(ledger.MetaCollection, string(k), &v)
+				t.remember(coll, string(k), &v)
 			} else {
-				t.remember(ledger.MetaCollection, string(k), nil)
+				t.remember(coll, string(k), nil)
 			}
 		}
 		return nil
 	})
+}
+
+// Prefetch implements ledger.Prefetcher: the reads of keys of coll that
+// the transaction neither wrote nor read yet go with its next round trip
+// (unless that is the one carrying COMMIT), locks and all.
+func (t *btx) Prefetch(coll string, keys ...[]byte) {
+	for _, k := range keys {
+		if _, ok := t.pending[coll][string(k)]; ok {
+			continue
+		}
+		if _, ok := t.cache[coll][string(k)]; ok {
+			continue
+		}
+		if t.ahead == nil {
+			t.ahead = map[string][][]byte{}
+		}
+		t.ahead[coll] = append(t.ahead[coll], bytes.Clone(k))
+	}
+}
+
+// queueAhead queues the reads Prefetch asked for: their locks in one
+// request, then a statement per collection.
+func (t *btx) queueAhead(batch *pgx.Batch) {
+	colls := slices.Sorted(maps.Keys(t.ahead))
+	var r lockRequest
+	for _, coll := range colls {
+		t.wantLocks(&r, coll, t.ahead[coll], false)
+	}
+	r.queue(batch)
+	for _, coll := range colls {
+		t.queueSelect(batch, coll, t.ahead[coll])
+	}
+	t.ahead = nil
+}
+
+// isAhead reports whether key of coll waits in t.ahead.
+func (t *btx) isAhead(coll string, key []byte) bool {
+	return slices.ContainsFunc(t.ahead[coll], func(k []byte) bool { return bytes.Equal(k, key) })
 }
 
 // markerLockKey is the advisory lock key of a transaction's commit marker.
@@ -792,6 +846,32 @@ func (b *backend) View(ctx context.Context, fn func(ledger.BTx) error) error {
 	return b.retry(ctx, func() (bool, error) { return b.view(ctx, fn) })
 }
 
+// ReadCommitted implements ledger.PointReader: one statement, in no
+// transaction, under the stall timeout; run again after a transient
+// failure, as a View is.
+func (b *backend) ReadCommitted(ctx context.Context, coll string, key []byte) ([]byte, error) {
+	if b.isClosed() {
+		return nil, ledger.ErrClosed
+	}
+	var v []byte
+	err := b.retry(ctx, func() (bool, error) {
+		v = nil
+		err := b.bounded(ctx, func(ctx context.Context) error {
+			return b.pool.QueryRow(ctx, "SELECT value FROM idemgate_kv WHERE collection = $1 AND key = $2", coll, key).Scan(&v)
+		})
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return false, nil
+		case err != nil:
+			return transient(err), b.txError(err)
+		case v == nil:
+			v = []byte{}
+		}
+		return false, nil
+	})
+	return v, err
+}
+
 func (b *backend) view(ctx context.Context, fn func(ledger.BTx) error) (bool, error) {
 	actx, cancel := context.WithTimeout(ctx, b.stall)
 	c, err := b.pool.Acquire(actx)
@@ -849,6 +929,7 @@ type btx struct {
 	cache    map[string]map[string]cachedRow // collection → key → the row in the database (see btx)
 	cached   int                             // entries in cache, at most maxCached
 	tails    map[string]tail                 // collection → its last row in the database, when known
+	ahead    map[string][][]byte             // collection → keys whose reads go with the next round trip (Prefetch)
 	// An Update's locks (see wantLocks): keys, and collections held
 	// shared and exclusively.
 	locked       map[int64]lockMode
@@ -1284,6 +1365,16 @@ func (bk *bucket) Get(key []byte) []byte {
 			return nil
 		}
 		return r.v
+	}
+	if t.isAhead(bk.coll, key) { // read with the others asked for
+		if t.exchange(&pgx.Batch{}) != nil {
+			return nil
+		}
+		if r, ok := t.cache[bk.coll][string(key)]; ok && r.present {
+			return r.v
+		} else if ok {
+			return nil
+		}
 	}
 	// The key's lock, then its value, in one round trip: under READ
 	// COMMITTED the SELECT's snapshot is taken once the locks are
