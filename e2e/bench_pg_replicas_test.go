@@ -24,7 +24,9 @@ import (
 // machines). Each configuration runs on a new database. Run it with
 // IDEMGATE_BENCH_PG=1 (see BENCHMARKS.md); IDEMGATE_BENCH_PG_REPLICAS
 // (say "1") measures only those replica counts, IDEMGATE_BENCH_PG_PROFILES
-// (a directory) has each replica write a CPU profile there. Each
+// (a directory) has each replica write a CPU profile there, and
+// IDEMGATE_BENCH_PG_DURABLE=1 runs them on a cluster of its own with
+// PostgreSQL's default durability (the shared one has fsync off). Each
 // configuration also logs its round trips, refused transactions and
 // server CPU per create.
 func TestBenchmarkPostgresReplicas(t *testing.T) {
@@ -50,13 +52,28 @@ func TestBenchmarkPostgresReplicas(t *testing.T) {
 			counts = append(counts, n)
 		}
 	}
+	newDB := pgtest.NewDatabase
+	if os.Getenv("IDEMGATE_BENCH_PG_DURABLE") == "1" { // every COMMIT flushes its WAL, as in production
+		c, err := pgtest.StartDurable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Stop() })
+		newDB = func(t testing.TB) string {
+			url, err := c.CreateDatabase(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return url
+		}
+	}
 	b := newAllBench(t, envInt(t, "IDEMGATE_BENCH_SECONDS", 10))
 	var base float64 // one replica, no delay
 	for _, d := range []time.Duration{0, delay} {
 		var one float64
 		for _, n := range counts {
 			name := fmt.Sprintf("%d replica(s), %s added each way", n, d)
-			total, mean, err := b.replicas(n, d)
+			total, mean, err := b.replicas(newDB, n, d)
 			if err != nil {
 				b.failed(name, "—", err)
 				continue
@@ -79,12 +96,12 @@ func TestBenchmarkPostgresReplicas(t *testing.T) {
 	fmt.Println(b.markdown(0))
 }
 
-// replicas runs n replicas on a new database behind a proxy adding d each
+// replicas runs n replicas on a new database (newDB) behind a proxy adding d each
 // way, and one bench process per replica, 64/n clients each, new keys
 // only; it returns the creates/s summed and the proxy's mean delay.
-func (b *allBench) replicas(n int, d time.Duration) (float64, time.Duration, error) {
+func (b *allBench) replicas(newDB func(testing.TB) string, n int, d time.Duration) (float64, time.Duration, error) {
 	t := b.t
-	db := pgtest.NewDatabase(t)
+	db := newDB(t)
 	proxy := pgtest.NewDelayProxy(t, db, d)
 	dir := filepath.Join(b.dir, fmt.Sprintf("pg-%d-%s", n, d))
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -50,6 +50,9 @@ type Cluster struct {
 	port int
 	cred *syscall.Credential // the user it runs as, when not this process's
 	n    atomic.Int64
+	// durable: PostgreSQL's default durability (StartDurable), not
+	// fsync, synchronous_commit and full_page_writes off.
+	durable bool
 }
 
 // FindBinaries returns the directory holding initdb and pg_ctl: the
@@ -85,7 +88,13 @@ func isExec(p string) bool {
 }
 
 // Start initialises and starts a new cluster.
-func Start() (*Cluster, error) {
+func Start() (*Cluster, error) { return start(false) }
+
+// StartDurable is Start with PostgreSQL's default durability: every
+// COMMIT waits for its WAL to be flushed (for benchmarks that count it).
+func StartDurable() (*Cluster, error) { return start(true) }
+
+func start(durable bool) (*Cluster, error) {
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -94,7 +103,7 @@ func Start() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, bin: bin}
+	c := &Cluster{dir: dir, bin: bin, durable: durable}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("nobody")
 		if err != nil {
@@ -200,8 +209,11 @@ func (c *Cluster) Pause() error {
 func (c *Cluster) Resume() error { return c.start() }
 
 func (c *Cluster) start() error {
-	return c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start",
-		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", c.port, c.dir))
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=300", c.port, c.dir)
+	if !c.durable {
+		opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+	}
+	return c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start", "-o", opts)
 }
 
 // Stop stops the cluster at once and removes its directory.
