@@ -1,8 +1,6 @@
 package server
 
 import (
-	"idemgate/approvals"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"idemgate/approvals"
 	"idemgate/internal/oidctest"
 )
 

@@ -21,6 +21,22 @@ func openDB(t *testing.T, o ledger.Options) *postgres.DB {
 	return s
 }
 
+// openReplicas opens n ledgers on the database at url (n replicas'
+// worth of connection pools), closed when t ends.
+func openReplicas(t *testing.T, url string, n int) []*postgres.DB {
+	t.Helper()
+	var reps []*postgres.DB
+	for range n {
+		s, err := postgres.Open(url, ledger.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		reps = append(reps, s)
+	}
+	return reps
+}
+
 // TestContract runs the ledger's whole contract on PostgreSQL.
 func TestContract(t *testing.T) {
 	ledgertest.Run(t, func(t *testing.T, o ledger.Options) ledger.Store {

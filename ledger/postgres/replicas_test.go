@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
-	"idemgate/ledger/postgres"
 	"idemgate/ledger/postgres/pgtest"
 )
 
@@ -19,16 +18,7 @@ import (
 // goroutines each. Each key's effect is committed exactly once, and every
 // caller gets the one execution's result.
 func TestReplicasExecuteOnce(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	var reps []*postgres.DB
-	for range 4 {
-		s, err := postgres.Open(url, ledger.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		reps = append(reps, s)
-	}
+	reps := openReplicas(t, pgtest.NewDatabase(t), 4)
 	ctx := context.Background()
 	const keys, callers = 8, 16
 	for k := range keys {
@@ -83,16 +73,7 @@ func TestReplicasExecuteOnce(t *testing.T) {
 // entry is chained exactly once: a sealer that read the journal while
 // another was chaining it must not chain the same entries again.
 func TestReplicasSealEachEntryOnce(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	var reps []*postgres.DB
-	for range 3 {
-		s, err := postgres.Open(url, ledger.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		reps = append(reps, s)
-	}
+	reps := openReplicas(t, pgtest.NewDatabase(t), 3)
 	ctx := context.Background()
 	const rounds, perRound = 20, 50
 	for r := range rounds {

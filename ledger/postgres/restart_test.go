@@ -35,15 +35,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reps []*postgres.DB
-	for range 2 {
-		s, err := postgres.Open(url, ledger.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		reps = append(reps, s)
-	}
+	reps := openReplicas(t, url, 2)
 	claim := func(key string) ledger.Claim {
 		return ledger.Claim{Actor: ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}, Key: key,
 			Tool: "create_order", Fingerprint: "fp", OnLeaseExpiry: ledger.StateRetryable}

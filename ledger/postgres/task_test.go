@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"idemgate/ledger"
-	"idemgate/ledger/postgres"
 	"idemgate/ledger/postgres/pgtest"
 )
 
@@ -15,16 +14,7 @@ import (
 // refused until the holder ends it or its hold expires (by the
 // database's clock), and then takes it.
 func TestTaskOneHolderAcrossReplicas(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	var reps []*postgres.DB
-	for range 2 {
-		d, err := postgres.Open(url, ledger.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		reps = append(reps, d)
-	}
+	reps := openReplicas(t, pgtest.NewDatabase(t), 2)
 	a, b := reps[0], reps[1]
 	ctx := context.Background()
 	take := func(s ledger.Store, holder string, hold time.Duration) bool {
