@@ -56,7 +56,7 @@ func startDeclaredGate(t *testing.T, config string, toolsDir map[string]string) 
 		t.Fatal(err)
 	}
 	tokens, toks := consoleTokens(t, dir)
-	g := &declaredGate{db: filepath.Join(dir, "ledger.db"), tokens: tokens, toks: toks}
+	g := &declaredGate{db: newLedger(t), tokens: tokens, toks: toks}
 	g.base = startHTTPEnv(t, []string{"E2E_PAYMENTS_TOKEN=" + paymentsToken}, g.db, tokens, 0, "--config", cfg).base
 	g.agent = httpSession(t, g.base, toks["alice"])
 	g.agent2 = httpSession(t, g.base, toks["alice"])
