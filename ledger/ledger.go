@@ -492,17 +492,16 @@ func (s *Ledger) Get(ctx context.Context, tenant, key string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var rec *Record
-	err := s.view(func(tx *ltx) error {
-		var err error
-		rec, err = getRecord(tx, tenant, key)
-		return err
-	})
+	v, err := s.readCommitted(ctx, bucketRecords, recordKey(tenant, key))
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
+	if v == nil {
 		return nil, ErrNotFound
+	}
+	rec, err := decodeStored(tenant, key, v)
+	if err != nil {
+		return nil, err
 	}
 	return s.present(rec), nil
 }

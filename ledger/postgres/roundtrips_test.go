@@ -12,7 +12,8 @@ import (
 
 // TestRoundTripsPerClaim counts the exchanges with the database of a
 // claim that executes (a new key whose effect writes a key of its own it
-// first reads, as an order's does) and of its replay: 4 and 1. The first
+// first reads, as an order's does), of its replay and of a Get of its
+// record (get_operation_status): 4, 1 and 1. The first
 // look at the record is one statement outside a transaction; the claim's
 // transaction reads its clocks, its record, the fingerprint index and
 // the retention walk's place with BEGIN, in one round trip; the effect's
@@ -69,5 +70,12 @@ func TestRoundTripsPerClaim(t *testing.T) {
 		}
 	}); n != 1 {
 		t.Errorf("a replay took %d round trips, want 1", n)
+	}
+	if n := least(func() {
+		if _, err := s.Get(ctx, "acme", key); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 1 {
+		t.Errorf("a Get took %d round trips, want 1", n)
 	}
 }
