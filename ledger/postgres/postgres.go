@@ -694,7 +694,7 @@ func (t *btx) queueReads(batch *pgx.Batch, coll string, keys [][]byte) {
 }
 
 // queueSelect queues the statement that reads keys of coll; their rows
-// (or their absence) are remembered in t.
+// (or their absence) are remembered in t, unless t knows a key already.
 func (t *btx) queueSelect(batch *pgx.Batch, coll string, keys [][]byte) {
 	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", coll, keys).Query(func(rows pgx.Rows) error {
 		found := map[string][]byte{}
@@ -712,6 +712,11 @@ func (t *btx) queueSelect(batch *pgx.Batch, coll string, keys [][]byte) {
 			return err
 		}
 		for _, k := range keys {
+			if _, known := t.cache[coll][string(k)]; known {
+				// Written in this round trip, after this read (a flush
+				// that carried prefetched reads): the write is newer.
+				continue
+			}
 			if v, ok := found[string(k)]; ok {
 				t.remember(coll, string(k), &v)
 			} else {

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -8,6 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"idemgate/ledger"
+	"idemgate/ledger/postgres"
+	"idemgate/ledger/postgres/pgtest"
 )
 
 // TestRoundTripsPerClaim counts the exchanges with the database of a
@@ -77,5 +80,42 @@ func TestRoundTripsPerClaim(t *testing.T) {
 		}
 	}); n != 1 {
 		t.Errorf("a Get took %d round trips, want 1", n)
+	}
+}
+
+// TestPrefetchedKeyWrittenBeforeItsRead: a key prefetched, then written
+// before the transaction's next round trip, which carries both the read
+// and the write (a cursor flushes its collection's writes first): the
+// transaction goes on reading what it wrote, not the row as it was.
+func TestPrefetchedKeyWrittenBeforeItsRead(t *testing.T) {
+	b, err := postgres.OpenBackend(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	coll, key := ledger.Collections()[0], []byte("k")
+	if err := b.Update(ctx, func(tx ledger.BTx) error { return tx.Bucket([]byte(coll)).Put(key, []byte("old")) }); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	if err := b.Update(ctx, func(tx ledger.BTx) error {
+		p, ok := tx.(ledger.Prefetcher)
+		if !ok {
+			t.Fatal("the PostgreSQL transaction is no Prefetcher")
+		}
+		p.Prefetch(coll, key)
+		bk := tx.Bucket([]byte(coll))
+		if err := bk.Put(key, []byte("new")); err != nil {
+			return err
+		}
+		bk.Cursor().First() // one round trip: the prefetched read and the write
+		got = bytes.Clone(bk.Get(key))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "new" {
+		t.Errorf("read %q after writing %q, want what was written", got, "new")
 	}
 }
