@@ -152,7 +152,7 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 		if cfg.Health != nil {
 			ok, details, public := cfg.Health(ctx)
 			body := public
-			if isOperator(cfg.Tokens, r) {
+			if isOperator(cfg.Tokens, cfg.OAuth, cfg.Guard, r) {
 				body = details
 			}
 			// The body is this moment's and depends on the token.
@@ -186,15 +186,30 @@ func NewHTTPHandler(s *mcpserver.MCPServer, cfg HTTPConfig) *HTTPHandler {
 
 // isOperator reports whether r carries the valid bearer token of an
 // approver, the role of the people who run the server (an agent's token
-// is a model's). An absent or invalid token is no error here: it is
-// simply not an operator's.
-func isOperator(tokens *Tokens, r *http.Request) bool {
+// is a model's): one of the tokens file or, with [auth], an access token
+// with the approver's scope. An absent or invalid token is no error
+// here: it is simply not an operator's. An access token is checked only
+// while guard lets r's source authenticate, and one that fails as forged
+// counts against the source there, as at /mcp.
+func isOperator(tokens *Tokens, oauth *OAuth, guard *AuthGuard, r *http.Request) bool {
 	token, ok := bearerToken(r.Header.Get("Authorization"))
-	if tokens == nil || !ok || token == "" || len(token) > 512 {
+	if !ok || token == "" {
 		return false
 	}
-	id, found, _ := tokens.Lookup(token)
-	return found && id.Role == "approver"
+	if tokens != nil && len(token) <= 512 {
+		if id, found, _ := tokens.Lookup(token); found {
+			return id.Role == "approver"
+		}
+	}
+	if oauth == nil || guard.Paused(r, AuthBearer) > 0 {
+		return false
+	}
+	id, err := oauth.Verify(r.Context(), token)
+	var ref *TokenRefusal
+	if errors.As(err, &ref) && ref.forged() {
+		guard.Failed(r, AuthBearer, "access token refused at /healthz: "+ref.Reason)
+	}
+	return err == nil && id.Role == "approver"
 }
 
 // ServeHTTP implements http.Handler.

@@ -289,3 +289,42 @@ func TestOAuthClaimsMapping(t *testing.T) {
 	_, err = o.Verify(ctx, ccToken(t, p, "spaced", "idemgate:agent"))
 	refusal(t, err, RefusedClaims, 403, "set [auth] principal_claim")
 }
+
+// TestOAuthOperatorAtHealthz: /healthz shows its details to an access
+// token with the approver's scope, as to a tokens-file approver's token;
+// not to an agent's, another audience's, a forged one or none. A forged
+// token counts against its source, as at /mcp.
+func TestOAuthOperatorAtHealthz(t *testing.T) {
+	p, o := startProvider(t, nil)
+	metrics := NewMetrics()
+	guard := NewAuthGuard(DefaultAuthFailureLimit, nil, metrics)
+	req := func(tok string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "/healthz", nil)
+		if tok != "" {
+			r.Header.Set("Authorization", "Bearer "+tok)
+		}
+		return r
+	}
+	approver := ccToken(t, p, "svc", "idemgate:approver")
+	for _, c := range []struct {
+		name string
+		tok  string
+		want bool
+	}{
+		{"approver scope", approver, true},
+		{"agent scope", ccToken(t, p, "svc", "idemgate:agent"), false},
+		{"another audience", ccToken(t, p, "elsewhere", "idemgate:approver"), false},
+		{"forged", approver[:len(approver)-4] + "AAAA", false},
+		{"none", "", false},
+	} {
+		if got := isOperator(nil, o, guard, req(c.tok)); got != c.want {
+			t.Errorf("%s: operator = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if isOperator(nil, nil, guard, req(approver)) {
+		t.Error("an access token was taken without [auth]")
+	}
+	if n := testutil.ToFloat64(metrics.authFailures.WithLabelValues(AuthBearer)); n != 1 {
+		t.Errorf("failed authentications counted: %v, want 1 (the forged token)", n)
+	}
+}
