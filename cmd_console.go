@@ -123,14 +123,29 @@ func consoleCmd(ctx context.Context, args []string, stderr io.Writer) (err error
 			return usageError{err}
 		}
 	}
-	if tokens == nil && link == nil {
-		return usageError{fmt.Errorf("nobody could log in: give --principal P --tenant T (a one-time login link is printed) or a tokens file (--tokens; idemgate tokens add --role approver)")}
+	auth := lf.file.Auth
+	signsIn := auth.Enabled() && auth.ConsoleClientID != "" // through [auth]'s provider
+	if tokens == nil && link == nil && !signsIn {
+		return usageError{fmt.Errorf("nobody could log in: give --principal P --tenant T (a one-time login link is printed), a tokens file (--tokens; idemgate tokens add --role approver) or [auth] with a console_client_id (docs/oauth.md)")}
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", *listen, err)
 	}
 	defer ln.Close()
+	publicURL := lf.file.Console.PublicURL
+	var signIn *server.SignIn
+	if signsIn {
+		// The provider sends people back to the console: to its public
+		// address, else to its own.
+		back := publicURL
+		if back == "" {
+			back = "http://" + displayAddr(ln.Addr().String())
+		}
+		if _, signIn, err = startOAuth(ctx, auth, back, logger); err != nil {
+			return err
+		}
+	}
 	store, svc, err := lf.openService(*outbox, 0, logger)
 	if err != nil {
 		return err
@@ -143,14 +158,16 @@ func consoleCmd(ctx context.Context, args []string, stderr io.Writer) (err error
 			err = cerr
 		}
 	}()
-	publicURL := lf.file.Console.PublicURL
-	c := newConsole(bg, publicURL, lf.file.Console.TraceURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl, nil)
+	c := newConsole(bg, publicURL, lf.file.Console.TraceURL, store, svc, tokens, server.NewAuthGuard(*authLimit, logger, nil), logger, true, ttl, signIn)
 	mux := http.NewServeMux()
 	mux.Handle("/ui", c)
 	mux.Handle("/ui/", c)
 	mux.Handle("/{$}", http.RedirectHandler("/ui/approvals", http.StatusSeeOther))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	if signIn != nil {
+		fmt.Fprintf(stderr, "idemgate console: approvers may sign in through %s on the login page\n", auth.Issuer)
+	}
 	printLogin(stderr, ln.Addr().String(), publicURL, c, link)
 	return server.ServeUntil(ctx, srv, ln, 10*time.Second)
 }

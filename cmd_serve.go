@@ -97,23 +97,9 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	var signIn *server.SignIn
 	if o.httpAddr != "" && lf.file.Auth.Enabled() {
 		var err error
-		if oauth, err = server.NewOAuth(lf.file.Auth, nil); err != nil {
-			return usageError{err}
+		if oauth, signIn, err = startOAuth(ctx, lf.file.Auth, lf.file.Console.PublicURL, logger); err != nil {
+			return err
 		}
-		// The issuer is asked now so that a wrong issuer shows at start;
-		// a failure is tried again at the first token.
-		if a := lf.file.Auth; a.ConsoleClientID != "" {
-			if signIn, err = oauth.NewSignIn(a.ConsoleClientID, a.ConsoleClientSecret, a.ConsoleRedirect(lf.file.Console.PublicURL)); err != nil {
-				return usageError{fmt.Errorf("[auth] console_client_id: %w", err)}
-			}
-		}
-		go func() {
-			if err := oauth.Discover(ctx); err != nil {
-				logger.Warn("oauth: the authorization server's metadata cannot be read now (tried again at the first token)", "issuer", lf.file.Auth.Issuer, "err", err)
-			} else {
-				logger.Info("oauth: accepting access tokens", "issuer", lf.file.Auth.Issuer, "resource", lf.file.Auth.Resource)
-			}
-		}()
 	}
 	if owned == nil { // in the owner, the owner's service traces
 		tel, stopTelemetry, err := startTelemetry(logger)
@@ -331,4 +317,31 @@ func setGCDefault() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(serveGOGC)
 	}
+}
+
+// startOAuth is the checker of [auth]'s access tokens and, when [auth]
+// names a console client, the console's sign-in through the provider,
+// whose callback is on consoleURL (see OAuthConfig.ConsoleRedirect). The
+// issuer's metadata is read in the background from now, so that a wrong
+// issuer shows in the log at start; a failure is tried again at the first
+// token.
+func startOAuth(ctx context.Context, a server.OAuthConfig, consoleURL string, logger *slog.Logger) (*server.OAuth, *server.SignIn, error) {
+	oauth, err := server.NewOAuth(a, nil)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	var signIn *server.SignIn
+	if a.ConsoleClientID != "" {
+		if signIn, err = oauth.NewSignIn(a.ConsoleClientID, a.ConsoleClientSecret, a.ConsoleRedirect(consoleURL)); err != nil {
+			return nil, nil, usageError{fmt.Errorf("[auth] console_client_id: %w", err)}
+		}
+	}
+	go func() {
+		if err := oauth.Discover(ctx); err != nil {
+			logger.Warn("oauth: the authorization server's metadata cannot be read now (tried again at the first token)", "issuer", a.Issuer, "err", err)
+		} else {
+			logger.Info("oauth: accepting access tokens", "issuer", a.Issuer, "resource", a.Resource)
+		}
+	}()
+	return oauth, signIn, nil
 }

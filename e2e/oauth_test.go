@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -377,6 +378,54 @@ func TestOAuthConsoleSignIn(t *testing.T) {
 		t.Errorf("alice's sign-in page says:\n%s", body)
 	}
 	do(t, ctx, "still no session", chromedp.Navigate(base+"/ui/approvals"), chromedp.WaitVisible(chromedp.CSS("#token")))
+}
+
+// TestOAuthStandaloneConsoleSignIn: `idemgate console`, run on its own
+// beside the agents' server with the same [auth], signs boss in through
+// the provider (the callback on the console's own address), and boss
+// approves an agent's held cancel there, decided by boss in the history.
+func TestOAuthStandaloneConsoleSignIn(t *testing.T) {
+	ctx := newBrowser(t)
+	p, base, db := oauthServer(t, `console_client_id = "console"`, `console_client_secret = "console-secret"`)
+	acme := map[string]any{"tenant": aprTenant}
+	p.AddClient(oidctest.Client{ID: "desk-agent", Secret: "s3cret", Audience: []string{base + "/mcp"}, Claims: acme})
+	p.SetUser("boss", acme)
+	tok, err := p.ClientCredentials(testContext(t), "desk-agent", "s3cret", "idemgate:agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := httpSession(t, base, tok)
+	o := placeOrder(t, agent, "cust-standalone")
+	args := cancelArgs(newKey(), o.OrderID, 1)
+	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+
+	cfg := filepath.Join(filepath.Dir(db), "idemgate.toml")
+	console, _ := startConsole(t, []string{"--db", db, "--config", cfg, "--log-level", "warn"}, regexp.MustCompile(`http://\S+/ui/login`))
+	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{console + "/ui/signin/callback"}, Audience: []string{base + "/mcp"}})
+	card := "#apr-" + id
+	do(t, ctx, "sign in through the provider",
+		chromedp.Navigate(console+"/ui/login"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS(card)),
+	)
+	if got := textOf(t, ctx, "#who"); !strings.Contains(got, "boss") {
+		t.Errorf("signed in as %q, want boss", got)
+	}
+	do(t, ctx, "approve",
+		chromedp.Click(chromedp.CSS(card+" button.approve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
+	)
+	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
+		t.Fatalf("outcome = %q, want succeeded\n%s", got, bodyText(t, ctx))
+	}
+	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
+		t.Errorf("the agent's retry was not a replay: %s", replay)
+	}
+	do(t, ctx, "open the history", chromedp.Navigate(console+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	if got := textOf(t, ctx, card+" .decided-by"); !strings.HasPrefix(got, "boss ") {
+		t.Errorf("history decided by = %q, want boss", got)
+	}
 }
 
 // TestOAuthIntrospection: with introspection on, the built server accepts
