@@ -310,46 +310,8 @@ func TestOAuthConsoleSignIn(t *testing.T) {
 	p, base, _ := oauthServer(t, `console_client_id = "console"`, `console_client_secret = "console-secret"`)
 	acme := map[string]any{"tenant": aprTenant} // oauthServer serves acme
 	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{base + "/ui/signin/callback"}, Audience: []string{base + "/mcp"}})
-	p.AddClient(oidctest.Client{ID: "desk-agent", Secret: "s3cret", Audience: []string{base + "/mcp"}, Claims: acme})
-	p.SetUser("boss", acme)
-	tok, err := p.ClientCredentials(testContext(t), "desk-agent", "s3cret", "idemgate:agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := httpSession(t, base, tok)
-	o := placeOrder(t, agent, "cust-oidc")
-	key := newKey()
-	args := cancelArgs(key, o.OrderID, 1)
-	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
-
-	card := "#apr-" + id
-	do(t, ctx, "sign in through the provider",
-		chromedp.Navigate(base+"/ui/login"),
-		chromedp.WaitVisible(chromedp.CSS("#signin")),
-		chromedp.Click(chromedp.CSS("#signin")),
-		chromedp.WaitVisible(chromedp.CSS(card)),
-	)
-	if got := textOf(t, ctx, "#who"); !strings.Contains(got, "boss") {
-		t.Errorf("signed in as %q, want boss", got)
-	}
-	if got := textOf(t, ctx, card+" .requester"); got != "desk-agent" {
-		t.Errorf("requester = %q, want desk-agent (the agent's token's subject)", got)
-	}
-	do(t, ctx, "approve",
-		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "signed in by OIDC"),
-		chromedp.Click(chromedp.CSS(card+" button.approve")),
-		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
-	)
-	if got := textOf(t, ctx, "#outcome-status"); got != "succeeded" {
-		t.Fatalf("outcome = %q, want succeeded\n%s", got, bodyText(t, ctx))
-	}
-	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
-		t.Errorf("the agent's retry was not a replay: %s", replay)
-	}
-	do(t, ctx, "open the history", chromedp.Navigate(base+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
-	if got := textOf(t, ctx, card+" .decided-by"); !strings.HasPrefix(got, "boss ") {
-		t.Errorf("history decided by = %q, want boss", got)
-	}
+	agent, args, id := heldCancel(t, p, base)
+	approveSignedIn(t, ctx, base, agent, args, id)
 
 	// Another tenant's person: refused, saying why, and no session.
 	p.SetUser("zed", map[string]any{"tenant": "globex"})
@@ -387,7 +349,21 @@ func TestOAuthConsoleSignIn(t *testing.T) {
 func TestOAuthStandaloneConsoleSignIn(t *testing.T) {
 	ctx := newBrowser(t)
 	p, base, db := oauthServer(t, `console_client_id = "console"`, `console_client_secret = "console-secret"`)
-	acme := map[string]any{"tenant": aprTenant}
+	agent, args, id := heldCancel(t, p, base)
+	cfg := filepath.Join(filepath.Dir(db), "idemgate.toml")
+	console, _ := startConsole(t, []string{"--db", db, "--config", cfg, "--log-level", "warn"}, regexp.MustCompile(`http://\S+/ui/login`))
+	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{console + "/ui/signin/callback"}, Audience: []string{base + "/mcp"}})
+	approveSignedIn(t, ctx, console, agent, args, id)
+}
+
+// heldCancel has the provider's desk-agent (tenant acme, signed in by
+// client credentials) place an order through the server at base and ask
+// to cancel it, which is held for an approver; boss is made the
+// provider's person of acme. It returns the agent's session, the cancel's
+// arguments and the approval's id.
+func heldCancel(t *testing.T, p *oidctest.Provider, base string) (*session, map[string]any, string) {
+	t.Helper()
+	acme := map[string]any{"tenant": aprTenant} // oauthServer serves acme
 	p.AddClient(oidctest.Client{ID: "desk-agent", Secret: "s3cret", Audience: []string{base + "/mcp"}, Claims: acme})
 	p.SetUser("boss", acme)
 	tok, err := p.ClientCredentials(testContext(t), "desk-agent", "s3cret", "idemgate:agent")
@@ -395,16 +371,19 @@ func TestOAuthStandaloneConsoleSignIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent := httpSession(t, base, tok)
-	o := placeOrder(t, agent, "cust-standalone")
+	o := placeOrder(t, agent, "cust-oidc")
 	args := cancelArgs(newKey(), o.OrderID, 1)
-	id := agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+	return agent, args, agent.mustHold(t, "cancel_order", args).Approval.ApprovalID
+}
 
-	cfg := filepath.Join(filepath.Dir(db), "idemgate.toml")
-	console, _ := startConsole(t, []string{"--db", db, "--config", cfg, "--log-level", "warn"}, regexp.MustCompile(`http://\S+/ui/login`))
-	p.AddClient(oidctest.Client{ID: "console", Secret: "console-secret", RedirectURIs: []string{console + "/ui/signin/callback"}, Audience: []string{base + "/mcp"}})
+// approveSignedIn signs boss in at the console at consoleBase through the
+// provider and approves approval id there (heldCancel's): the cancel
+// succeeds, the agent's retry replays it, and the history names boss.
+func approveSignedIn(t *testing.T, ctx context.Context, consoleBase string, agent *session, args map[string]any, id string) {
+	t.Helper()
 	card := "#apr-" + id
 	do(t, ctx, "sign in through the provider",
-		chromedp.Navigate(console+"/ui/login"),
+		chromedp.Navigate(consoleBase+"/ui/login"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
 		chromedp.Click(chromedp.CSS("#signin")),
 		chromedp.WaitVisible(chromedp.CSS(card)),
@@ -412,7 +391,11 @@ func TestOAuthStandaloneConsoleSignIn(t *testing.T) {
 	if got := textOf(t, ctx, "#who"); !strings.Contains(got, "boss") {
 		t.Errorf("signed in as %q, want boss", got)
 	}
+	if got := textOf(t, ctx, card+" .requester"); got != "desk-agent" {
+		t.Errorf("requester = %q, want desk-agent (the agent's token's subject)", got)
+	}
 	do(t, ctx, "approve",
+		chromedp.SendKeys(chromedp.CSS("#comment-"+id), "signed in by OIDC"),
 		chromedp.Click(chromedp.CSS(card+" button.approve")),
 		chromedp.WaitVisible(chromedp.CSS("#outcome-status")),
 	)
@@ -422,7 +405,7 @@ func TestOAuthStandaloneConsoleSignIn(t *testing.T) {
 	if replay := agent.mustSucceed(t, "cancel_order", args); !replay.Replayed {
 		t.Errorf("the agent's retry was not a replay: %s", replay)
 	}
-	do(t, ctx, "open the history", chromedp.Navigate(console+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
+	do(t, ctx, "open the history", chromedp.Navigate(consoleBase+"/ui/history"), chromedp.WaitVisible(chromedp.CSS(card)))
 	if got := textOf(t, ctx, card+" .decided-by"); !strings.HasPrefix(got, "boss ") {
 		t.Errorf("history decided by = %q, want boss", got)
 	}
