@@ -31,15 +31,17 @@ func (s *Ledger) claim(ctx context.Context, c Claim, apply ApplyFunc) (Decision,
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
-	// Fast path: an existing record that only needs an answer is read with
-	// a read-only transaction (no fsync); its audit entry is buffered.
+	// Fast path: an existing record that only needs an answer is read
+	// without a write transaction (one statement on PostgreSQL, a View on
+	// bbolt: no fsync); its audit entry is buffered.
 	var d Decision
 	var answered bool
-	v, err := s.readCommitted(ctx, bucketRecords, recordKey(c.Actor.Tenant, c.Key))
-	if err != nil {
-		return Decision{}, err
-	}
-	rec, err := s.finals.record(c.Actor.Tenant, c.Key, v)
+	var rec *Record
+	err := s.readCommitted(ctx, bucketRecords, recordKey(c.Actor.Tenant, c.Key), func(v []byte) error {
+		var err error
+		rec, err = s.finals.record(c.Actor.Tenant, c.Key, v)
+		return err
+	})
 	if err != nil {
 		return Decision{}, err
 	}

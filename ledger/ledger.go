@@ -106,19 +106,18 @@ func (s *Ledger) view(fn func(*ltx) error) error {
 	return s.b.View(context.Background(), func(tx BTx) error { return fn(&ltx{BTx: tx, ledger: s, journal: s.journal}) })
 }
 
-// readCommitted returns the committed value of key in collection (nil:
-// none), the caller's own: in one exchange with the store when the
-// backend is a PointReader, else in a View.
-func (s *Ledger) readCommitted(ctx context.Context, collection, key []byte) ([]byte, error) {
+// readCommitted calls fn with the committed value of key in collection
+// (nil: none), valid only during the call: in one exchange with the store
+// when the backend is a PointReader, else in a View.
+func (s *Ledger) readCommitted(ctx context.Context, collection, key []byte, fn func(v []byte) error) error {
 	if p, ok := s.b.(PointReader); ok {
-		return p.ReadCommitted(ctx, string(collection), key)
+		v, err := p.ReadCommitted(ctx, string(collection), key)
+		if err != nil {
+			return err
+		}
+		return fn(v)
 	}
-	var v []byte
-	err := s.view(func(tx *ltx) error {
-		v = bytes.Clone(tx.Bucket(collection).Get(key))
-		return nil
-	})
-	return v, err
+	return s.view(func(tx *ltx) error { return fn(tx.Bucket(collection).Get(key)) })
 }
 
 // laterWrite is a write queued by Later.
@@ -492,14 +491,15 @@ func (s *Ledger) Get(ctx context.Context, tenant, key string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	v, err := s.readCommitted(ctx, bucketRecords, recordKey(tenant, key))
-	if err != nil {
-		return nil, err
-	}
-	if v == nil {
-		return nil, ErrNotFound
-	}
-	rec, err := decodeStored(tenant, key, v)
+	var rec *Record
+	err := s.readCommitted(ctx, bucketRecords, recordKey(tenant, key), func(v []byte) error {
+		if v == nil {
+			return ErrNotFound
+		}
+		var err error
+		rec, err = decodeStored(tenant, key, v)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -682,15 +682,9 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 // (ledger.WriteMetaKeys: its clocks, read without a lock, see isClockKey).
 func (t *btx) prelude(batch *pgx.Batch) {
 	batch.Queue("SELECT pg_advisory_xact_lock($1)", markerLockKey(t.marker))
-	t.queueReads(batch, ledger.MetaCollection, ledger.WriteMetaKeys())
-}
-
-// queueReads queues the locks of keys of coll, as reads take them, and
-// the statement that reads them; their rows (or their absence) are
-// remembered in t.
-func (t *btx) queueReads(batch *pgx.Batch, coll string, keys [][]byte) {
-	t.queueLocks(batch, coll, keys, false)
-	t.queueSelect(batch, coll, keys)
+	keys := ledger.WriteMetaKeys()
+	t.queueLocks(batch, ledger.MetaCollection, keys, false) // none for the clocks
+	t.queueSelect(batch, ledger.MetaCollection, keys)
 }
 
 // queueSelect queues the statement that reads keys of coll; their rows
@@ -1365,21 +1359,14 @@ func (bk *bucket) Get(key []byte) []byte {
 	if t.err != nil {
 		return nil
 	}
+	if t.isAhead(bk.coll, key) && t.exchange(&pgx.Batch{}) != nil { // read with the others asked for
+		return nil
+	}
 	if r, ok := t.cache[bk.coll][string(key)]; ok {
 		if !r.present {
 			return nil
 		}
 		return r.v
-	}
-	if t.isAhead(bk.coll, key) { // read with the others asked for
-		if t.exchange(&pgx.Batch{}) != nil {
-			return nil
-		}
-		if r, ok := t.cache[bk.coll][string(key)]; ok && r.present {
-			return r.v
-		} else if ok {
-			return nil
-		}
 	}
 	// The key's lock, then its value, in one round trip: under READ
 	// COMMITTED the SELECT's snapshot is taken once the locks are
