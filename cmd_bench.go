@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +42,9 @@ const (
 // defaultMix is the tool mix of `idemgate bench` without --mix.
 const defaultMix = "create_order=8,get_order=1,send_notification=1"
 
+// maxBenchURLs bounds --url and --server-pid: the replicas one bench drives.
+const maxBenchURLs = 64
+
 // benchCmd is `idemgate bench`: a load generator that drives a server it
 // spawns over stdio (on a fresh temporary ledger, or --db), or a running
 // HTTP server (--url, --token), and reports throughput, latency, server
@@ -57,9 +61,34 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	target := fs.String("url", "", "drive the Streamable HTTP server at this URL (e.g. http://127.0.0.1:8080/mcp) instead of spawning idemgate serve over stdio")
+	var targets []string
+	fs.Func("url", fmt.Sprintf("drive the Streamable HTTP server at this URL (e.g. http://127.0.0.1:8080/mcp) instead of spawning idemgate serve over stdio; repeat it for the replicas of one deployment (at most %d): the clients are spread over them in turn", maxBenchURLs), func(s string) error {
+		u, err := url.Parse(s)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			return fmt.Errorf("%q: want an http:// or https:// URL of the MCP endpoint, e.g. http://127.0.0.1:8080/mcp", s)
+		case len(targets) == maxBenchURLs:
+			return fmt.Errorf("at most %d URLs", maxBenchURLs)
+		}
+		targets = append(targets, s)
+		return nil
+	})
 	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "with --url: the bearer token to call with (an agent's; env IDEMGATE_TOKEN)")
-	serverPID := fs.Int("server-pid", 0, "with --url: the local server's process id, to report its CPU per call (a serve --http on a ledger file runs in the file's owner: its pid, which serve prints at start)")
+	var serverPIDs []int
+	fs.Func("server-pid", "with --url: the local server's process id, to report its CPU per call (a serve --http on a ledger file runs in the file's owner: its pid, which serve prints at start); repeat it for several replicas: their CPU is added up", func(s string) error {
+		pid, err := strconv.Atoi(s)
+		switch {
+		case err != nil || pid <= 0:
+			return fmt.Errorf("%q: want a process id", s)
+		case len(serverPIDs) == maxBenchURLs:
+			return fmt.Errorf("at most %d process ids", maxBenchURLs)
+		}
+		if _, err := loadgen.ProcessCPU(pid); err != nil {
+			return fmt.Errorf("%d: cannot read its CPU time: %v", pid, err)
+		}
+		serverPIDs = append(serverPIDs, pid)
+		return nil
+	})
 	db := fs.String("db", "", "the ledger the spawned server uses (default: a fresh one in a temporary directory, removed afterwards)")
 	config := fs.String("config", "", "a configuration file for the spawned server (its policy applies to the calls)")
 	clients := fs.Int("clients", 8, fmt.Sprintf("concurrent callers (1-%d); over stdio they share the one connection, over HTTP each has its own", loadgen.MaxClients))
@@ -102,7 +131,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{errors.New(strings.Replace(msg, "+ mismatch-ratio", "+ --mismatch-ratio", 1))}
 	}
-	remote := *target != ""
+	remote := len(targets) > 0
 	switch {
 	case remote && (*db != "" || *config != ""):
 		return usageError{errors.New("--db and --config are for the spawned server; with --url the server is already running")}
@@ -110,10 +139,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return usageError{errors.New("--outbox-dir is for --url; the spawned server's outbox directory is known")}
 	case *drainTimeout < 0 || *drainTimeout > 10*time.Minute:
 		return usageError{fmt.Errorf("--drain-timeout must be 0..10m, got %s", *drainTimeout)}
-	case !remote && *serverPID != 0:
+	case !remote && len(serverPIDs) > 0:
 		return usageError{errors.New("--server-pid is for --url; the spawned server's CPU is reported anyway")}
-	case *serverPID < 0:
-		return usageError{fmt.Errorf("--server-pid must be a process id, got %d", *serverPID)}
+	case len(targets) > *clients:
+		return usageError{fmt.Errorf("%d URLs for %d --clients: every URL needs a client at least", len(targets), *clients)}
 	}
 	pgLedger := !remote && loadgen.IsPostgresURL(*db)
 	if *floorDB == "" && *floors && pgLedger {
@@ -122,19 +151,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if *floorDB != "" && !loadgen.IsPostgresURL(*floorDB) {
 		return usageError{errors.New("--floor-db must be a postgres:// or postgresql:// URL: the database the server's ledger is in")}
 	}
-	if remote {
-		u, err := url.Parse(*target)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return usageError{fmt.Errorf("--url %q: want an http:// or https:// URL of the MCP endpoint, e.g. http://127.0.0.1:8080/mcp", *target)}
-		}
-		if *token == "" {
-			return usageError{errors.New("--url needs --token (or env IDEMGATE_TOKEN): an agent's bearer token, see idemgate tokens add")}
-		}
-	}
-	if *serverPID > 0 {
-		if _, err := loadgen.ProcessCPU(*serverPID); err != nil {
-			return usageError{fmt.Errorf("--server-pid %d: cannot read its CPU time: %v", *serverPID, err)}
-		}
+	if remote && *token == "" {
+		return usageError{errors.New("--url needs --token (or env IDEMGATE_TOKEN): an agent's bearer token, see idemgate tokens add")}
 	}
 	if *config != "" {
 		if _, err := os.Stat(*config); err != nil {
@@ -146,16 +164,18 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	var callers []loadgen.Caller
-	var pid int
-	var ownerPID int // the spawned server's ledger owner (see package owner), whose CPU is the server's too
+	// The server's processes, whose CPU is reported: --server-pid, or the
+	// spawned server and its ledger's owner (see package owner).
+	var pids []int
 	var ownerPlace *owner.Place
 	var ledgerDir, what string
 	if remote {
-		what = *target
-		// One connection per client, all kept alive.
+		what = strings.Join(targets, " ")
+		// One connection per client, all kept alive; client i calls the
+		// i-th URL in turn.
 		hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConns: *clients, MaxIdleConnsPerHost: *clients, IdleConnTimeout: 90 * time.Second}}
-		for range *clients {
-			c, err := loadgen.DialHTTP(ctx, *target, *token, hc)
+		for i := range *clients {
+			c, err := loadgen.DialHTTP(ctx, targets[i%len(targets)], *token, hc)
 			if err != nil {
 				closeAll(callers)
 				return err
@@ -163,7 +183,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			callers = append(callers, c)
 		}
 		defer closeAll(callers)
-		pid = *serverPID
+		pids = serverPIDs
 	} else {
 		exe, err := os.Executable()
 		if err != nil {
@@ -202,11 +222,13 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		defer c.Close()
 		callers = []loadgen.Caller{c}
-		pid = c.PID()
+		pids = []int{c.PID()}
 		if !postgres.IsURL(dbPath) {
 			if place, err := owner.PlaceOf(dbPath); err == nil {
 				ownerPlace = &place
-				ownerPID, _ = owner.PID(place)
+				if p, ok := owner.PID(place); ok && p > 0 {
+					pids = append(pids, p)
+				}
 			}
 		}
 	}
@@ -299,21 +321,23 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--outbox-dir: %w", err)
 		}
 	}
-	// The server's CPU: the process (and, when it passes its calls to the
-	// ledger's owner, the owner: its CPU includes the calls of any other
-	// client of that ledger meanwhile).
+	// The server's CPU: its processes' (a ledger's owner's includes the
+	// calls of any other client of that ledger meanwhile).
 	serverCPU := func() (time.Duration, error) {
-		used, err := loadgen.ProcessCPU(pid)
-		if err == nil && ownerPID > 0 {
-			o, oerr := loadgen.ProcessCPU(ownerPID)
-			used, err = used+o, oerr
+		var used time.Duration
+		for _, p := range pids {
+			u, err := loadgen.ProcessCPU(p)
+			if err != nil {
+				return 0, err
+			}
+			used += u
 		}
-		return used, err
+		return used, nil
 	}
 	var cpu0 time.Duration
-	if pid > 0 {
+	if len(pids) > 0 {
 		if cpu0, err = serverCPU(); err != nil {
-			pid = 0 // not local after all: no CPU figure
+			pids = nil // not local after all: no CPU figure
 		}
 	}
 	rep, err := loadgen.Run(ctx, cfg, callers)
@@ -332,7 +356,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("counting the delivered notifications: %w", err)
 		}
 	}
-	if pid > 0 {
+	if len(pids) > 0 {
 		if cpu1, err := serverCPU(); err == nil {
 			rep.SetServerCPU(cpu1 - cpu0)
 			rep.ServerCPU.IncludesDrain = rep.Delivery != nil && *drainTimeout > 0

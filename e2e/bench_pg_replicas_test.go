@@ -6,18 +6,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"idemgate/ledger/postgres/pgtest"
-	"idemgate/loadgen"
 )
 
 // TestBenchmarkPostgresReplicas measures the rows of issue 20: creates/s of
 // 1, 2 and 4 `serve --http` replicas on one PostgreSQL database, 64 HTTP
-// clients in all (each replica its share, one `idemgate bench` process per
-// replica, new keys only), with no added delay and with a proxy that
+// clients in all (one `idemgate bench` process, its clients spread over
+// the replicas, new keys only), with no added delay and with a proxy that
 // delays each direction between the replicas and PostgreSQL by
 // IDEMGATE_BENCH_PG_DELAY (default 0.5ms; the proxy's measured mean is
 // printed: Go's timers wake about a millisecond late at the least on some
@@ -97,8 +95,8 @@ func TestBenchmarkPostgresReplicas(t *testing.T) {
 }
 
 // replicas runs n replicas on a new database (newDB) behind a proxy adding d each
-// way, and one bench process per replica, 64/n clients each, new keys
-// only; it returns the creates/s summed and the proxy's mean delay.
+// way, and one bench process whose 64 clients are spread over them, new
+// keys only; it returns the creates/s and the proxy's mean delay.
 func (b *allBench) replicas(newDB func(testing.TB) string, n int, d time.Duration) (float64, time.Duration, error) {
 	t := b.t
 	db := newDB(t)
@@ -117,44 +115,89 @@ func (b *allBench) replicas(newDB func(testing.TB) string, n int, d time.Duratio
 		}
 		servers = append(servers, startHTTPEnv(t, env, proxy.URL(), tokens, 0, "--workers", "64", "--outbox-dir", filepath.Join(dir, "outbox")))
 	}
-	reps := make([]*loadgen.Report, n)
-	errs := make([]error, n)
-	cpu0 := make([]time.Duration, n)
-	for i, s := range servers {
-		cpu0[i], _ = loadgen.ProcessCPU(s.cmd.Process.Pid)
+	// One load generator for every configuration, its 64 clients spread
+	// over the replicas: the same clients in each, so that only the
+	// servers change.
+	args := []string{"--token", tok, "--clients", "64", "--dup-ratio", "0", "--mix", "create_order=1", "--duration", b.dur, "--drain-timeout", "0"}
+	for _, s := range servers {
+		args = append(args, "--url", s.base+"/mcp", "--server-pid", strconv.Itoa(s.cmd.Process.Pid))
 	}
-	var wg sync.WaitGroup
-	for i, s := range servers {
-		wg.Go(func() {
-			reps[i], errs[i] = b.bench(fmt.Sprintf("pg-%d-%s-%d", n, d, i), "--url", s.base+"/mcp", "--token", tok,
-				"--clients", strconv.Itoa(64/n), "--dup-ratio", "0", "--mix", "create_order=1", "--duration", b.dur, "--drain-timeout", "0")
-		})
+	busy0, pg0 := machineBusy(t), commandCPU(t, "postgres")
+	rep, err := b.bench(fmt.Sprintf("pg-%d-%s", n, d), args...)
+	if err != nil {
+		return 0, 0, err
 	}
-	wg.Wait()
-	total := 0.0
-	var calls int64
-	var cpu time.Duration
+	busy, pg := machineBusy(t)-busy0, commandCPU(t, "postgres")-pg0
 	var trips, conflicts float64
-	for i, s := range servers {
-		if errs[i] != nil {
-			return 0, 0, errs[i]
-		}
-		total += reps[i].Throughput
-		calls += reps[i].Calls
-		used, _ := loadgen.ProcessCPU(s.cmd.Process.Pid)
-		cpu += used - cpu0[i]
+	for _, s := range servers {
 		trips += scrape(t, s.base, "idemgate_postgres_round_trips_total")
 		conflicts += scrape(t, s.base, "idemgate_postgres_conflicts_total")
+	}
+	calls := rep.Calls
+	var cpu time.Duration
+	if rep.ServerCPU != nil {
+		cpu = time.Duration(rep.ServerCPU.Total * float64(time.Millisecond))
 	}
 	if calls > 0 {
 		// Round trips include the replicas' background work (opening,
 		// the audit sealer, clock samples): an upper bound per create.
-		t.Logf("%d replica(s), %s each way: %d creates, %.1f round trips and %.2f conflicts per create, %s of server CPU per create",
-			n, d, calls, trips/float64(calls), conflicts/float64(calls), (cpu / time.Duration(calls)).Round(time.Microsecond))
+		// PostgreSQL's and the machine's CPU are read around the whole
+		// bench command (its start and end included): the machine's is
+		// every process's, the harness's and the load generator's too.
+		per := func(d time.Duration) time.Duration { return (d / time.Duration(calls)).Round(time.Microsecond) }
+		t.Logf("%d replica(s), %s each way: %d creates, %.1f round trips and %.2f conflicts per create; CPU per create: %s servers, %s PostgreSQL, %s the whole machine",
+			n, d, calls, trips/float64(calls), conflicts/float64(calls), per(cpu), per(pg), per(busy))
 	}
 	for _, s := range servers {
 		s.cmd.Process.Signal(os.Interrupt)
 		<-s.exited
 	}
-	return total, proxy.MeanDelay(), nil
+	return rep.Throughput, proxy.MeanDelay(), nil
+}
+
+// machineBusy is the CPU time all of this machine's CPUs have spent not
+// idle since boot (/proc/stat; Linux only, else 0).
+func machineBusy(t *testing.T) time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
+	var busy int64
+	for i, v := range f[1:min(len(f), 9)] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i != 3 && i != 4 { // not idle, not iowait
+			busy += n
+		}
+	}
+	return time.Duration(busy) * time.Second / 100 // USER_HZ
+}
+
+// commandCPU is the CPU time used by the processes named comm and by
+// their children that ended (/proc/PID/stat: utime, stime, cutime,
+// cstime), so that a PostgreSQL server's backends that exit in between
+// still count, in their postmaster's.
+func commandCPU(t *testing.T, comm string) time.Duration {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var ticks int64
+	for _, p := range dirs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
+		if open < 0 || close < open || string(b[open+1:close]) != comm {
+			continue
+		}
+		f := strings.Fields(string(b[close+1:])) // state ppid … utime(12) stime cutime cstime
+		if len(f) < 15 {
+			continue
+		}
+		for _, v := range f[11:15] {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }

@@ -165,6 +165,7 @@ var (
 	bucketPending    = []byte("pending_approvals") // tenant \x00 approval_id → key, while pending
 	bucketOpen       = []byte("open")              // state \x00 tenant \x00 key → "" for in_progress, unknown, retryable
 	bucketJournal    = []byte("audit_journal")     // transaction order (8 bytes BE, see JournalCollection) index (4 bytes BE) → AuditEntry JSON, not chained yet (Concurrent backends; see sealJournal)
+	bucketWatched    = []byte("watched")           // record topic (see recordTopic) → "": a waiter in some process waits for that in-progress record to change (Notifier backends only; see Ledger.GetWatched)
 	bucketAuditByKey = []byte("audit_by_key")      // tenant \x00 key \x00 seq (8 bytes BE) → "": the entries of a key its record does not number or lead to (see Record.AuditSeqs, auditNear); → seqs (8 bytes BE each): the transitions a deleted record numbered, seq the newest (keepRecordAuditLocked)
 	keyAuditIndexed  = []byte("audit_indexed")     // meta: seq (8 bytes BE) through which every audit entry is in audit_by_key, numbered by its record, or near a transition it numbers
 	keyClockHigh     = []byte("clock_high_water")  // meta: 8 bytes BE unix ns, the latest wall time a write recorded (see ledgerTime)
@@ -219,12 +220,16 @@ var (
 	// takes at commit, after the transaction's last lock (PostgreSQL: a
 	// sequence).
 	JournalCollection = string(bucketJournal)
+	// WatchedCollection holds the records a waiter waits on, by topic (see
+	// Notifier): a NotifyTx sends the notice of a topic only while its key
+	// is there, and deletes the key as it sends it.
+	WatchedCollection = string(bucketWatched)
 )
 
 // Collections lists every collection of the ledger.
 func Collections() []string {
 	var out []string
-	for _, b := range [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey, bucketJournal} {
+	for _, b := range [][]byte{bucketMeta, bucketRecords, bucketByTime, bucketExpiry, bucketFPIndex, bucketIssued, bucketAudit, bucketApprovals, bucketPending, bucketOpen, bucketAuditByKey, bucketJournal, bucketWatched} {
 		out = append(out, string(b))
 	}
 	return out

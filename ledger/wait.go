@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"sync"
@@ -13,10 +14,22 @@ import (
 // transaction that changes a record wakes, once it has committed, the
 // watchers of that record in this process; and on a backend shared by
 // processes that implements Notifier (PostgreSQL: LISTEN/NOTIFY), the
-// watchers in every other process too. A waiter re-reads the record when
-// woken, and also on a slow safety poll (WaitPoll), which covers what a
-// notice cannot: a change made by another process over a backend that
-// does not carry notices, or a notice lost without the backend noticing.
+// watchers in every other process too, when the record is marked watched
+// (GetWatched). A waiter re-reads the record when woken, and also on a
+// slow safety poll (WaitPoll), which covers what a notice cannot: a
+// change made by another process over a backend that does not carry
+// notices, or a notice lost without the backend noticing.
+//
+// Why notices only for watched records: on PostgreSQL every transaction
+// that sent a NOTIFY takes one database-wide lock as it commits, held
+// until its commit is durable, so notifying every change would make every
+// create of every replica commit one at a time. A waiter is rare (a
+// duplicate of a running call), so it pays instead: a write transaction
+// that reads the record, under the record's lock, and marks it watched
+// while it is in progress. The commit that changes the record holds the
+// record's lock when it looks for the mark, so of the two one comes
+// first: either the mark is there and the notice is sent, or the waiter's
+// read sees the change.
 
 // Notifier is a Backend shared by several processes that tells each of
 // them about the changes the others commit. Its transactions implement
@@ -34,7 +47,10 @@ type Notifier interface {
 
 // NotifyTx is a BTx of a Notifier. Notify queues notices that are sent
 // when, and only if, the transaction commits (PostgreSQL's NOTIFY is
-// delivered at COMMIT); a topic is at most 64 bytes of [0-9a-f].
+// delivered at COMMIT), each only if its topic is a key of
+// WatchedCollection when the transaction has taken the locks of its
+// writes; it deletes the keys of the topics it sends. A topic is at most
+// 64 bytes of [0-9a-f].
 type NotifyTx interface {
 	Notify(topics []string)
 }
@@ -107,6 +123,42 @@ func (s *Ledger) Watch(tenant, key string) (changed <-chan struct{}, stop func()
 	}
 }
 
+// GetWatched is Get for a watcher about to wait for the record to leave
+// in_progress (call Watch first, as before Get). On a Notifier backend it
+// reads the record in a write transaction and, while the record is in
+// progress, marks it watched there, so that the commit that changes it,
+// in any process, sends a notice (see above). The notice removes the
+// mark: a watcher still waiting after its wake-up marks it again with its
+// next GetWatched. On other backends it is Get.
+func (s *Ledger) GetWatched(ctx context.Context, tenant, key string) (*Record, error) {
+	if _, ok := s.b.(Notifier); !ok || s.readOnly {
+		return s.Get(ctx, tenant, key)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var rec *Record
+	err := s.updateIn(ctx, func(tx *ltx) error {
+		v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
+		if v == nil {
+			return ErrNotFound
+		}
+		r, err := decodeStored(tenant, key, v)
+		if err != nil {
+			return err
+		}
+		rec = s.present(r)
+		if rec.State != StateInProgress {
+			return nil
+		}
+		return tx.Bucket(bucketWatched).Put([]byte(recordTopic(tenant, key)), []byte{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
 // WaitPoll is how often a watcher should re-read the record even when
 // not woken: one second when the backend carries notices between
 // processes (a fallback only), 20 ms when it does not (another process's
@@ -171,6 +223,7 @@ func (tx *ltx) changed(tenant, key string) {
 // waiter that has a Store which is not one polls.
 type Watcher interface {
 	Watch(tenant, key string) (changed <-chan struct{}, stop func())
+	GetWatched(ctx context.Context, tenant, key string) (*Record, error)
 	WaitPoll() time.Duration
 }
 

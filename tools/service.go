@@ -527,7 +527,13 @@ func (s *Service) waitForOutcome(ctx context.Context, c *call, rec *ledger.Recor
 			stop()
 			changed, stop = watcher.Watch(c.actor.Tenant, c.req.OperationKey)
 		}
-		r, err := s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
+		var r *ledger.Record
+		var err error
+		if watcher != nil {
+			r, err = watcher.GetWatched(ctx, c.actor.Tenant, c.req.OperationKey)
+		} else {
+			r, err = s.ledger.Get(ctx, c.actor.Tenant, c.req.OperationKey)
+		}
 		if err == nil {
 			rec = r
 		}

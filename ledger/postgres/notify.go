@@ -13,9 +13,12 @@ import (
 )
 
 // Change notices between replicas (ledger.Notifier). A write transaction
-// that changes records sends one NOTIFY per record on notifyChannel, in
-// the batch before its COMMIT: PostgreSQL delivers them at commit, and
-// only if it commits. Each process keeps one listening connection (not
+// that changes records a waiter watches (ledger.WatchedCollection) sends
+// one NOTIFY per such record on notifyChannel, and deletes their marks, in
+// one statement of the batch before its COMMIT, after the locks of its
+// writes: PostgreSQL delivers them at commit, and only if it commits. A
+// transaction that sends none takes no part in the lock every notifying
+// commit takes on the whole database's notification queue. Each process keeps one listening connection (not
 // one per waiter), opened when its ledger first has a watcher, and fans
 // each notice out to its watchers. When that connection is lost it is
 // opened again, and since notices sent meanwhile are lost with it, every
@@ -63,15 +66,25 @@ func (t *btx) Notify(topics []string) {
 	t.notices = append(t.notices, topics...)
 }
 
-// queueNotices adds the transaction's notices to its final batch.
+// queueNotices adds the transaction's notices to its final batch: of its
+// topics, those watched are unmarked and notified. The marks are deleted
+// without their keys' locks: a waiter writes one only while it holds the
+// lock of the record it names, which this transaction holds exclusively
+// (it wrote the record) before this statement runs.
 func (t *btx) queueNotices(batch *pgx.Batch) {
-	switch {
-	case len(t.notices) == 0:
-	case len(t.notices) > maxNotices:
-		batch.Queue("SELECT pg_notify($1, $2)", notifyChannel, notifyAll)
-	default:
-		batch.Queue("SELECT pg_notify($1, x) FROM unnest($2::text[]) AS x", notifyChannel, t.notices)
+	if len(t.notices) == 0 {
+		return
 	}
+	keys := make([][]byte, len(t.notices))
+	for i, n := range t.notices {
+		keys[i] = []byte(n)
+	}
+	const unmark = "WITH w AS (DELETE FROM idemgate_kv WHERE collection = $2 AND key = ANY($3::bytea[]) RETURNING key) "
+	if len(t.notices) > maxNotices {
+		batch.Queue(unmark+"SELECT pg_notify($1, $4) WHERE EXISTS (SELECT FROM w)", notifyChannel, ledger.WatchedCollection, keys, notifyAll)
+		return
+	}
+	batch.Queue(unmark+"SELECT pg_notify($1, convert_from(key, 'UTF8')) FROM w", notifyChannel, ledger.WatchedCollection, keys)
 }
 
 // Listen implements ledger.Notifier: it starts the listening connection

@@ -2,7 +2,10 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +40,44 @@ func claimOn(t *testing.T, d *DB, key string) uint64 {
 	return dec.Record.Generation
 }
 
+// watchRunning claims key on a and watches it from b as a waiter does:
+// Watch, then GetWatched, which marks the running record watched. It
+// returns b's channel and the claim's generation.
+func watchRunning(t *testing.T, a, b *DB, key string) (<-chan struct{}, uint64) {
+	t.Helper()
+	gen := claimOn(t, a, key)
+	changed, stop := b.Watch("acme", key)
+	t.Cleanup(stop)
+	rec, err := b.GetWatched(context.Background(), "acme", key)
+	if err != nil || rec.State != ledger.StateInProgress {
+		t.Fatalf("B reads %v %v, want in_progress", rec, err)
+	}
+	return changed, gen
+}
+
+func completeOn(t *testing.T, d *DB, key string, gen uint64) {
+	t.Helper()
+	if _, err := d.Complete(context.Background(), ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}, key, gen,
+		ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"order":"o-1"}`), Summary: "done"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// topicOf is the notice of the record (acme, key) (ledger's recordTopic).
+func topicOf(key string) string {
+	sum := sha256.Sum256([]byte("acme\x00" + key))
+	return hex.EncodeToString(sum[:12])
+}
+
+func woken(t *testing.T, changed <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not woken within 10 s", what)
+	}
+}
+
 // TestWatchWokenByAnotherReplica: a watcher on replica B of a record
 // running on replica A is woken by A's completion — the watch channel
 // fires, which only a notice can make it do (nothing polls here) — and
@@ -44,32 +85,14 @@ func claimOn(t *testing.T, d *DB, key string) uint64 {
 func TestWatchWokenByAnotherReplica(t *testing.T) {
 	reps := openReplicas(t, 2)
 	a, b := reps[0], reps[1]
-	ctx := context.Background()
+	listening(t, b) // its first connect wakes everyone once
 	key := uuid.NewString()
-	gen := claimOn(t, a, key)
-
-	changed, stop := b.Watch("acme", key)
-	defer stop()
-	rec, err := b.Get(ctx, "acme", key)
-	if err != nil || rec.State != ledger.StateInProgress {
-		t.Fatalf("B reads %v %v, want in_progress", rec, err)
-	}
-	<-changed // the listener's first connect wakes everyone once
-	changed, stop2 := b.Watch("acme", key)
-	defer stop2()
-
-	if _, err := a.Complete(ctx, ledger.Actor{Tenant: "acme", Principal: "alice", Role: "agent"}, key, gen,
-		ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(`{"order":"o-1"}`), Summary: "done"}); err != nil {
-		t.Fatal(err)
-	}
+	changed, gen := watchRunning(t, a, b, key)
+	completeOn(t, a, key, gen)
 	done := time.Now()
-	select {
-	case <-changed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B's watch was not woken within 10 s of A's commit")
-	}
+	woken(t, changed, "B's watch after A's commit")
 	t.Logf("woken %s after A's commit returned", time.Since(done))
-	rec, err = b.Get(ctx, "acme", key)
+	rec, err := b.Get(context.Background(), "acme", key)
 	if err != nil || rec.State != ledger.StateSucceeded || string(rec.Result) != `{"order":"o-1"}` {
 		t.Errorf("after the wake-up B reads %+v %v, want succeeded with A's result", rec, err)
 	}
@@ -88,31 +111,117 @@ func listening(t *testing.T, d *DB) {
 	}
 }
 
-// TestWatchOtherRecordNotWoken: a change to one record does not wake the
+// TestWatchOtherRecordNotWoken: a notice of one record does not wake the
 // watchers of another.
 func TestWatchOtherRecordNotWoken(t *testing.T) {
 	reps := openReplicas(t, 2)
 	a, b := reps[0], reps[1]
-	watched, other := uuid.NewString(), uuid.NewString()
 	listening(t, b)
-	changed, stop := b.Watch("acme", watched)
-	defer stop()
-	claimOn(t, a, other)
-	// A notice for the watched record, sent after the other one's, marks
-	// the point by which the other's would have arrived.
-	probe, stopProbe := b.Watch("acme", "probe")
-	defer stopProbe()
-	claimOn(t, a, "probe")
-	select {
-	case <-probe:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the probe's notice did not arrive")
-	}
+	changed, _ := watchRunning(t, a, b, uuid.NewString())
+	_, other := watchRunning(t, a, b, "other") // marked watched, so its change is notified
+	completeOn(t, a, "other", other)
+	// A notice sent after the other one's marks the point by which the
+	// other's would have arrived.
+	probe, gen := watchRunning(t, a, b, "probe")
+	completeOn(t, a, "probe", gen)
+	woken(t, probe, "the probe")
 	select {
 	case <-changed:
 		t.Error("a change of another record woke the watcher")
 	default:
 	}
+}
+
+// TestOnlyWatchedChangesNotify: a commit that changes a record nobody
+// watches sends no NOTIFY (so it takes no part in PostgreSQL's
+// database-wide lock of notifying commits); one that changes a watched
+// record sends its notice and removes the mark.
+func TestOnlyWatchedChangesNotify(t *testing.T) {
+	reps := openReplicas(t, 2)
+	a, b := reps[0], reps[1]
+	ctx := context.Background()
+	pc, err := a.be.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Hijack() // out of the pool: it listens
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	quiet := uuid.NewString()
+	completeOn(t, a, quiet, claimOn(t, a, quiet)) // claimed and completed, unwatched
+	listening(t, b)
+	watched := uuid.NewString()
+	changed, gen := watchRunning(t, a, b, watched)
+	var marks int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM idemgate_kv WHERE collection = $1", ledger.WatchedCollection).Scan(&marks); err != nil || marks != 1 {
+		t.Fatalf("%d marks (%v) while B waits, want 1", marks, err)
+	}
+	completeOn(t, a, watched, gen)
+	woken(t, changed, "B's watch")
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.WaitForNotification(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := topicOf(watched); n.Payload != want {
+		t.Errorf("the first notice is %q, want only the watched record's %q (an unwatched change notified)", n.Payload, want)
+	}
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM idemgate_kv WHERE collection = $1", ledger.WatchedCollection).Scan(&marks); err != nil || marks != 0 {
+		t.Errorf("%d marks (%v) after the notice, want 0", marks, err)
+	}
+	wctx, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	if n, err := conn.WaitForNotification(wctx); err == nil {
+		t.Errorf("a second notice %q, want none", n.Payload)
+	}
+}
+
+// TestWatchRacingCompletionsNeverMissed: waiters on B mark records while
+// A completes them at the same moment; each waiter is woken by a notice
+// or reads the outcome, every time — nothing here polls, so a mark made
+// after the completion looked for it and before it committed would leave
+// its waiter asleep.
+func TestWatchRacingCompletionsNeverMissed(t *testing.T) {
+	reps := openReplicas(t, 2)
+	a, b := reps[0], reps[1]
+	ctx := context.Background()
+	listening(t, b)
+	var wg sync.WaitGroup
+	for i := range 60 {
+		key := uuid.NewString()
+		gen := claimOn(t, a, key)
+		wg.Go(func() {
+			time.Sleep(time.Duration(i%6) * time.Millisecond)
+			completeOn(t, a, key, gen)
+		})
+		wg.Go(func() {
+			for {
+				changed, stop := b.Watch("acme", key)
+				rec, err := b.GetWatched(ctx, "acme", key)
+				if err != nil {
+					stop()
+					t.Error(err)
+					return
+				}
+				if rec.State != ledger.StateInProgress {
+					stop()
+					return
+				}
+				select {
+				case <-changed:
+					stop()
+				case <-time.After(10 * time.Second):
+					stop()
+					t.Errorf("key %d: the waiter was not woken within 10 s of its record's completion", i)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // TestListenerReconnectWakesEveryone: when the listening connection is
@@ -144,14 +253,9 @@ func TestListenerReconnectWakesEveryone(t *testing.T) {
 		t.Fatalf("%d connects after the cut, want 2", b.be.listen.connects.Load())
 	}
 	key := uuid.NewString()
-	changed, stop2 := b.Watch("acme", key)
-	defer stop2()
-	claimOn(t, a, key)
-	select {
-	case <-changed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a notice after the reconnect did not arrive")
-	}
+	changed, gen := watchRunning(t, a, b, key)
+	completeOn(t, a, key, gen)
+	woken(t, changed, "a notice after the reconnect")
 }
 
 func eventually(d time.Duration, cond func() bool) bool {
@@ -198,12 +302,7 @@ func TestListenerSurvivesDatabaseRestart(t *testing.T) {
 		t.Fatal("the listener did not connect again after the restart")
 	}
 	key := uuid.NewString()
-	changed, stop2 := b.Watch("acme", key)
-	defer stop2()
-	claimOn(t, a, key)
-	select {
-	case <-changed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a commit after the restart did not wake the other replica's watcher")
-	}
+	changed, gen := watchRunning(t, a, b, key)
+	completeOn(t, a, key, gen)
+	woken(t, changed, "a commit after the restart, the other replica's watcher")
 }
