@@ -80,6 +80,12 @@ type Prefetcher interface {
 	Prefetch(collection string, keys ...[]byte)
 }
 
+// BucketPrefetcher is a Bucket of a Prefetcher's transaction: Prefetch
+// is the transaction's, for this bucket's keys.
+type BucketPrefetcher interface {
+	Prefetch(keys ...[]byte)
+}
+
 // prefetch passes keys of collection to tx's Prefetch, if it has one.
 func prefetch(tx BTx, collection []byte, keys ...[]byte) {
 	if p, ok := tx.(Prefetcher); ok {

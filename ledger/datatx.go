@@ -21,6 +21,30 @@ func (t *dataTx) Get(collection, key string) ([]byte, error) {
 	return b.Get([]byte(key)), nil
 }
 
+// Prefetch implements the optional method Prefetch of Tx (see Prefetch).
+func (t *dataTx) Prefetch(collection string, keys ...string) {
+	b, err := t.tx.Data(collection, false)
+	p, ok := b.(BucketPrefetcher)
+	if err != nil || !ok {
+		return
+	}
+	bs := make([][]byte, len(keys))
+	for i, k := range keys {
+		bs[i] = []byte(k)
+	}
+	p.Prefetch(bs...)
+}
+
+// Prefetch says tx will soon read keys of collection: on a backend that
+// reads several keys in one exchange (PostgreSQL: one round trip; see
+// Prefetcher) their reads go together with the next one. It is a hint
+// and changes nothing else; on other backends it does nothing.
+func Prefetch(tx Tx, collection string, keys ...string) {
+	if p, ok := tx.(interface{ Prefetch(string, ...string) }); ok && len(keys) > 0 {
+		p.Prefetch(collection, keys...)
+	}
+}
+
 func (t *dataTx) Put(collection, key string, value []byte) error {
 	b, err := t.tx.Data(collection, true)
 	if err != nil {

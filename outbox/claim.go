@@ -185,6 +185,11 @@ func (d *Deliverer) claimIn(tx ledger.Tx, seen []*Message, lease time.Duration) 
 	}); err != nil {
 		return nil, err
 	}
+	ids := make([]string, len(seen))
+	for i, m := range seen {
+		ids[i] = m.MessageID
+	}
+	ledger.Prefetch(tx, Collection, ids...)
 	for _, m := range seen {
 		cur, err := getMessage(tx, m.MessageID)
 		if err != nil {

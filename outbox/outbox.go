@@ -761,8 +761,12 @@ func (d *Deliverer) DeliverPending(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// passLimit is how many due messages one delivery pass takes.
-const passLimit = 500
+// passLimit is how many due messages one delivery pass takes; a pass
+// reads the queue passChunk messages at a time.
+const (
+	passLimit = 500
+	passChunk = 64
+)
 
 // deliverPass is DeliverPending, also reporting whether the pass was full
 // (it took passLimit messages, so more may be due). With later, and a
@@ -790,23 +794,44 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 		}); err != nil {
 			return err
 		}
-		return tx.Scan(collPending, "", false, func(id string, _ []byte) (bool, error) {
+		// The messages are read a chunk at a time, each chunk's reads
+		// together (ledger.Prefetch: on a database, one round trip).
+		var chunk []string
+		readChunk := func() error {
+			ledger.Prefetch(tx, Collection, chunk...)
+			for _, id := range chunk {
+				m, err := getMessage(tx, id)
+				switch {
+				case err != nil:
+					return err
+				case m == nil || m.State != MessageQueued:
+					stale = append(stale, id)
+				case m.NextAttemptAt.After(now):
+					// Backing off: a later pass takes it.
+				case len(pending) < passLimit:
+					pending = append(pending, m)
+				}
+			}
+			chunk = chunk[:0]
+			return nil
+		}
+		err := tx.Scan(collPending, "", false, func(id string, _ []byte) (bool, error) {
 			if recording[id] || others[id] {
 				return true, nil // delivered (its record is on its way), or another deliverer has it
 			}
-			m, err := getMessage(tx, id)
-			switch {
-			case err != nil:
+			chunk = append(chunk, id)
+			if len(chunk) < min(passChunk, passLimit-len(pending)) {
+				return true, nil
+			}
+			if err := readChunk(); err != nil {
 				return false, err
-			case m == nil || m.State != MessageQueued:
-				stale = append(stale, id)
-			case m.NextAttemptAt.After(now):
-				// Backing off: a later pass takes it.
-			default:
-				pending = append(pending, m)
 			}
 			return len(pending) < passLimit, nil
 		})
+		if err != nil || len(chunk) == 0 {
+			return err
+		}
+		return readChunk()
 	})
 	if err != nil {
 		return 0, false, err
@@ -871,6 +896,13 @@ func (d *Deliverer) deliverPass(ctx context.Context, later bool) (int, bool, err
 				return err
 			}
 		}
+		ids := slices.Clone(stale)
+		for i, m := range pending {
+			if attempted[i] {
+				ids = append(ids, m.MessageID)
+			}
+		}
+		ledger.Prefetch(tx, Collection, ids...)
 		for _, id := range stale {
 			cur, err := getMessage(tx, id)
 			if err != nil {

@@ -1348,6 +1348,9 @@ type bucket struct {
 	coll string
 }
 
+// Prefetch implements ledger.BucketPrefetcher (see btx.Prefetch).
+func (bk *bucket) Prefetch(keys ...[]byte) { bk.tx.Prefetch(bk.coll, keys...) }
+
 func (bk *bucket) Get(key []byte) []byte {
 	t := bk.tx
 	if v, ok := t.pending[bk.coll][string(key)]; ok {
