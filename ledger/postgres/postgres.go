@@ -1256,18 +1256,25 @@ type lockRequest struct {
 	collections, shared, exclusive []int64
 }
 
-// queue queues r's statements in batch.
+// queue queues r's statement in batch: one, which takes the locks in
+// r's order (each group sorted) and in the mode of each.
 func (r *lockRequest) queue(batch *pgx.Batch) {
-	for _, q := range []struct {
-		ids []int64
-		fn  string
-	}{{r.collections, "pg_advisory_xact_lock_shared"}, {r.shared, "pg_advisory_xact_lock_shared"}, {r.exclusive, "pg_advisory_xact_lock"}} {
-		if len(q.ids) == 0 {
-			continue
-		}
-		slices.Sort(q.ids)
-		batch.Queue("SELECT count("+q.fn+"(id)) FROM (SELECT unnest($1::bigint[]) AS id ORDER BY 1) AS ids", q.ids)
+	n := len(r.collections) + len(r.shared) + len(r.exclusive)
+	if n == 0 {
+		return
 	}
+	ids, exclusive := make([]int64, 0, n), make([]bool, 0, n)
+	for _, g := range []struct {
+		ids       []int64
+		exclusive bool
+	}{{r.collections, false}, {r.shared, false}, {r.exclusive, true}} {
+		slices.Sort(g.ids)
+		for _, id := range g.ids {
+			ids, exclusive = append(ids, id), append(exclusive, g.exclusive)
+		}
+	}
+	batch.Queue(`SELECT count(CASE WHEN l.x THEN pg_advisory_xact_lock(l.id) ELSE pg_advisory_xact_lock_shared(l.id) END)
+		FROM (SELECT * FROM unnest($1::bigint[], $2::bool[]) WITH ORDINALITY AS u(id, x, n) ORDER BY n) AS l`, ids, exclusive)
 }
 
 // lockMode is how a transaction holds a key's lock.
