@@ -127,6 +127,28 @@ func TestBenchCLIHTTP(t *testing.T) {
 		t.Fatalf("target %q, server CPU %+v, delivery %+v: want the URL, no CPU figure and no delivery figures (no --outbox-dir)", rep.Target, rep.ServerCPU, rep.Delivery)
 	}
 
+	// The replicas of a deployment: --url repeated, the clients spread
+	// over them in turn (here one server twice, as two replicas behind
+	// two addresses would be).
+	rep = runBench(t, "--url", base+"/mcp", "--url", base+"/mcp", "--token", tok, "--duration", "1s", "--clients", "4", "--dup-ratio", "0.2")
+	checkReport(t, rep, 4)
+	if want := base + "/mcp " + base + "/mcp"; rep.Target != want {
+		t.Fatalf("target %q, want %q", rep.Target, want)
+	}
+	for _, bad := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--url", "ftp://127.0.0.1/mcp"}, "want an http:// or https:// URL"},
+		{[]string{"--url", base + "/mcp", "--url", base + "/mcp", "--url", base + "/mcp", "--clients", "2"}, "3 URLs for 2 --clients"},
+		{[]string{"--url", base + "/mcp", "--server-pid", "0"}, "want a process id"},
+	} {
+		r := runCLI(t, 30*time.Second, append([]string{"bench", "--token", tok, "--duration", "1s"}, bad.args...)...)
+		if r.Code == 0 || !strings.Contains(r.Stderr, bad.says) || strings.Contains(r.Stdout, "calls/s") {
+			t.Errorf("bench %v: exit %d, stderr %q: want a refusal saying %q", bad.args, r.Code, r.Stderr, bad.says)
+		}
+	}
+
 	// A token the server does not know: refused before any call, saying so.
 	r := runCLI(t, 30*time.Second, "bench", "--url", base+"/mcp", "--token", "not-a-token", "--duration", "1s")
 	if r.Code != 1 || !strings.Contains(r.Stderr, "did not answer initialize") || strings.Contains(r.Stdout, "calls/s") {
