@@ -61,32 +61,14 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var targets []string
+	var targets, serverPIDs []string // checked once parsed, as every flag
 	fs.Func("url", fmt.Sprintf("drive the Streamable HTTP server at this URL (e.g. http://127.0.0.1:8080/mcp) instead of spawning idemgate serve over stdio; repeat it for the replicas of one deployment (at most %d): the clients are spread over them in turn", maxBenchURLs), func(s string) error {
-		u, err := url.Parse(s)
-		switch {
-		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-			return fmt.Errorf("%q: want an http:// or https:// URL of the MCP endpoint, e.g. http://127.0.0.1:8080/mcp", s)
-		case len(targets) == maxBenchURLs:
-			return fmt.Errorf("at most %d URLs", maxBenchURLs)
-		}
 		targets = append(targets, s)
 		return nil
 	})
 	token := fs.String("token", env("IDEMGATE_TOKEN", ""), "with --url: the bearer token to call with (an agent's; env IDEMGATE_TOKEN)")
-	var serverPIDs []int
 	fs.Func("server-pid", "with --url: the local server's process id, to report its CPU per call (a serve --http on a ledger file runs in the file's owner: its pid, which serve prints at start); repeat it for several replicas: their CPU is added up", func(s string) error {
-		pid, err := strconv.Atoi(s)
-		switch {
-		case err != nil || pid <= 0:
-			return fmt.Errorf("%q: want a process id", s)
-		case len(serverPIDs) == maxBenchURLs:
-			return fmt.Errorf("at most %d process ids", maxBenchURLs)
-		}
-		if _, err := loadgen.ProcessCPU(pid); err != nil {
-			return fmt.Errorf("%d: cannot read its CPU time: %v", pid, err)
-		}
-		serverPIDs = append(serverPIDs, pid)
+		serverPIDs = append(serverPIDs, s)
 		return nil
 	})
 	db := fs.String("db", "", "the ledger the spawned server uses (default: a fresh one in a temporary directory, removed afterwards)")
@@ -132,6 +114,23 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return usageError{errors.New(strings.Replace(msg, "+ mismatch-ratio", "+ --mismatch-ratio", 1))}
 	}
 	remote := len(targets) > 0
+	if len(targets) > maxBenchURLs || len(serverPIDs) > maxBenchURLs {
+		return usageError{fmt.Errorf("at most %d --url and %d --server-pid, got %d and %d", maxBenchURLs, maxBenchURLs, len(targets), len(serverPIDs))}
+	}
+	for _, t := range targets {
+		u, err := url.Parse(t)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usageError{fmt.Errorf("--url %q: want an http:// or https:// URL of the MCP endpoint, e.g. http://127.0.0.1:8080/mcp", t)}
+		}
+	}
+	var pids []int // the server's processes, whose CPU is reported: --server-pid, or the spawned server and its ledger's owner (see package owner)
+	for _, p := range serverPIDs {
+		pid, err := strconv.Atoi(p)
+		if err != nil || pid <= 0 {
+			return usageError{fmt.Errorf("--server-pid %q: want a process id", p)}
+		}
+		pids = append(pids, pid)
+	}
 	switch {
 	case remote && (*db != "" || *config != ""):
 		return usageError{errors.New("--db and --config are for the spawned server; with --url the server is already running")}
@@ -139,7 +138,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return usageError{errors.New("--outbox-dir is for --url; the spawned server's outbox directory is known")}
 	case *drainTimeout < 0 || *drainTimeout > 10*time.Minute:
 		return usageError{fmt.Errorf("--drain-timeout must be 0..10m, got %s", *drainTimeout)}
-	case !remote && len(serverPIDs) > 0:
+	case !remote && len(pids) > 0:
 		return usageError{errors.New("--server-pid is for --url; the spawned server's CPU is reported anyway")}
 	case len(targets) > *clients:
 		return usageError{fmt.Errorf("%d URLs for %d --clients: every URL needs a client at least", len(targets), *clients)}
@@ -154,6 +153,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if remote && *token == "" {
 		return usageError{errors.New("--url needs --token (or env IDEMGATE_TOKEN): an agent's bearer token, see idemgate tokens add")}
 	}
+	for _, pid := range pids {
+		if _, err := loadgen.ProcessCPU(pid); err != nil {
+			return usageError{fmt.Errorf("--server-pid %d: cannot read its CPU time: %v", pid, err)}
+		}
+	}
 	if *config != "" {
 		if _, err := os.Stat(*config); err != nil {
 			return usageError{fmt.Errorf("--config: %w", err)}
@@ -164,9 +168,6 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 
 	var callers []loadgen.Caller
-	// The server's processes, whose CPU is reported: --server-pid, or the
-	// spawned server and its ledger's owner (see package owner).
-	var pids []int
 	var ownerPlace *owner.Place
 	var ledgerDir, what string
 	if remote {
@@ -183,7 +184,6 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			callers = append(callers, c)
 		}
 		defer closeAll(callers)
-		pids = serverPIDs
 	} else {
 		exe, err := os.Executable()
 		if err != nil {
