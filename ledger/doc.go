@@ -105,8 +105,9 @@
 //
 // A backend shared by processes may also implement [Notifier]: its
 // transactions then carry change notices to the other processes, and a
-// caller waiting on a record ([Ledger.Watch]) is woken by another
-// process's commit instead of finding it by polling (wait.go). A backend
+// caller waiting on a record ([Ledger.Watch], then
+// [Ledger.GetWatched], which marks the record watched) is woken by
+// another process's commit instead of finding it by polling (wait.go). A backend
 // whose every exchange crosses a network saves them with [PointReader]
 // (a claim's first look at its record, one statement) and [Prefetcher]
 // (the keys a claim will read, sent together).

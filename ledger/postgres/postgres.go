@@ -81,9 +81,13 @@
 //
 // The backend implements ledger.Notifier, so a duplicate waiting on a
 // record running in another replica is woken by that replica's commit:
-// a write transaction that changes records sends a NOTIFY per record
-// (one statement, in the batch before COMMIT; delivered at commit, and
-// only if it commits), and each process keeps one LISTEN connection that
+// a write transaction that changes records a waiter marked watched sends
+// a NOTIFY per such record and removes the marks (one statement, in the
+// batch before COMMIT, after its write locks; delivered at commit, and
+// only if it commits; a transaction that changes no watched record sends
+// none, and so stays out of the lock PostgreSQL takes on the whole
+// database's notification queue in every notifying commit), and each
+// process keeps one LISTEN connection that
 // fans notices out to its waiters, reconnecting — and waking every
 // waiter to re-read — when it is lost (notify.go). Background work
 // (delivery claims, sweeps) is shared between replicas by rows in the
