@@ -70,26 +70,22 @@ type Concurrent interface {
 	Concurrent() bool
 }
 
-// Prefetcher is a BTx that reads several keys in one exchange with its
-// store (PostgreSQL: one round trip). Prefetch says the transaction will
-// read keys of collection soon; their reads go with its next exchange.
-// It is a hint and changes nothing else: a read returns what it would
-// have, and the keys are locked as their reads would lock them. A BTx
-// that reads from memory (bbolt) does not implement it.
+// Prefetcher is a Bucket (of the ledger's collections or of a data
+// collection) whose transaction reads several keys in one exchange with
+// its store (PostgreSQL: one round trip). Prefetch says the transaction
+// will read keys of the bucket soon; their reads go with its next
+// exchange. It is a hint and changes nothing else: a read returns what it
+// would have, and the keys are locked as their reads would lock them. A
+// bucket that reads from memory (bbolt) does not implement it.
 type Prefetcher interface {
-	Prefetch(collection string, keys ...[]byte)
-}
-
-// BucketPrefetcher is a Bucket of a Prefetcher's transaction: Prefetch
-// is the transaction's, for this bucket's keys.
-type BucketPrefetcher interface {
 	Prefetch(keys ...[]byte)
 }
 
-// prefetch passes keys of collection to tx's Prefetch, if it has one.
+// prefetch passes keys of collection to its bucket's Prefetch, if it has
+// one.
 func prefetch(tx BTx, collection []byte, keys ...[]byte) {
-	if p, ok := tx.(Prefetcher); ok {
-		p.Prefetch(string(collection), keys...)
+	if p, ok := tx.Bucket(collection).(Prefetcher); ok {
+		p.Prefetch(keys...)
 	}
 }
 

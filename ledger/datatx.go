@@ -24,7 +24,7 @@ func (t *dataTx) Get(collection, key string) ([]byte, error) {
 // Prefetch implements the optional method Prefetch of Tx (see Prefetch).
 func (t *dataTx) Prefetch(collection string, keys ...string) {
 	b, err := t.tx.Data(collection, false)
-	p, ok := b.(BucketPrefetcher)
+	p, ok := b.(Prefetcher)
 	if err != nil || !ok {
 		return
 	}

@@ -105,12 +105,12 @@
 //
 // A backend shared by processes may also implement [Notifier]: its
 // transactions then carry change notices to the other processes, and a
-// caller waiting on a record ([Ledger.Watch], then
-// [Ledger.GetWatched], which marks the record watched) is woken by
-// another process's commit instead of finding it by polling (wait.go). A backend
-// whose every exchange crosses a network saves them with [PointReader]
-// (a claim's first look at its record, one statement) and [Prefetcher]
-// (the keys a claim will read, sent together).
+// caller waiting on a record ([Ledger.Watch], then [Ledger.GetWatched],
+// which marks the record watched) is woken by another process's commit
+// instead of finding it by polling (wait.go). A backend whose every
+// exchange crosses a network saves them with [PointReader] (a claim's
+// first look at its record, one statement) and buckets that are
+// [Prefetcher]s (the keys a claim will read, sent together).
 //
 // The collections are fixed ([Collections]); a writable backend creates
 // them all, and keeps the downstreams' collections ([BTx.Data]) apart from

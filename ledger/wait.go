@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -139,13 +140,9 @@ func (s *Ledger) GetWatched(ctx context.Context, tenant, key string) (*Record, e
 	}
 	var rec *Record
 	err := s.updateIn(ctx, func(tx *ltx) error {
-		v := tx.Bucket(bucketRecords).Get(recordKey(tenant, key))
-		if v == nil {
-			return ErrNotFound
-		}
-		r, err := decodeStored(tenant, key, v)
-		if err != nil {
-			return err
+		r, err := getRecord(tx, tenant, key)
+		if err != nil || r == nil {
+			return cmp.Or(err, ErrNotFound)
 		}
 		rec = s.present(r)
 		if rec.State != StateInProgress {

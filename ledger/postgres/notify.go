@@ -12,18 +12,20 @@ import (
 	"idemgate/ledger"
 )
 
-// Change notices between replicas (ledger.Notifier). A write transaction
-// that changes records a waiter watches (ledger.WatchedCollection) sends
-// one NOTIFY per such record on notifyChannel, and deletes their marks, in
-// one statement of the batch before its COMMIT, after the locks of its
-// writes: PostgreSQL delivers them at commit, and only if it commits. A
-// transaction that sends none takes no part in the lock every notifying
-// commit takes on the whole database's notification queue. Each process keeps one listening connection (not
-// one per waiter), opened when its ledger first has a watcher, and fans
-// each notice out to its watchers. When that connection is lost it is
-// opened again, and since notices sent meanwhile are lost with it, every
-// watcher is woken to re-read its record; the ledger's one-second safety
-// poll covers a connection that is gone without an error yet.
+// Change notices between replicas (ledger.Notifier). A write
+// transaction that changes records a waiter watches
+// (ledger.WatchedCollection) sends one NOTIFY per such record on
+// notifyChannel, and deletes their marks, in one statement of the batch
+// before its COMMIT, after the locks of its writes: PostgreSQL delivers
+// them at commit, and only if it commits. A transaction that sends none
+// takes no part in the lock every notifying commit takes on the whole
+// database's notification queue. Each process keeps one listening
+// connection (not one per waiter), opened when its ledger first has a
+// watcher, and fans each notice out to its watchers. When that
+// connection is lost it is opened again, and since notices sent
+// meanwhile are lost with it, every watcher is woken to re-read its
+// record; the ledger's one-second safety poll covers a connection that
+// is gone without an error yet.
 
 // notifyChannel is the LISTEN/NOTIFY channel of record changes.
 const notifyChannel = "idemgate_changed"

@@ -87,9 +87,9 @@
 // only if it commits; a transaction that changes no watched record sends
 // none, and so stays out of the lock PostgreSQL takes on the whole
 // database's notification queue in every notifying commit), and each
-// process keeps one LISTEN connection that
-// fans notices out to its waiters, reconnecting — and waking every
-// waiter to re-read — when it is lost (notify.go). Background work
+// process keeps one LISTEN connection that fans notices out to its
+// waiters, reconnecting — and waking every waiter to re-read — when it
+// is lost (notify.go). Background work
 // (delivery claims, sweeps) is shared between replicas by rows in the
 // ledger, the same on every backend (outbox claims, ledger.TakeTask),
 // not by row or advisory locks, which last no longer than a transaction
@@ -725,9 +725,9 @@ func (t *btx) queueSelect(batch *pgx.Batch, coll string, keys [][]byte) {
 	})
 }
 
-// Prefetch implements ledger.Prefetcher: the reads of keys of coll that
-// the transaction neither wrote nor read yet go with its next round trip
-// (unless that is the one carrying COMMIT), locks and all.
+// Prefetch is the buckets' (ledger.Prefetcher): the reads of keys of
+// coll that the transaction neither wrote nor read yet go with its next
+// round trip (unless that is the one carrying COMMIT), locks and all.
 func (t *btx) Prefetch(coll string, keys ...[]byte) {
 	for _, k := range keys {
 		if _, ok := t.pending[coll][string(k)]; ok {
@@ -1359,7 +1359,7 @@ type bucket struct {
 	coll string
 }
 
-// Prefetch implements ledger.BucketPrefetcher (see btx.Prefetch).
+// Prefetch implements ledger.Prefetcher (see btx.Prefetch).
 func (bk *bucket) Prefetch(keys ...[]byte) { bk.tx.Prefetch(bk.coll, keys...) }
 
 func (bk *bucket) Get(key []byte) []byte {

@@ -100,12 +100,12 @@ func TestPrefetchedKeyWrittenBeforeItsRead(t *testing.T) {
 	}
 	var got []byte
 	if err := b.Update(ctx, func(tx ledger.BTx) error {
-		p, ok := tx.(ledger.Prefetcher)
-		if !ok {
-			t.Fatal("the PostgreSQL transaction is no Prefetcher")
-		}
-		p.Prefetch(coll, key)
 		bk := tx.Bucket([]byte(coll))
+		p, ok := bk.(ledger.Prefetcher)
+		if !ok {
+			t.Fatal("the PostgreSQL bucket is no Prefetcher")
+		}
+		p.Prefetch(key)
 		if err := bk.Put(key, []byte("new")); err != nil {
 			return err
 		}
