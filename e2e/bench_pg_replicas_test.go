@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"idemgate/ledger/postgres/pgtest"
+	"idemgate/loadgen"
 )
 
 // TestBenchmarkPostgresReplicas measures the rows of issue 20: creates/s of
@@ -25,8 +26,8 @@ import (
 // (a directory) has each replica write a CPU profile there, and
 // IDEMGATE_BENCH_PG_DURABLE=1 runs them on a cluster of its own with
 // PostgreSQL's default durability (the shared one has fsync off). Each
-// configuration also logs its round trips, refused transactions and
-// server CPU per create.
+// configuration also logs its round trips, refused transactions and CPU
+// per create: the replicas', PostgreSQL's and the whole machine's.
 func TestBenchmarkPostgresReplicas(t *testing.T) {
 	if os.Getenv("IDEMGATE_BENCH_PG") != "1" {
 		t.Skip("set IDEMGATE_BENCH_PG=1 to measure PostgreSQL replicas (see BENCHMARKS.md)")
@@ -122,12 +123,12 @@ func (b *allBench) replicas(newDB func(testing.TB) string, n int, d time.Duratio
 	for _, s := range servers {
 		args = append(args, "--url", s.base+"/mcp", "--server-pid", strconv.Itoa(s.cmd.Process.Pid))
 	}
-	busy0, pg0 := machineBusy(t), commandCPU(t, "postgres")
+	busy0, pg0 := loadgen.MachineBusy(), loadgen.CommandCPU("postgres")
 	rep, err := b.bench(fmt.Sprintf("pg-%d-%s", n, d), args...)
 	if err != nil {
 		return 0, 0, err
 	}
-	busy, pg := machineBusy(t)-busy0, commandCPU(t, "postgres")-pg0
+	busy, pg := loadgen.MachineBusy()-busy0, loadgen.CommandCPU("postgres")-pg0
 	var trips, conflicts float64
 	for _, s := range servers {
 		trips += scrape(t, s.base, "idemgate_postgres_round_trips_total")
@@ -153,51 +154,4 @@ func (b *allBench) replicas(newDB func(testing.TB) string, n int, d time.Duratio
 		<-s.exited
 	}
 	return rep.Throughput, proxy.MeanDelay(), nil
-}
-
-// machineBusy is the CPU time all of this machine's CPUs have spent not
-// idle since boot (/proc/stat; Linux only, else 0).
-func machineBusy(t *testing.T) time.Duration {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
-	var busy int64
-	for i, v := range f[1:min(len(f), 9)] {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		if i != 3 && i != 4 { // not idle, not iowait
-			busy += n
-		}
-	}
-	return time.Duration(busy) * time.Second / 100 // USER_HZ
-}
-
-// commandCPU is the CPU time used by the processes named comm and by
-// their children that ended (/proc/PID/stat: utime, stime, cutime,
-// cstime), so that a PostgreSQL server's backends that exit in between
-// still count, in their postmaster's.
-func commandCPU(t *testing.T, comm string) time.Duration {
-	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var ticks int64
-	for _, p := range dirs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		open, close := strings.IndexByte(string(b), '('), strings.LastIndexByte(string(b), ')')
-		if open < 0 || close < open || string(b[open+1:close]) != comm {
-			continue
-		}
-		f := strings.Fields(string(b[close+1:])) // state ppid … utime(12) stime cutime cstime
-		if len(f) < 15 {
-			continue
-		}
-		for _, v := range f[11:15] {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			ticks += n
-		}
-	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -42,17 +43,25 @@ func TestSummarizeNearestRank(t *testing.T) {
 func TestParseStatCPU(t *testing.T) {
 	// The command name may hold spaces and parentheses.
 	stat := "4242 (idem gate) (x)) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 130 0 0 20 0 9 0 100 0 0"
-	got, err := parseStatCPU(stat)
+	name, got, err := parseStatCPU(stat, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 3800 * time.Millisecond; got != want { // (250+130) ticks at 100 Hz
-		t.Fatalf("parseStatCPU = %s, want %s", got, want)
+	if want := 3800 * time.Millisecond; got != want || name != "idem gate) (x)" { // (250+130) ticks at 100 Hz
+		t.Fatalf("parseStatCPU = %q, %s, want %q, %s", name, got, "idem gate) (x)", want)
+	}
+	// With its ended children's: cutime 40, cstime 60.
+	stat = "4242 (postgres) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 130 40 60 20 0 9 0 100 0 0"
+	if _, got, err := parseStatCPU(stat, true); err != nil || got != 4800*time.Millisecond {
+		t.Fatalf("parseStatCPU with children = %s, %v, want 4.8s", got, err)
 	}
 	for _, bad := range []string{"", "12 (x) S 1 2", "12 (x) S 1 2 3 4 5 6 7 8 9 10 ten 12"} {
-		if _, err := parseStatCPU(bad); err == nil {
+		if _, _, err := parseStatCPU(bad, false); err == nil {
 			t.Errorf("parseStatCPU(%q): no error", bad)
 		}
+	}
+	if _, _, err := parseStatCPU("12 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13", true); err == nil {
+		t.Error("parseStatCPU with children of a line without cutime, cstime: no error")
 	}
 }
 
@@ -406,5 +415,27 @@ func TestProgressStopsWithTheRun(t *testing.T) {
 		if p.Calls < 1 || p.Calls > rep.Calls || p.Target != 150 || (i > 0 && p.Calls < got[i-1].Calls) {
 			t.Fatalf("progress %d: %+v (run made %d calls)", i, p, rep.Calls)
 		}
+	}
+}
+
+// TestCommandAndMachineCPU: on Linux, the CPU of the processes named as
+// this test is at least this process's, and the machine has been busy at
+// least as long.
+func TestCommandAndMachineCPU(t *testing.T) {
+	self, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Skip("no /proc here:", err)
+	}
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; { // some CPU time to see
+	}
+	own, err := ProcessCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := CommandCPU(strings.TrimSpace(string(self))); got < own || own == 0 {
+		t.Errorf("CommandCPU(%q) = %s, this process alone %s", strings.TrimSpace(string(self)), got, own)
+	}
+	if busy := MachineBusy(); busy < own {
+		t.Errorf("MachineBusy = %s, below this process's %s", busy, own)
 	}
 }

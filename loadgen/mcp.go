@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -212,26 +213,74 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return parseStatCPU(string(b))
+	_, used, err := parseStatCPU(string(b), false)
+	return used, err
 }
 
-// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat
-// line; the command name (field 2) may hold spaces and parentheses, so the
-// fields are counted from its last ')'.
-func parseStatCPU(stat string) (time.Duration, error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, errors.New("/proc stat: no command name")
+// CommandCPU is the CPU time used by every process named comm and by
+// their children that have ended (a PostgreSQL server's backends that
+// exited count in their postmaster's), read from /proc (Linux only; 0
+// elsewhere).
+func CommandCPU(comm string) time.Duration {
+	paths, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var sum time.Duration
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // ended meanwhile
+		}
+		if name, used, err := parseStatCPU(string(b), true); err == nil && name == comm {
+			sum += used
+		}
+	}
+	return sum
+}
+
+// MachineBusy is the CPU time every CPU of this machine has spent since
+// boot neither idle, nor waiting for I/O, nor stolen by a hypervisor
+// (/proc/stat; Linux only, 0 elsewhere).
+func MachineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system irq softirq
+		if i < len(f) {
+			n, _ := strconv.ParseInt(f[i], 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / userHZ
+}
+
+// parseStatCPU reads the command name (field 2) and utime and stime
+// (fields 14 and 15; with children, also cutime and cstime, 16 and 17) of
+// a /proc/PID/stat line; the command name may hold spaces and
+// parentheses, so the fields are counted from its last ')'.
+func parseStatCPU(stat string, children bool) (string, time.Duration, error) {
+	open, i := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
+	if open < 0 || i < open {
+		return "", 0, errors.New("/proc stat: no command name")
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime is field 14, stime 15.
-	if len(f) < 13 {
-		return 0, errors.New("/proc stat: too few fields")
+	// f[0] is field 3 (state); utime is field 14.
+	last := 12
+	if children {
+		last = 14
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil || ut < 0 || st < 0 {
-		return 0, fmt.Errorf("/proc stat: utime %q, stime %q are not tick counts", f[11], f[12])
+	if len(f) <= last {
+		return "", 0, errors.New("/proc stat: too few fields")
 	}
-	return time.Duration(ut+st) * time.Second / userHZ, nil
+	var ticks int64
+	for _, v := range f[11 : last+1] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return "", 0, fmt.Errorf("/proc stat: %q is not a tick count", v)
+		}
+		ticks += n
+	}
+	return stat[open+1 : i], time.Duration(ticks) * time.Second / userHZ, nil
 }
