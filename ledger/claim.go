@@ -188,6 +188,11 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 	if err != nil {
 		return Decision{}, err
 	}
+	defer func() {
+		if rec != nil {
+			rec.Fresh = false // see Record.Fresh: only while the creating claim runs
+		}
+	}()
 	before := State("")
 	if rec != nil {
 		st, kind := s.opts.decide(rec, c, now, high)
@@ -239,9 +244,9 @@ func (s *Ledger) claimLocked(tx *ltx, c Claim, apply ApplyFunc) (Decision, error
 		rec = &Record{
 			Tenant: c.Actor.Tenant, Key: c.Key, Tool: c.Tool, Fingerprint: c.Fingerprint,
 			Principal: c.Actor.Principal, Attempts: 1, Generation: 1, FirstSeenAt: now,
-			Incarnation: newIncarnation(now),
-			Args:        c.Args, // a later re-run (after unknown, by approval) needs the request
-			Downstream:  c.Downstream,
+			Incarnation: newIncarnation(now), Fresh: true,
+			Args:       c.Args, // a later re-run (after unknown, by approval) needs the request
+			Downstream: c.Downstream,
 		}
 		if err := tx.Bucket(bucketByTime).Put(timeKey(now, rec.Tenant, rec.Key), nil); err != nil {
 			return Decision{}, err

@@ -451,7 +451,9 @@ func putRecord(tx *ltx, r *Record) error {
 	if err != nil {
 		return err
 	}
-	tx.changed(r.Tenant, r.Key)
+	if !r.Fresh { // nobody watches a record before it exists
+		tx.changed(r.Tenant, r.Key)
+	}
 	return tx.Bucket(bucketRecords).Put(recordKey(r.Tenant, r.Key), v)
 }
 

@@ -121,6 +121,16 @@ type Record struct {
 	// randomly keyed index entry. Older ones, and every entry written
 	// without the record (calls, replays, refusals), are in the index.
 	AuditSeqs []uint64 `json:"audit_seqs,omitempty"`
+	// Fresh is true, and never stored, while the claim that created this
+	// record runs (its ApplyFunc included): the record and its
+	// Incarnation did not exist before that transaction, so no id derived
+	// from the incarnation (an order's, a message's) can name anything
+	// stored yet, and a create may write such an id without first reading
+	// whether it is free; and no waiter can be watching the record, so
+	// its first write sends no change notice (on PostgreSQL each read is
+	// a round trip, and the notice a statement). False everywhere else: in
+	// a re-run, an approved run, a completion, and in the Decision.
+	Fresh bool `json:"-"`
 }
 
 // Actor is who made a call, for records and audit entries. Tenant,

@@ -201,12 +201,18 @@ func orderKey(tenant, id string) string { return tenant + "\x00" + id }
 func customerPrefix(tenant, customer string) string { return tenant + "\x00" + customer + "\x00" }
 
 // putOrder writes a new order and its customer index entry. It never
-// overwrites: an order with o's id is ErrExists.
-func putOrder(tx ledger.Tx, tenant string, o *Order) error {
-	if cur, err := tx.Get(Collection, orderKey(tenant, o.OrderID)); err != nil {
-		return err
-	} else if cur != nil {
-		return fmt.Errorf("%w: %s", ErrExists, o.OrderID)
+// overwrites: an order with o's id is ErrExists. Unless fresh (o's id is
+// derived from an operation created in tx, see CreateTx), it reads
+// whether the id is free first.
+func putOrder(tx ledger.Tx, tenant string, o *Order, fresh bool) error {
+	if !fresh {
+		cur, err := tx.Get(Collection, orderKey(tenant, o.OrderID))
+		if err != nil {
+			return err
+		}
+		if cur != nil {
+			return fmt.Errorf("%w: %s", ErrExists, o.OrderID)
+		}
 	}
 	v, err := json.Marshal(o)
 	if err != nil {
@@ -324,7 +330,10 @@ func (e *Embedded) List(ctx context.Context, tenant, customer string, limit int,
 // ID(tenant, ref), recording key as its operation_key and the
 // transaction's time as its creation time. ErrTotalOverflow, ErrExists, or
 // the transaction's error; the caller's transaction should then roll back.
-func (e *Embedded) CreateTx(tx ledger.Tx, tenant, key, ref string, req CreateRequest) (*Order, error) {
+// fresh says ref names an operation created in tx (ledger.Record.Fresh),
+// so that no order can have the id yet: it is written without first
+// reading whether it is free, which on PostgreSQL saves a round trip.
+func (e *Embedded) CreateTx(tx ledger.Tx, tenant, key, ref string, fresh bool, req CreateRequest) (*Order, error) {
 	sum, err := Total(req.Items)
 	if err != nil {
 		return nil, err
@@ -336,7 +345,7 @@ func (e *Embedded) CreateTx(tx ledger.Tx, tenant, key, ref string, req CreateReq
 		ShipTo: req.ShipTo, RequestedDeliveryDate: req.RequestedDeliveryDate, Note: req.Note,
 		OperationKey: key, CreatedAt: now, UpdatedAt: now,
 	}
-	if err := putOrder(tx, tenant, o); err != nil {
+	if err := putOrder(tx, tenant, o, fresh); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -28,12 +28,12 @@ func TestPutOrderNeverOverwrites(t *testing.T) {
 	ctx := context.Background()
 	s := mustOpen(t)
 	o := &Order{OrderID: "ord_x", Version: 1, Status: "placed", CustomerID: "c1", TotalMinor: 100, CreatedAt: time.Now()}
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", o) }); err != nil {
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", o, false) }); err != nil {
 		t.Fatal(err)
 	}
 	o2 := *o
 	o2.TotalMinor = 999
-	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", &o2) }); !errors.Is(err, ErrExists) {
+	if err := s.Update(ctx, func(tx ledger.Tx) error { return putOrder(tx, "t1", &o2, false) }); !errors.Is(err, ErrExists) {
 		t.Fatalf("second put: %v, want ErrExists", err)
 	}
 	s.View(ctx, func(tx ledger.Tx) error {
@@ -55,7 +55,7 @@ func TestEmbeddedChanges(t *testing.T) {
 	e := NewEmbedded(s)
 	var o *Order
 	if err := s.Update(ctx, func(tx ledger.Tx) (err error) {
-		o, err = e.CreateTx(tx, "t1", "k1", "k1:01", CreateRequest{CustomerID: "c1", Items: []Item{{SKU: "a", Quantity: 1, UnitPriceMinor: 100}}, Currency: "EUR"})
+		o, err = e.CreateTx(tx, "t1", "k1", "k1:01", false, CreateRequest{CustomerID: "c1", Items: []Item{{SKU: "a", Quantity: 1, UnitPriceMinor: 100}}, Currency: "EUR"})
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -121,13 +121,24 @@ var errMessageExists = errors.New("outbox: a different message with this id alre
 // the same content is left as it is (its delivery state stands, and m is
 // set to it); one with other content is an error and nothing is written.
 // The message is delivered only if the transaction commits.
-func Enqueue(tx ledger.Tx, m *Message) error {
+func Enqueue(tx ledger.Tx, m *Message) error { return enqueue(tx, m, false) }
+
+// EnqueueFresh is Enqueue for a message of an operation created in tx
+// (ledger.Record.Fresh): no message can have its id yet, so it is written
+// without first reading whether one does, which on PostgreSQL saves a
+// round trip.
+func EnqueueFresh(tx ledger.Tx, m *Message) error { return enqueue(tx, m, true) }
+
+func enqueue(tx ledger.Tx, m *Message, fresh bool) error {
 	m.MessageID = MessageID(m.Tenant, OpRef(m.OperationKey, m.Incarnation), m.Step)
 	m.State = MessageQueued
 	m.CreatedAt = tx.Now()
-	cur, err := getMessage(tx, m.MessageID)
-	if err != nil {
-		return err
+	var cur *Message
+	if !fresh {
+		var err error
+		if cur, err = getMessage(tx, m.MessageID); err != nil {
+			return err
+		}
 	}
 	if cur != nil {
 		if !cur.holds(payloadOf(m)) || cur.Incarnation != m.Incarnation {

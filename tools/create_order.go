@@ -77,7 +77,7 @@ func (s *Service) applyCreateOrder(tenant string, a createOrderArgs) (ledger.App
 		return nil, err
 	}
 	return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
-		o, err := s.local.CreateTx(tx, tenant, rec.Key, opRef(rec), a.request())
+		o, err := s.local.CreateTx(tx, tenant, rec.Key, opRef(rec), rec.Fresh, a.request())
 		if err != nil {
 			return ledger.Outcome{}, err
 		}
@@ -111,7 +111,7 @@ func confirmation(tenant string, rec *ledger.Record, a createOrderArgs, o *order
 		Body:    fmt.Sprintf("Your order %s (%d item lines, total %s %s) has been placed.", o.OrderID, len(o.Items), formatMinor(sum), a.Currency),
 	}
 	view := map[string]any{"message_id": outbox.MessageID(tenant, opRef(rec), m.Step), "state": outbox.MessageQueued}
-	return followUp{name: "confirmation", view: view, queue: func(tx ledger.Tx) error { return outbox.Enqueue(tx, m) }}
+	return followUp{name: "confirmation", view: view, queue: func(tx ledger.Tx) error { return enqueue(tx, rec, m) }}
 }
 
 // formatMinor renders minor units with two decimals (display only).

@@ -47,8 +47,9 @@ type Orders interface {
 type LocalOrders interface {
 	Orders
 	// CreateTx places an order for the operation key, named ref (opRef), with
-	// the id orders.ID(tenant, ref).
-	CreateTx(tx ledger.Tx, tenant, key, ref string, req orders.CreateRequest) (*orders.Order, error)
+	// the id orders.ID(tenant, ref); fresh is the record's Fresh (the id
+	// cannot be taken yet, and is not read first).
+	CreateTx(tx ledger.Tx, tenant, key, ref string, fresh bool, req orders.CreateRequest) (*orders.Order, error)
 	UpdateTx(tx ledger.Tx, tenant string, req orders.UpdateRequest) (*orders.Order, error)
 	CancelTx(tx ledger.Tx, tenant string, req orders.CancelRequest) (*orders.Order, error)
 }
@@ -151,6 +152,15 @@ func queueSteps(tx ledger.Tx, steps []followUp, result map[string]any) error {
 		}
 	}
 	return nil
+}
+
+// enqueue queues m, a message of rec's operation, inside tx: without
+// reading first whether its id is taken when rec was created in tx.
+func enqueue(tx ledger.Tx, rec *ledger.Record, m *outbox.Message) error {
+	if rec.Fresh {
+		return outbox.EnqueueFresh(tx, m)
+	}
+	return outbox.Enqueue(tx, m)
 }
 
 // outcomeOf maps a remote write's answer to the operation's outcome.

@@ -51,7 +51,7 @@ func (s *Service) applySendNotification(tenant string, a sendNotificationArgs) (
 			Tenant: tenant, OperationKey: rec.Key, Incarnation: rec.Incarnation, Step: "notification",
 			Channel: a.Channel, To: a.To, Subject: a.Subject, Body: a.Body, OrderID: a.OrderID,
 		}
-		if err := outbox.Enqueue(tx, m); err != nil {
+		if err := enqueue(tx, rec, m); err != nil {
 			return ledger.Outcome{}, err
 		}
 		result := map[string]any{"message": map[string]any{"message_id": m.MessageID, "channel": m.Channel, "recipients": len(m.To), "state": m.State}}

@@ -129,6 +129,7 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 		run  func(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store)
 	}{
 		{"ExecuteNewRunsApplyOnce", contractExecuteNew},
+		{"FreshOnlyInTheCreatingApply", contractFresh},
 		{"ReplayReturnsSavedResult", contractReplay},
 		{"ReplayIsByteIdentical", contractReplayByteIdentical},
 		{"MismatchInEveryState", contractMismatchEveryState},
@@ -177,6 +178,51 @@ func Run(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, open) })
+	}
+}
+
+// contractFresh: an apply sees Record.Fresh only in the transaction that
+// creates the record (so that a create may skip reading whether ids
+// derived from its incarnation are free); a rolled-back creation leaves
+// nothing, so the next claim creates afresh; a re-run of the same
+// incarnation is not fresh, and no decision carries the flag out.
+func contractFresh(t *testing.T, open func(t *testing.T, o ledger.Options) ledger.Store) {
+	e := newEnv(t, open, nil)
+	var seen []bool
+	apply := func(fail bool) ledger.ApplyFunc {
+		return func(tx ledger.Tx, rec *ledger.Record) (ledger.Outcome, error) {
+			seen = append(seen, rec.Fresh)
+			if fail {
+				return ledger.Outcome{}, errBoom
+			}
+			return ledger.Outcome{State: ledger.StateSucceeded, Result: json.RawMessage(ResultOrder), Summary: "fresh"}, nil
+		}
+	}
+	c := newClaim("t1", "create_order", "fp-1")
+	if _, err := e.s.Execute(e.ctx, c, apply(true)); !errors.Is(err, errBoom) {
+		t.Fatalf("a failing apply: err = %v, want errBoom", err)
+	}
+	d := e.exec(c, apply(false))
+	wantKind(t, d, ledger.DecisionExecuted)
+	if d.Record.Fresh {
+		t.Error("the executed decision's record is still Fresh")
+	}
+
+	rerun := newClaim("t1", "create_order", "fp-2")
+	first := e.claim(rerun)
+	if first.Record.Fresh {
+		t.Error("the claimed decision's record is still Fresh")
+	}
+	if _, err := e.s.Complete(e.ctx, rerun.Actor, rerun.Key, first.Record.Generation, ledger.Outcome{State: ledger.StateRetryable, Error: &ledger.OpError{Code: "downstream_error", Message: "connection refused"}}); err != nil {
+		t.Fatal(err)
+	}
+	d = e.exec(rerun, apply(false))
+	wantKind(t, d, ledger.DecisionExecuted)
+	if d.Record.Incarnation != first.Record.Incarnation {
+		t.Fatalf("the re-run has incarnation %s, want %s", d.Record.Incarnation, first.Record.Incarnation)
+	}
+	if want := []bool{true, true, false}; !slices.Equal(seen, want) {
+		t.Errorf("Fresh as the applies saw it: %v, want %v (creation rolled back, creation, re-run)", seen, want)
 	}
 }
 
