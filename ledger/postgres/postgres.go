@@ -653,11 +653,16 @@ func refused(err error) bool {
 
 // exchange sends batch in t, beginning the transaction with it when
 // nothing was sent yet: BEGIN and the statements an Update starts with
-// (prelude) go first, in the same round trip. Within the stall timeout.
+// (prelude) go first, in the same round trip, and the reads Prefetch asked
+// for go with it unless it carries COMMIT. Within the stall timeout.
 func (t *btx) exchange(batch *pgx.Batch) error {
-	if len(t.ahead) > 0 && !t.final {
+	begin := t.pt == nil
+	if begin && t.writable {
+		t.prelude()
+	}
+	if len(t.ahead) > 0 && (!t.final || begin && t.writable) {
 		ahead := &pgx.Batch{}
-		t.queueAhead(ahead)
+		t.queueAhead(ahead, begin && t.writable)
 		batch.QueuedQueries = append(ahead.QueuedQueries, batch.QueuedQueries...)
 	}
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
@@ -666,9 +671,6 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 		}
 		full := &pgx.Batch{}
 		full.BeginTx(t.opts)
-		if t.writable {
-			t.prelude(full)
-		}
 		full.QueuedQueries = append(full.QueuedQueries, batch.QueuedQueries...)
 		br := t.conn.SendBatch(ctx, full)
 		t.pt = br.Tx()
@@ -680,42 +682,44 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 	return err
 }
 
-// prelude queues what an Update's first round trip sends after BEGIN: an
-// advisory lock on its commit marker (which a read-back waits for, see
-// readBack) and the ledger's meta keys that most write transactions read
-// (ledger.WriteMetaKeys: its clocks, read without a lock, see isClockKey).
-func (t *btx) prelude(batch *pgx.Batch) {
-	batch.Queue("SELECT pg_advisory_xact_lock($1)", markerLockKey(t.marker))
-	keys := ledger.WriteMetaKeys()
-	t.queueLocks(batch, ledger.MetaCollection, keys, false) // none for the clocks
-	t.queueSelect(batch, ledger.MetaCollection, keys)
+// prelude asks for what an Update's first round trip reads besides its
+// own: the ledger's meta keys that most write transactions read
+// (ledger.WriteMetaKeys: its clocks, read without a lock, see
+// isClockKey). queueAhead adds the lock of the commit marker (which a
+// read-back waits for, see readBack) to that round trip's locks.
+func (t *btx) prelude() {
+	t.Prefetch(ledger.MetaCollection, ledger.WriteMetaKeys()...)
 }
 
 // queueSelect queues the statement that reads keys of coll; their rows
 // (or their absence) are remembered in t, unless t knows a key already.
-func (t *btx) queueSelect(batch *pgx.Batch, coll string, keys [][]byte) {
-	batch.Queue("SELECT key, value FROM idemgate_kv WHERE collection = $1 AND key = ANY($2::bytea[])", coll, keys).Query(func(rows pgx.Rows) error {
-		found := map[string][]byte{}
+func (t *btx) queueSelect(batch *pgx.Batch, colls []string, keys [][]byte) {
+	batch.Queue(`SELECT u.c, u.k, kv.value FROM unnest($1::text[], $2::bytea[]) AS u(c, k)
+		JOIN idemgate_kv AS kv ON kv.collection = u.c AND kv.key = u.k`, colls, keys).Query(func(rows pgx.Rows) error {
+		type row struct{ coll, key string }
+		found := map[row][]byte{}
 		for rows.Next() {
+			var c string
 			var k, v []byte
-			if err := rows.Scan(&k, &v); err != nil {
+			if err := rows.Scan(&c, &k, &v); err != nil {
 				return err
 			}
 			if v == nil {
 				v = []byte{}
 			}
-			found[string(k)] = v
+			found[row{c, string(k)}] = v
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		for _, k := range keys {
+		for i, k := range keys {
+			coll := colls[i]
 			if _, known := t.cache[coll][string(k)]; known {
 				// Written in this round trip, after this read (a flush
 				// that carried prefetched reads): the write is newer.
 				continue
 			}
-			if v, ok := found[string(k)]; ok {
+			if v, ok := found[row{coll, string(k)}]; ok {
 				t.remember(coll, string(k), &v)
 			} else {
 				t.remember(coll, string(k), nil)
@@ -743,18 +747,24 @@ func (t *btx) Prefetch(coll string, keys ...[]byte) {
 	}
 }
 
-// queueAhead queues the reads Prefetch asked for: their locks in one
-// request, then a statement per collection.
-func (t *btx) queueAhead(batch *pgx.Batch) {
-	colls := slices.Sorted(maps.Keys(t.ahead))
+// queueAhead queues the reads Prefetch asked for: their locks (and, when
+// the round trip begins an Update, its commit marker's) in one statement,
+// then their values in another.
+func (t *btx) queueAhead(batch *pgx.Batch, marker bool) {
 	var r lockRequest
-	for _, coll := range colls {
+	if marker {
+		r.exclusive = append(r.exclusive, markerLockKey(t.marker))
+	}
+	var colls []string
+	var keys [][]byte
+	for _, coll := range slices.Sorted(maps.Keys(t.ahead)) {
 		t.wantLocks(&r, coll, t.ahead[coll], false)
+		for _, k := range t.ahead[coll] {
+			colls, keys = append(colls, coll), append(keys, k)
+		}
 	}
 	r.queue(batch)
-	for _, coll := range colls {
-		t.queueSelect(batch, coll, t.ahead[coll])
-	}
+	t.queueSelect(batch, colls, keys)
 	t.ahead = nil
 }
 
