@@ -595,6 +595,7 @@ func (b *backend) update(ctx context.Context, fn func(ledger.BTx) error) (retry 
 	}
 	defer c.Release() // the pool closes a broken connection
 	tx := &btx{b: b, ctx: ctx, conn: c, opts: pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, writable: true, marker: uuid.NewString()}
+	tx.prelude()
 	committed := false
 	defer func() {
 		if !committed && tx.pt != nil {
@@ -656,13 +657,10 @@ func refused(err error) bool {
 // (prelude) go first, in the same round trip, and the reads Prefetch asked
 // for go with it unless it carries COMMIT. Within the stall timeout.
 func (t *btx) exchange(batch *pgx.Batch) error {
-	begin := t.pt == nil
-	if begin && t.writable {
-		t.prelude()
-	}
-	if len(t.ahead) > 0 && (!t.final || begin && t.writable) {
+	marker := t.pt == nil && t.writable // the round trip that begins an Update
+	if marker || len(t.ahead) > 0 && !t.final {
 		ahead := &pgx.Batch{}
-		t.queueAhead(ahead, begin && t.writable)
+		t.queueAhead(ahead, marker)
 		batch.QueuedQueries = append(ahead.QueuedQueries, batch.QueuedQueries...)
 	}
 	err := t.b.bounded(t.ctx, func(ctx context.Context) error {
@@ -682,11 +680,12 @@ func (t *btx) exchange(batch *pgx.Batch) error {
 	return err
 }
 
-// prelude asks for what an Update's first round trip reads besides its
-// own: the ledger's meta keys that most write transactions read
-// (ledger.WriteMetaKeys: its clocks, read without a lock, see
-// isClockKey). queueAhead adds the lock of the commit marker (which a
-// read-back waits for, see readBack) to that round trip's locks.
+// prelude asks, as an Update begins, for what its first round trip reads
+// besides its own: the ledger's meta keys that most write transactions
+// read (ledger.WriteMetaKeys: its clocks, read without a lock, see
+// isClockKey). That round trip also takes the commit marker's lock
+// (which a read-back waits for, see readBack) with its others
+// (queueAhead).
 func (t *btx) prelude() {
 	t.Prefetch(ledger.MetaCollection, ledger.WriteMetaKeys()...)
 }
@@ -764,7 +763,9 @@ func (t *btx) queueAhead(batch *pgx.Batch, marker bool) {
 		}
 	}
 	r.queue(batch)
-	t.queueSelect(batch, colls, keys)
+	if len(keys) > 0 {
+		t.queueSelect(batch, colls, keys)
+	}
 	t.ahead = nil
 }
 
