@@ -653,9 +653,10 @@ func refused(err error) bool {
 }
 
 // exchange sends batch in t, beginning the transaction with it when
-// nothing was sent yet: BEGIN and the statements an Update starts with
-// (prelude) go first, in the same round trip, and the reads Prefetch asked
-// for go with it unless it carries COMMIT. Within the stall timeout.
+// nothing was sent yet: BEGIN, the commit marker's lock and the reads
+// Prefetch asked for (the prelude's among them) go first, in the same
+// round trip. Later round trips carry the reads asked for since, unless
+// they carry COMMIT. Within the stall timeout.
 func (t *btx) exchange(batch *pgx.Batch) error {
 	marker := t.pt == nil && t.writable // the round trip that begins an Update
 	if marker || len(t.ahead) > 0 && !t.final {
@@ -752,7 +753,7 @@ func (t *btx) Prefetch(coll string, keys ...[]byte) {
 func (t *btx) queueAhead(batch *pgx.Batch, marker bool) {
 	var r lockRequest
 	if marker {
-		r.exclusive = append(r.exclusive, markerLockKey(t.marker))
+		r.marker = []int64{markerLockKey(t.marker)}
 	}
 	var colls []string
 	var keys [][]byte
@@ -1265,16 +1266,19 @@ func (t *btx) queueLocks(batch *pgx.Batch, coll string, keys [][]byte, write boo
 	r.queue(batch)
 }
 
-// lockRequest is the advisory locks one round trip takes: collections
-// shared, then keys, each sorted.
+// lockRequest is the advisory locks one round trip takes: the commit
+// marker's, then collections shared, then keys, each sorted. The marker's
+// comes first because no other transaction takes it but a read-back
+// (readBack), which must find it held from the first round trip on: the
+// transaction holds it before it can wait for any other lock.
 type lockRequest struct {
-	collections, shared, exclusive []int64
+	marker, collections, shared, exclusive []int64
 }
 
 // queue queues r's statement in batch: one, which takes the locks in
 // r's order (each group sorted) and in the mode of each.
 func (r *lockRequest) queue(batch *pgx.Batch) {
-	n := len(r.collections) + len(r.shared) + len(r.exclusive)
+	n := len(r.marker) + len(r.collections) + len(r.shared) + len(r.exclusive)
 	if n == 0 {
 		return
 	}
@@ -1282,7 +1286,7 @@ func (r *lockRequest) queue(batch *pgx.Batch) {
 	for _, g := range []struct {
 		ids       []int64
 		exclusive bool
-	}{{r.collections, false}, {r.shared, false}, {r.exclusive, true}} {
+	}{{r.marker, true}, {r.collections, false}, {r.shared, false}, {r.exclusive, true}} {
 		slices.Sort(g.ids)
 		for _, id := range g.ids {
 			ids, exclusive = append(ids, id), append(exclusive, g.exclusive)
