@@ -29,11 +29,12 @@
 // only grow). Two that wait for each other's locks (a deadlock) are found
 // by the server, which refuses one (40P01); it is run again.
 //
-// An Update's round trips: its first statements go with BEGIN, the lock
-// of its commit marker and the ledger's clocks; each read of a key not
-// read before is one (lock and row together); its writes, the commit
-// marker, the change notices and COMMIT are the last one. A create is
-// about a dozen in all, background work included (counted by Stats; see
+// An Update's round trips: its first goes with BEGIN, the lock of its
+// commit marker and the ledger's clocks; each read of a key not read
+// before is one (lock and row together), and keys prefetched
+// (ledger.Prefetcher) are read with the next; its writes, the commit
+// marker, the change notices and COMMIT are the last one. A create is 3
+// in all, 3.2 with the background work counted (counted by Stats; see
 // SCALING.md). View is a REPEATABLE READ READ ONLY transaction, begun with
 // its first read: one snapshot for its whole duration, taking no lock,
 // never blocked by writers.
@@ -691,8 +692,9 @@ func (t *btx) prelude() {
 	t.Prefetch(ledger.MetaCollection, ledger.WriteMetaKeys()...)
 }
 
-// queueSelect queues the statement that reads keys of coll; their rows
-// (or their absence) are remembered in t, unless t knows a key already.
+// queueSelect queues the statement that reads keys, keys[i] of
+// collection colls[i]; their rows (or their absence) are remembered in
+// t, unless t knows a key already.
 func (t *btx) queueSelect(batch *pgx.Batch, colls []string, keys [][]byte) {
 	batch.Queue(`SELECT u.c, u.k, kv.value FROM unnest($1::text[], $2::bytea[]) AS u(c, k)
 		JOIN idemgate_kv AS kv ON kv.collection = u.c AND kv.key = u.k`, colls, keys).Query(func(rows pgx.Rows) error {
@@ -731,7 +733,8 @@ func (t *btx) queueSelect(batch *pgx.Batch, colls []string, keys [][]byte) {
 
 // Prefetch is the buckets' (ledger.Prefetcher): the reads of keys of
 // coll that the transaction neither wrote nor read yet go with its next
-// round trip (unless that is the one carrying COMMIT), locks and all.
+// round trip, locks and all (unless that one carries COMMIT and is not
+// the Update's first, see exchange).
 func (t *btx) Prefetch(coll string, keys ...[]byte) {
 	for _, k := range keys {
 		if _, ok := t.pending[coll][string(k)]; ok {
