@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,6 +13,10 @@ import (
 	"idemgate/ledger/postgres/pgtest"
 	"idemgate/schemas"
 )
+
+// TestMain stops the PostgreSQL cluster a test of this package started
+// (without it the cluster outlived the test binary).
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // TestRoundTripsOnPostgres pins what a call costs in exchanges with
 // PostgreSQL (SCALING.md counts them): a new create_order with its
