@@ -82,10 +82,11 @@ func newBrowser(t *testing.T) context.Context {
 	// start is started again, up to three times in all.
 	var err error
 	for attempt := 1; attempt <= 3; attempt++ {
-		// Its temporary files too (the singleton socket's directory, left
-		// behind when the browser is killed at the end) go in the test's.
-		tmp := t.TempDir()
-		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(opts, chromedp.UserDataDir(t.TempDir()), chromedp.Env("TMPDIR="+tmp))...)
+		// The profile and the browser's temporary files (the singleton
+		// socket's directory, left behind when the browser is killed at
+		// the end) in one directory of the test's.
+		dir := t.TempDir()
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(opts, chromedp.UserDataDir(dir), chromedp.Env("TMPDIR="+dir))...)
 		ctx, cancelTab := chromedp.NewContext(actx)
 		ctx, cancelTime := context.WithTimeout(ctx, 2*time.Minute)
 		if err = chromedp.Do(ctx); err == nil { // start the browser now

@@ -230,13 +230,18 @@ var shared struct {
 	c       *Cluster
 	err     error
 	started bool
+	inMain  bool // Main runs the tests, so it will stop the cluster
 }
 
 // Shared returns this test binary's cluster, started at the first call.
-// Main stops it.
+// Main stops it; outside Main it refuses, since nothing would (the
+// cluster would outlive the test binary).
 func Shared() (*Cluster, error) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
+	if !shared.inMain {
+		return nil, errors.New("pgtest: the shared cluster needs the package's TestMain to run the tests with pgtest.Main, which stops it: func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }")
+	}
 	if !shared.started {
 		shared.started = true
 		shared.c, shared.err = Start()
@@ -247,6 +252,9 @@ func Shared() (*Cluster, error) {
 // Main runs the tests and then stops the shared cluster, if one was
 // started; it returns m.Run's exit code.
 func Main(m *testing.M) int {
+	shared.mu.Lock()
+	shared.inMain = true
+	shared.mu.Unlock()
 	code := m.Run()
 	shared.mu.Lock()
 	c := shared.c
